@@ -1,0 +1,188 @@
+"""Importance-sampling corrections for the rollout/training mismatch.
+
+The rollout engine (vLLM) samples with pi_rollout; the trainer's "old" policy pi_old should be the same
+distribution but is not (kernels, precision, stale weights). With r_t = log pi_old - log pi_rollout and
+rho_t = exp(r_t), each correction turns rho into a per-token weight w_t that multiplies the per-token
+policy loss. `IS_CORRECTIONS` maps the `--vllm_is_correction_type` names to their weight functions:
+
+| name          | weight                                                           | source                    |
+|---------------|------------------------------------------------------------------|---------------------------|
+| tis           | clamp(rho_t, low, high)                                          | TIS (Yao et al., 2025)    |
+| icepop        | rho_t if low <= rho_t <= high else 0                             | IcePop (Ring-1T, 2025)    |
+| seq-mask-tis  | rho_t if low <= exp(mean_t r_t) <= high (whole sequence) else 0  | MIS / geometric seq mask  |
+| reinforce_pro | rho_t if low <= exp(mean_{s<=t} r_s) <= high else 0              | REINFORCE Pro (this repo) |
+
+`reinforce_pro` gates each token on the geometric mean of the ratios of the action tokens up to and
+including it (a causal, prefix-level filter): once the prefix has drifted out of the band, the tokens
+that follow were generated from a context the trainer would not have produced, so they are dropped until
+the running mean comes back inside. Only action tokens enter the running mean: prompt, padding and
+environment tokens between turns never move it.
+
+Safety, common to all types: r is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before exp; a token
+whose old or rollout log-prob is NaN/inf gets weight exactly 0 (selected, never multiplied) and is counted
+in `is/nonfinite_tokens`; for `reinforce_pro` it also breaks the prefix, so it and every later token of
+its sequence get weight 0. Weights are computed under no_grad and are 0 wherever action_mask is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from reinforce_pro.algos.masked import masked_mean
+
+LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far outside any useful band, still finite in float32
+
+
+@dataclass(frozen=True)
+class ISInputs:
+    """Sanitised inputs shared by every correction."""
+
+    log_ratio: torch.Tensor  # (B, T) old - rollout, clamped to +-LOG_RATIO_BOUND, 0 where not `valid`
+    action_mask: torch.Tensor  # (B, T) bool, the tokens that are trained
+    valid: torch.Tensor  # (B, T) bool, action tokens whose old and rollout log-probs are both finite
+    low: float
+    high: float
+
+
+# A correction returns (weights (B, T), keep (B, T) bool: the filter's decision, extra metrics).
+Correction = Callable[[ISInputs], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _in_band(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    return (x >= low) & (x <= high)
+
+
+def _tis(inp: ISInputs):
+    ratio = inp.log_ratio.exp()
+    return ratio.clamp(min=inp.low, max=inp.high), inp.valid, {}
+
+
+def _icepop(inp: ISInputs):
+    ratio = inp.log_ratio.exp()
+    keep = inp.valid & _in_band(ratio, inp.low, inp.high)
+    return ratio, keep, {}
+
+
+def _seq_mask_tis(inp: ISInputs):
+    ratio = inp.log_ratio.exp()
+    seq_is = masked_mean(inp.log_ratio, inp.valid, dim=-1).exp()  # (B,)
+    keep = inp.valid & _in_band(seq_is, inp.low, inp.high).unsqueeze(-1)
+    return ratio, keep, {}
+
+
+def _reinforce_pro(inp: ISInputs):
+    ratio = inp.log_ratio.exp()
+    m = inp.valid.to(inp.log_ratio.dtype)
+    prefix_log = torch.cumsum(inp.log_ratio * m, dim=-1) / torch.cumsum(m, dim=-1).clamp(min=1.0)
+    prefix_is = prefix_log.exp()  # (B, T) geometric mean of the ratios of action tokens <= t
+    # A non-finite action token poisons every later prefix of its sequence.
+    broken = torch.cumsum((inp.action_mask & ~inp.valid).to(torch.int32), dim=-1) > 0
+    keep = inp.valid & ~broken & _in_band(prefix_is, inp.low, inp.high)
+    live = inp.valid & ~broken
+    metrics = {
+        "is/prefix_is_mean": masked_mean(prefix_is, live),
+        "is/prefix_is_min": _masked_extreme(prefix_is, live, torch.amin),
+        "is/prefix_is_max": _masked_extreme(prefix_is, live, torch.amax),
+    }
+    return ratio, keep, metrics
+
+
+IS_CORRECTIONS: dict[str, Correction] = {
+    "tis": _tis,
+    "icepop": _icepop,
+    "seq-mask-tis": _seq_mask_tis,
+    "reinforce_pro": _reinforce_pro,
+}
+
+
+def validate_is_config(correction_type: str, low: float, high: float) -> None:
+    """Raise ValueError for an unknown correction name or a threshold band that is not 0 <= low < high."""
+    if correction_type not in IS_CORRECTIONS:
+        raise ValueError(
+            f"unknown vllm_is_correction_type {correction_type!r}; valid: {', '.join(IS_CORRECTIONS)}"
+        )
+    if not (0.0 <= low < high):
+        raise ValueError(f"vllm_is_truncated_threshold must satisfy 0 <= low < high, got [{low}, {high}]")
+
+
+def compute_is_weights(
+    correction_type: str,
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    action_mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token IS weights (B, T), detached, 0 where action_mask is 0, and the `is/*` metrics.
+
+    old_log_probs, rollout_log_probs: (B, T) log-probs of the sampled tokens under the trainer's old
+    policy and the rollout engine; action_mask: (B, T) 1 on trained tokens. Metrics are 0-dim tensors.
+    """
+    validate_is_config(correction_type, low, high)
+    _check_same_shape(old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, action_mask=action_mask)
+    with torch.no_grad():
+        dtype = torch.promote_types(old_log_probs.dtype, torch.float32)
+        old, rollout = old_log_probs.to(dtype), rollout_log_probs.to(dtype)
+        action = action_mask.bool()
+        valid = action & torch.isfinite(old) & torch.isfinite(rollout)
+        zero = torch.zeros((), dtype=dtype, device=old.device)
+        log_ratio = torch.where(valid, old - rollout, zero).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        inp = ISInputs(log_ratio=log_ratio, action_mask=action, valid=valid, low=float(low), high=float(high))
+
+        raw_weights, keep, extra = IS_CORRECTIONS[correction_type](inp)
+        keep = keep & valid
+        weights = torch.where(keep, raw_weights, zero)
+        metrics = _is_metrics(inp, weights, keep)
+        metrics.update(extra)
+    return weights, metrics
+
+
+def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    action, valid = inp.action_mask, inp.valid
+    ratio = inp.log_ratio.exp()
+    masked = action & ~keep  # action tokens the filter gave weight 0 (non-finite ones included)
+    n_action = action.sum().clamp(min=1)
+    seq_has_action = action.any(dim=-1)
+    seq_masked = masked.any(dim=-1)
+    w_sum, w_sq_sum = weights.sum(), weights.square().sum()
+    ess = torch.where(w_sq_sum > 0, w_sum.square() / w_sq_sum.clamp(min=1e-30), torch.zeros_like(w_sum))
+    return {
+        "is/vllm_kl": masked_mean(-inp.log_ratio, valid),  # mean(rollout - old), as OpenRLHF logs it
+        "is/ratio_mean": masked_mean(ratio, valid),
+        "is/ratio_min": _masked_extreme(ratio, valid, torch.amin),
+        "is/ratio_max": _masked_extreme(ratio, valid, torch.amax),
+        "is/weight_mean": masked_mean(weights, action),
+        "is/token_masked_frac": masked.sum() / n_action,
+        "is/seq_masked_frac": seq_masked.sum() / seq_has_action.sum().clamp(min=1),
+        "is/ess": ess / n_action,
+        "is/nonfinite_tokens": (action & ~valid).sum().to(weights.dtype),
+        "is/first_masked_pos_mean": _first_masked_position_mean(action, masked),
+    }
+
+
+def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce) -> torch.Tensor:
+    """min/max of values where mask holds; 0 when the mask is empty (keeps metrics finite).
+    Written without host syncs so that it costs nothing extra on a GPU."""
+    fill = torch.inf if reduce is torch.amin else -torch.inf
+    extreme = reduce(torch.where(mask, values, torch.full_like(values, fill)))
+    return torch.where(mask.any(), extreme, torch.zeros_like(extreme))
+
+
+def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """Mean, over sequences with a masked token, of that token's index counted from the first action
+    token of its sequence (so left context does not shift it); -1 when no sequence has one."""
+    has_masked = masked.any(dim=-1)
+    offset = (masked.to(torch.int8).argmax(dim=-1) - action.to(torch.int8).argmax(dim=-1)).float()
+    mean = masked_mean(offset, has_masked)
+    return torch.where(has_masked.any(), mean, torch.full_like(mean, -1.0))
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError("shape mismatch: " + ", ".join(f"{k}={v}" for k, v in shapes.items()))
+    if len(next(iter(shapes.values()))) != 2:
+        raise ValueError("expected (B, T) tensors, got " + ", ".join(f"{k}={v}" for k, v in shapes.items()))

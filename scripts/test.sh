@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up .venv and run every check CI runs: ruff, compileall, pytest.
+#
+# Runs on: a CPU-only machine (2 cores is enough); GPU-only tests are skipped without a GPU.
+# Takes:   set-up on a fresh machine (see scripts/setup_env.sh), then a few minutes of tests.
+# Extra arguments are passed to pytest, e.g. `bash scripts/test.sh -k is_correction`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+bash scripts/setup_env.sh
+PY=.venv/bin/python
+
+echo "[test] ruff"
+"$PY" -m ruff check reinforce_pro tests benchmarks
+echo "[test] compileall"
+"$PY" -m compileall -q reinforce_pro tests benchmarks >/dev/null
+echo "[test] pytest"
+"$PY" -m pytest -q "$@"
