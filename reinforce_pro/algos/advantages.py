@@ -119,9 +119,7 @@ def _groups(inp: AdvantageInputs, name: str) -> torch.Tensor:
     if n < 2:
         raise ValueError(f"advantage_estimator {name!r} needs n_samples_per_prompt >= 2, got {n}")
     if inp.rewards.numel() % n != 0:
-        raise ValueError(
-            f"advantage_estimator {name!r}: {inp.rewards.numel()} rewards do not split into groups of {n}"
-        )
+        raise ValueError(f"advantage_estimator {name!r}: {inp.rewards.numel()} rewards do not split into groups of {n}")
     if inp.gamma != 1.0:
         raise ValueError(f"advantage_estimator {name!r} needs gamma == 1.0, got {inp.gamma}")
     return inp.rewards.reshape(-1, n)

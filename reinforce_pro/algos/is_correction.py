@@ -101,9 +101,7 @@ IS_CORRECTIONS: dict[str, Correction] = {
 def validate_is_config(correction_type: str, low: float, high: float) -> None:
     """Raise ValueError for an unknown correction name or a threshold band that is not 0 <= low < high."""
     if correction_type not in IS_CORRECTIONS:
-        raise ValueError(
-            f"unknown vllm_is_correction_type {correction_type!r}; valid: {', '.join(IS_CORRECTIONS)}"
-        )
+        raise ValueError(f"unknown vllm_is_correction_type {correction_type!r}; valid: {', '.join(IS_CORRECTIONS)}")
     if not (0.0 <= low < high):
         raise ValueError(f"vllm_is_truncated_threshold must satisfy 0 <= low < high, got [{low}, {high}]")
 

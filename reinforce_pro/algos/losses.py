@@ -197,9 +197,7 @@ class ValueLoss(nn.Module):
         else:
             loss = unclipped
             clip_frac = torch.zeros((), dtype=values.dtype, device=values.device)
-        loss = 0.5 * aggregate_loss(
-            loss, mask, self.token_level_loss, dp_size, batch_num_tokens, global_batch_size
-        )
+        loss = 0.5 * aggregate_loss(loss, mask, self.token_level_loss, dp_size, batch_num_tokens, global_batch_size)
         metrics = {
             "critic/value_clip_frac": clip_frac,
             "critic/values_mean": masked_mean(values.detach(), mask),
