@@ -142,7 +142,8 @@ def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dic
     action, valid = inp.action_mask, inp.valid
     ratio = inp.log_ratio.exp()
     masked = action & ~keep  # action tokens the filter gave weight 0 (non-finite ones included)
-    n_action = action.sum().clamp(min=1)
+    dtype = weights.dtype
+    n_action = action.sum().clamp(min=1).to(dtype)
     seq_has_action = action.any(dim=-1)
     seq_masked = masked.any(dim=-1)
     w_sum, w_sq_sum = weights.sum(), weights.square().sum()
@@ -153,11 +154,11 @@ def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dic
         "is/ratio_min": _masked_extreme(ratio, valid, torch.amin),
         "is/ratio_max": _masked_extreme(ratio, valid, torch.amax),
         "is/weight_mean": masked_mean(weights, action),
-        "is/token_masked_frac": masked.sum() / n_action,
-        "is/seq_masked_frac": seq_masked.sum() / seq_has_action.sum().clamp(min=1),
+        "is/token_masked_frac": masked.sum().to(dtype) / n_action,
+        "is/seq_masked_frac": seq_masked.sum().to(dtype) / seq_has_action.sum().clamp(min=1).to(dtype),
         "is/ess": ess / n_action,
-        "is/nonfinite_tokens": (action & ~valid).sum().to(weights.dtype),
-        "is/first_masked_pos_mean": _first_masked_position_mean(action, masked),
+        "is/nonfinite_tokens": (action & ~valid).sum().to(dtype),
+        "is/first_masked_pos_mean": _first_masked_position_mean(action, masked, dtype),
     }
 
 
@@ -169,12 +170,12 @@ def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce) -> torch.T
     return torch.where(mask.any(), extreme, torch.zeros_like(extreme))
 
 
-def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Mean, over sequences with a masked token, of that token's index counted from the first action
     token of its sequence (so left context does not shift it); -1 when no sequence has one."""
     has_masked = masked.any(dim=-1)
-    offset = (masked.to(torch.int8).argmax(dim=-1) - action.to(torch.int8).argmax(dim=-1)).float()
-    mean = masked_mean(offset, has_masked)
+    offset = masked.to(torch.int8).argmax(dim=-1) - action.to(torch.int8).argmax(dim=-1)
+    mean = masked_mean(offset.to(dtype), has_masked)
     return torch.where(has_masked.any(), mean, torch.full_like(mean, -1.0))
 
 
