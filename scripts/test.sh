@@ -13,6 +13,7 @@ PY=.venv/bin/python
 
 echo "[test] ruff"
 "$PY" -m ruff check reinforce_pro tests benchmarks
+"$PY" -m ruff format --check --quiet reinforce_pro tests benchmarks
 echo "[test] compileall"
 "$PY" -m compileall -q reinforce_pro tests benchmarks >/dev/null
 echo "[test] pytest"

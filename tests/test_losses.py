@@ -77,7 +77,7 @@ def test_policy_loss_with_is_hand_computed(name, row0_weights, row1_weights):
     loss, m = loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=old - r)
     row0 = sum(w * x for w, x in zip(row0_weights, ROW0_PPO, strict=True))
     row1 = sum(w * x for w, x in zip(row1_weights, [-1.0, -1.0], strict=True))
-    assert float(loss) == pytest.approx((row0 + row1) / 5, abs=1e-9)
+    assert loss.item() == pytest.approx((row0 + row1) / 5, abs=1e-9)
     assert float(m["is/vllm_kl"]) == pytest.approx(-(math.log(27) + math.log(16)) / 5, abs=1e-9)
 
 
@@ -90,7 +90,7 @@ def test_seq_mask_tis_masks_whole_sequence():
     loss, m = loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=old - r)
     # row 0: geo mean 27^(1/3) = 3 -> whole row masked; row 1 kept with token ratios e^0.1, e^-0.1
     expected = (-math.exp(0.1) - math.exp(-0.1)) / 5
-    assert float(loss) == pytest.approx(expected, abs=1e-9)
+    assert loss.item() == pytest.approx(expected, abs=1e-9)
     assert float(m["is/seq_masked_frac"]) == pytest.approx(0.5, abs=1e-9)
 
 
@@ -174,7 +174,7 @@ def test_matches_openrlhf_formulas(loss_type, dual, token_level, is_on, is_type)
         eps_lo=0.2, eps_hi=0.28, dual=dual, token_level=token_level, loss_type=loss_type,
         is_on=is_on, is_type=is_type, lo=lo, hi=hi,
     )  # fmt: skip
-    assert float(loss) == pytest.approx(expected, abs=1e-9, rel=1e-9)
+    assert loss.item() == pytest.approx(expected, abs=1e-9, rel=1e-9)
 
 
 # ------------------------------------------------------------------- gradients
@@ -237,7 +237,7 @@ def test_aggregate_loss_sharding_invariance(token_level):
     n_tok, n_seq = float(mask.sum()), float((mask.sum(-1) > 0).sum())
     whole = aggregate_loss(per_token, mask, token_level)
     shards = [aggregate_loss(per_token[s], mask[s], token_level, 2, n_tok, n_seq) for s in (slice(0, 2), slice(2, 6))]
-    assert float(sum(shards) / 2) == pytest.approx(float(whole), abs=1e-12)
+    assert (sum(shards) / 2).item() == pytest.approx(whole.item(), abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -265,8 +265,8 @@ def test_policy_loss_sharding_invariance(kwargs):
             dp_size=2, batch_num_tokens=n_tok, global_batch_size=n_seq,
         )  # fmt: skip
         (g,) = torch.autograd.grad(part, lp)
-        total, g_total = total + float(part) / 2, g_total + g / 2  # the DP engine averages over ranks
-    assert total == pytest.approx(float(whole), abs=1e-12)
+        total, g_total = total + part.item() / 2, g_total + g / 2  # the DP engine averages over ranks
+    assert total == pytest.approx(whole.item(), abs=1e-12)
     torch.testing.assert_close(g_total, g_whole, atol=1e-12, rtol=1e-10)
 
 
@@ -297,7 +297,7 @@ def test_prop_on_policy_rollout_leaves_loss_unchanged(batch, name, kind):
     corrected, m = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, **kind)(
         lp, old, adv, action_mask=mask, rollout_log_probs=old.clone()
     )
-    assert float(corrected) == pytest.approx(float(plain), abs=1e-12)
+    assert corrected.item() == pytest.approx(plain.item(), abs=1e-12)
     assert float(m["is/token_masked_frac"]) == 0.0
 
 
@@ -401,7 +401,7 @@ def test_value_loss_hand_computed(clip, expected, clip_frac):
     returns = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0]])
     loss, m = ValueLoss(clip_eps=clip)(values, old, returns, action_mask=mask)
-    assert float(loss) == pytest.approx(expected, abs=1e-9)
+    assert loss.item() == pytest.approx(expected, abs=1e-9)
     assert float(m["critic/value_clip_frac"]) == pytest.approx(clip_frac, abs=1e-9)
     loss.backward()
     assert values.grad[0, 2] == 0

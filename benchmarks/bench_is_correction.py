@@ -1,0 +1,166 @@
+"""Forward + backward time of PolicyLoss for each IS correction, as a ratio to `tis` in the same run.
+
+Runs on: CPU (float32), the machine's default torch thread count. Takes ~1-3 minutes at the default
+sizes on 2 cores. Target: reinforce_pro within 1.15x of tis.
+
+    python benchmarks/bench_is_correction.py                 # measure, write JSON, print + render table
+    python benchmarks/bench_is_correction.py --render FILE   # re-render the table/plot from a JSON
+
+Each timed call builds the loss from fresh leaf log-probs and runs backward, i.e. what the trainer pays
+per micro-batch. Types are timed round-robin (in a rotating order) so that drift in machine load
+affects all of them alike; the median of the repeats is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS  # noqa: E402
+from reinforce_pro.algos.losses import PolicyLoss  # noqa: E402
+
+SIZES = [(64, 1024), (256, 4096), (256, 8192)]
+VARIANTS = ["none", *IS_CORRECTIONS]  # "none": PolicyLoss without IS correction
+TARGET = {"reinforce_pro": 1.15}
+
+
+def make_inputs(b: int, t: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=gen) * 3
+    log_probs = old + 0.05 * torch.randn(b, t, generator=gen)
+    rollout = old + 0.3 * torch.randn(b, t, generator=gen)  # enough mismatch that every filter masks
+    adv = torch.randn(b, 1, generator=gen).expand(b, t).contiguous()
+    lengths = torch.randint(t // 4, t + 1, (b,), generator=gen)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    return log_probs, old, rollout, adv, mask
+
+
+def time_once(loss_fn: PolicyLoss, inputs) -> float:
+    log_probs, old, rollout, adv, mask = inputs
+    lp = log_probs.clone().requires_grad_(True)
+    start = time.perf_counter()
+    loss, metrics = loss_fn(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
+    loss.backward()
+    _ = {k: v.item() for k, v in metrics.items()}  # the trainer reads the metrics too
+    return time.perf_counter() - start
+
+
+def measure(sizes, repeats: int, warmup: int) -> list[dict]:
+    losses = {
+        v: PolicyLoss(
+            enable_vllm_is_correction=v != "none",
+            vllm_is_correction_type="tis" if v == "none" else v,
+            vllm_is_truncated_threshold=[0.5, 5.0],
+        )
+        for v in VARIANTS
+    }
+    rows = []
+    for b, t in sizes:
+        inputs = make_inputs(b, t)
+        times = {v: [] for v in VARIANTS}
+        for i in range(warmup + repeats):
+            order = VARIANTS[i % len(VARIANTS) :] + VARIANTS[: i % len(VARIANTS)]
+            for v in order:
+                dt = time_once(losses[v], inputs)
+                if i >= warmup:
+                    times[v].append(dt)
+        tis = statistics.median(times["tis"])
+        for v in VARIANTS:
+            med = statistics.median(times[v])
+            rows.append(
+                {
+                    "B": b,
+                    "T": t,
+                    "variant": v,
+                    "median_ms": 1000 * med,
+                    "min_ms": 1000 * min(times[v]),
+                    "ratio_to_tis": med / tis,
+                    "repeats": repeats,
+                }
+            )
+            print(f"  B={b:<4} T={t:<5} {v:<14} {1000 * med:9.2f} ms  x{med / tis:.3f}", flush=True)
+    return rows
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    """Markdown table (and a PNG bar chart when matplotlib is installed) from the JSON payload."""
+    rows = payload["results"]
+    sizes = sorted({(r["B"], r["T"]) for r in rows})
+    header = "| variant | " + " | ".join(f"B={b}, T={t}" for b, t in sizes) + " |"
+    lines = [header, "|---|" + "---|" * len(sizes)]
+    for v in VARIANTS:
+        cells = []
+        for b, t in sizes:
+            r = next(r for r in rows if r["variant"] == v and (r["B"], r["T"]) == (b, t))
+            cells.append(f"{r['median_ms']:.1f} ms (x{r['ratio_to_tis']:.2f})")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    m = payload["machine"]
+    lines.append("")
+    lines.append(
+        f"forward + backward of PolicyLoss, float32, median of {rows[0]['repeats']} repeats; "
+        f"{m['cpu']} ({m['cpu_count']} cores, {m['torch_threads']} torch threads), torch {m['torch']}, "
+        f"commit {payload['commit'][:12]}. Ratio to tis in parentheses."
+    )
+    table = "\n".join(lines)
+    (out_dir / "bench_is_correction.md").write_text(table + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return table
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(VARIANTS)
+    for i, v in enumerate(VARIANTS):
+        ys = [next(r["ratio_to_tis"] for r in rows if r["variant"] == v and (r["B"], r["T"]) == s) for s in sizes]
+        ax.bar([j + i * width for j in range(len(sizes))], ys, width, label=v)
+    ax.axhline(TARGET["reinforce_pro"], color="k", ls="--", lw=0.8, label="reinforce_pro target")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"B={b}\nT={t}" for b, t in sizes])
+    ax.set_ylabel("time / time(tis)")
+    ax.set_title("PolicyLoss forward+backward, CPU float32")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "bench_is_correction.png", dpi=120)
+    return table
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES), help="comma-separated BxT list")
+    p.add_argument("--repeats", type=int, default=7, help="timed repeats per variant and size")
+    p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / PNG")
+    p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
+    args = p.parse_args(argv)
+
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text()), args.render.parent))
+        return 0
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    config = {
+        "sizes": sizes,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "dtype": "float32",
+        "threshold": [0.5, 5.0],
+    }
+    rows = measure(sizes, args.repeats, args.warmup)
+    path = write_result("bench_is_correction", config, rows, args.output)
+    print(render(json.loads(path.read_text()), args.output))
+    worst = max(r["ratio_to_tis"] for r in rows if r["variant"] == "reinforce_pro")
+    print(f"\nreinforce_pro worst ratio to tis: {worst:.3f} (target <= {TARGET['reinforce_pro']})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
