@@ -7,14 +7,23 @@ sizes on 2 cores. Target: reinforce_pro within 1.15x of tis.
     python benchmarks/bench_is_correction.py --render FILE   # re-render the table/plot from a JSON
 
 Each timed call builds the loss from fresh leaf log-probs and runs backward, i.e. what the trainer pays
-per micro-batch. Types are timed round-robin (in a rotating order) so that drift in machine load
-affects all of them alike; the median of the repeats is reported.
+per micro-batch.
+
+Allocator: by default the script re-executes itself with glibc's malloc told to keep freed memory
+(MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_), the CPU counterpart of the caching allocator torch
+uses on CUDA. Without it, timings depend on the heap's history: once glibc has trimmed its heap, every
+fresh multi-MB temporary re-faults its pages (measured: a 1 ms cumsum taking 8 ms), which swamps the
+arithmetic being compared. `--system-malloc` measures with the allocator as the environment has it.
+
+Types are timed round-robin (in a rotating order) so that drift in machine load affects all of them
+alike; the median of the repeats is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,6 +39,7 @@ from reinforce_pro.algos.losses import PolicyLoss  # noqa: E402
 SIZES = [(64, 1024), (256, 4096), (256, 8192)]
 VARIANTS = ["none", *IS_CORRECTIONS]  # "none": PolicyLoss without IS correction
 TARGET = {"reinforce_pro": 1.15}
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 
 def make_inputs(b: int, t: int, seed: int = 0):
@@ -43,14 +53,16 @@ def make_inputs(b: int, t: int, seed: int = 0):
     return log_probs, old, rollout, adv, mask
 
 
-def time_once(loss_fn: PolicyLoss, inputs) -> float:
+def time_once(loss_fn: PolicyLoss, inputs, inner: int) -> float:
+    """Mean seconds of one forward + backward (+ reading the metrics) over `inner` back-to-back calls."""
     log_probs, old, rollout, adv, mask = inputs
-    lp = log_probs.clone().requires_grad_(True)
+    leaves = [log_probs.clone().requires_grad_(True) for _ in range(inner)]
     start = time.perf_counter()
-    loss, metrics = loss_fn(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
-    loss.backward()
-    _ = {k: v.item() for k, v in metrics.items()}  # the trainer reads the metrics too
-    return time.perf_counter() - start
+    for lp in leaves:
+        loss, metrics = loss_fn(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
+        loss.backward()
+        _ = {k: v.item() for k, v in metrics.items()}  # the trainer reads the metrics too
+    return (time.perf_counter() - start) / inner
 
 
 def measure(sizes, repeats: int, warmup: int) -> list[dict]:
@@ -65,16 +77,21 @@ def measure(sizes, repeats: int, warmup: int) -> list[dict]:
     rows = []
     for b, t in sizes:
         inputs = make_inputs(b, t)
+        # Small sizes take a few ms: repeat the call inside one sample so each sample lasts >= ~40 ms.
+        inner = max(1, round(0.04 / time_once(losses["tis"], inputs, 1)))
         times = {v: [] for v in VARIANTS}
         for i in range(warmup + repeats):
             order = VARIANTS[i % len(VARIANTS) :] + VARIANTS[: i % len(VARIANTS)]
             for v in order:
-                dt = time_once(losses[v], inputs)
+                dt = time_once(losses[v], inputs, inner)
                 if i >= warmup:
                     times[v].append(dt)
-        tis = statistics.median(times["tis"])
         for v in VARIANTS:
             med = statistics.median(times[v])
+            # Paired ratio: each sample against the tis sample of the same round, then the median.
+            # Host noise drifts on a scale of seconds, so a round's samples share it; this is more
+            # stable than a ratio of medians.
+            ratio = statistics.median(x / y for x, y in zip(times[v], times["tis"], strict=True))
             rows.append(
                 {
                     "B": b,
@@ -82,11 +99,12 @@ def measure(sizes, repeats: int, warmup: int) -> list[dict]:
                     "variant": v,
                     "median_ms": 1000 * med,
                     "min_ms": 1000 * min(times[v]),
-                    "ratio_to_tis": med / tis,
+                    "ratio_to_tis": ratio,
                     "repeats": repeats,
+                    "calls_per_sample": inner,
                 }
             )
-            print(f"  B={b:<4} T={t:<5} {v:<14} {1000 * med:9.2f} ms  x{med / tis:.3f}", flush=True)
+            print(f"  B={b:<4} T={t:<5} {v:<14} {1000 * med:9.2f} ms  x{ratio:.3f}", flush=True)
     return rows
 
 
@@ -105,9 +123,12 @@ def render(payload: dict, out_dir: Path) -> str:
     m = payload["machine"]
     lines.append("")
     lines.append(
-        f"forward + backward of PolicyLoss, float32, median of {rows[0]['repeats']} repeats; "
+        f"forward + backward of PolicyLoss, float32, median of {rows[0]['repeats']} samples "
+        f"(each the mean of >= 1 back-to-back calls lasting ~40 ms); "
         f"{m['cpu']} ({m['cpu_count']} cores, {m['torch_threads']} torch threads), torch {m['torch']}, "
-        f"commit {payload['commit'][:12]}. Ratio to tis in parentheses."
+        f"commit {payload['commit'][:12]}, malloc keeps freed memory: "
+        f"{all(payload['config'].get('malloc_env', {}).values())}. In parentheses: median over rounds of "
+        f"(time / time of tis in the same round)."
     )
     table = "\n".join(lines)
     (out_dir / "bench_is_correction.md").write_text(table + "\n")
@@ -136,15 +157,21 @@ def render(payload: dict, out_dir: Path) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES), help="comma-separated BxT list")
-    p.add_argument("--repeats", type=int, default=7, help="timed repeats per variant and size")
+    p.add_argument("--repeats", type=int, default=15, help="timed repeats per variant and size")
     p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / PNG")
     p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
+    p.add_argument(
+        "--system-malloc", action="store_true", help="do not set the keep-freed-memory malloc variables (see above)"
+    )
     args = p.parse_args(argv)
 
     if args.render is not None:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
+    if not args.system_malloc and any(os.environ.get(k) != v for k, v in KEEP_FREED_MEMORY.items()):
+        # glibc reads these at process start: re-execute with them set.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_FREED_MEMORY})
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     config = {
         "sizes": sizes,

@@ -41,8 +41,12 @@ class ISInputs:
     """Sanitised inputs shared by every correction."""
 
     log_ratio: torch.Tensor  # (B, T) old - rollout, clamped to +-LOG_RATIO_BOUND, 0 where not `valid`
+    ratio: torch.Tensor  # (B, T) exp(log_ratio): 1 where not `valid`
     action_mask: torch.Tensor  # (B, T) bool, the tokens that are trained
     valid: torch.Tensor  # (B, T) bool, action tokens whose old and rollout log-probs are both finite
+    nonfinite: torch.Tensor  # (B, T) bool, action tokens with a NaN/inf old or rollout log-prob
+    any_nonfinite: bool  # nonfinite.any(), read once so the common case skips the prefix-break scan
+    n_valid: torch.Tensor  # 0-dim, number of valid tokens (at least 1), in the log-ratio dtype
     low: float
     high: float
 
@@ -52,42 +56,42 @@ Correction = Callable[[ISInputs], tuple[torch.Tensor, torch.Tensor, dict[str, to
 
 
 def _in_band(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    return (x >= low) & (x <= high)
+    """low <= x <= high, elementwise (NaN is out of band); two passes instead of three."""
+    return x.clamp(min=low, max=high) == x
 
 
 def _tis(inp: ISInputs):
-    ratio = inp.log_ratio.exp()
-    return ratio.clamp(min=inp.low, max=inp.high), inp.valid, {}
+    return inp.ratio.clamp(min=inp.low, max=inp.high), inp.valid, {}
 
 
 def _icepop(inp: ISInputs):
-    ratio = inp.log_ratio.exp()
-    keep = inp.valid & _in_band(ratio, inp.low, inp.high)
-    return ratio, keep, {}
+    keep = inp.valid & _in_band(inp.ratio, inp.low, inp.high)
+    return inp.ratio, keep, {}
 
 
 def _seq_mask_tis(inp: ISInputs):
-    ratio = inp.log_ratio.exp()
     seq_is = masked_mean(inp.log_ratio, inp.valid, dim=-1).exp()  # (B,)
     keep = inp.valid & _in_band(seq_is, inp.low, inp.high).unsqueeze(-1)
-    return ratio, keep, {}
+    return inp.ratio, keep, {}
 
 
 def _reinforce_pro(inp: ISInputs):
-    ratio = inp.log_ratio.exp()
-    m = inp.valid.to(inp.log_ratio.dtype)
-    prefix_log = torch.cumsum(inp.log_ratio * m, dim=-1) / torch.cumsum(m, dim=-1).clamp(min=1.0)
-    prefix_is = prefix_log.exp()  # (B, T) geometric mean of the ratios of action tokens <= t
-    # A non-finite action token poisons every later prefix of its sequence.
-    broken = torch.cumsum((inp.action_mask & ~inp.valid).to(torch.int32), dim=-1) > 0
-    keep = inp.valid & ~broken & _in_band(prefix_is, inp.low, inp.high)
-    live = inp.valid & ~broken
+    # log_ratio is already 0 off the valid tokens, so its cumsum is the sum over valid tokens <= t.
+    count = torch.cumsum(inp.valid, dim=-1, dtype=torch.int32).clamp_(min=1)  # int cumsum: faster on CPU
+    prefix_is = torch.cumsum(inp.log_ratio, dim=-1).div_(count).exp_()  # (B, T) geometric mean of rho_{<=t}
+    live, n_live = inp.valid, inp.n_valid
+    if inp.any_nonfinite:  # a non-finite action token poisons every later prefix of its sequence
+        live = live & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
+        n_live = live.sum().clamp(min=1).to(prefix_is.dtype)
+    keep = live & _in_band(prefix_is, inp.low, inp.high)
+    # prefix_is > 0, so filling with 0 leaves the max and the sum of the live tokens unchanged.
+    live_prefix = torch.where(live, prefix_is, torch.zeros((), dtype=prefix_is.dtype, device=prefix_is.device))
     metrics = {
-        "is/prefix_is_mean": masked_mean(prefix_is, live),
+        "is/prefix_is_mean": live_prefix.sum() / n_live,
         "is/prefix_is_min": _masked_extreme(prefix_is, live, torch.amin),
-        "is/prefix_is_max": _masked_extreme(prefix_is, live, torch.amax),
+        "is/prefix_is_max": live_prefix.amax(),
     }
-    return ratio, keep, metrics
+    return inp.ratio, keep, metrics
 
 
 IS_CORRECTIONS: dict[str, Correction] = {
@@ -125,10 +129,22 @@ def compute_is_weights(
         dtype = torch.promote_types(old_log_probs.dtype, torch.float32)
         old, rollout = old_log_probs.to(dtype), rollout_log_probs.to(dtype)
         action = action_mask.bool()
-        valid = action & torch.isfinite(old) & torch.isfinite(rollout)
+        finite = torch.isfinite(old) & torch.isfinite(rollout)
+        valid = action & finite
+        nonfinite = action & ~finite
         zero = torch.zeros((), dtype=dtype, device=old.device)
-        log_ratio = torch.where(valid, old - rollout, zero).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        inp = ISInputs(log_ratio=log_ratio, action_mask=action, valid=valid, low=float(low), high=float(high))
+        log_ratio = torch.where(valid, old - rollout, zero).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        inp = ISInputs(
+            log_ratio=log_ratio,
+            ratio=log_ratio.exp(),
+            action_mask=action,
+            valid=valid,
+            nonfinite=nonfinite,
+            any_nonfinite=bool(nonfinite.any()),
+            n_valid=valid.sum().clamp(min=1).to(dtype),
+            low=float(low),
+            high=float(high),
+        )
 
         raw_weights, keep, extra = IS_CORRECTIONS[correction_type](inp)
         keep = keep & valid
@@ -139,8 +155,7 @@ def compute_is_weights(
 
 
 def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
-    action, valid = inp.action_mask, inp.valid
-    ratio = inp.log_ratio.exp()
+    action, valid, ratio = inp.action_mask, inp.valid, inp.ratio
     masked = action & ~keep  # action tokens the filter gave weight 0 (non-finite ones included)
     dtype = weights.dtype
     n_action = action.sum().clamp(min=1).to(dtype)
@@ -149,7 +164,7 @@ def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dic
     w_sum, w_sq_sum = weights.sum(), weights.square().sum()
     ess = torch.where(w_sq_sum > 0, w_sum.square() / w_sq_sum.clamp(min=1e-30), torch.zeros_like(w_sum))
     return {
-        "is/vllm_kl": masked_mean(-inp.log_ratio, valid),  # mean(rollout - old), as OpenRLHF logs it
+        "is/vllm_kl": -inp.log_ratio.sum() / inp.n_valid,  # mean(rollout - old); log_ratio is 0 off valid
         "is/ratio_mean": masked_mean(ratio, valid),
         "is/ratio_min": _masked_extreme(ratio, valid, torch.amin),
         "is/ratio_max": _masked_extreme(ratio, valid, torch.amax),
@@ -157,7 +172,7 @@ def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dic
         "is/token_masked_frac": masked.sum().to(dtype) / n_action,
         "is/seq_masked_frac": seq_masked.sum().to(dtype) / seq_has_action.sum().clamp(min=1).to(dtype),
         "is/ess": ess / n_action,
-        "is/nonfinite_tokens": (action & ~valid).sum().to(dtype),
+        "is/nonfinite_tokens": inp.nonfinite.sum().to(dtype),
         "is/first_masked_pos_mean": _first_masked_position_mean(action, masked, dtype),
     }
 
@@ -165,9 +180,8 @@ def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dic
 def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce) -> torch.Tensor:
     """min/max of values where mask holds; 0 when the mask is empty (keeps metrics finite).
     Written without host syncs so that it costs nothing extra on a GPU."""
-    fill = torch.inf if reduce is torch.amin else -torch.inf
-    extreme = reduce(torch.where(mask, values, torch.full_like(values, fill)))
-    return torch.where(mask.any(), extreme, torch.zeros_like(extreme))
+    fill = torch.tensor(torch.inf if reduce is torch.amin else -torch.inf, dtype=values.dtype, device=values.device)
+    return reduce(torch.where(mask, values, fill)).nan_to_num(posinf=0.0, neginf=0.0)
 
 
 def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
