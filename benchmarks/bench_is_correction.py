@@ -148,7 +148,8 @@ def render(payload: dict, out_dir: Path) -> str:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"B={b}\nT={t}" for b, t in sizes])
     ax.set_ylabel("time / time(tis)")
     ax.set_title("PolicyLoss forward+backward, CPU float32")
-    ax.legend(fontsize=7, ncol=3)
+    ax.set_ylim(0, 1.5)
+    ax.legend(fontsize=7, ncol=6, loc="upper center")
     fig.tight_layout()
     fig.savefig(out_dir / "bench_is_correction.png", dpi=120)
     return table
