@@ -1,0 +1,339 @@
+"""The flag parser of `train_ppo_ray`: OpenRLHF v0.9.10's flat flags, defined once, each with help.
+
+Every flag of shared/reference/openrlhf-0.9.10-train_ppo_ray-flags.tsv is recognised. Those reinforce_pro
+does not implement are in `UNSUPPORTED`: giving one a non-default value stops with
+"`--X` is recognised but not supported by reinforce_pro: <why>". Flags reinforce_pro adds are marked
+[reinforce_pro] in their help.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+from reinforce_pro.algos.kl import KL_ESTIMATORS
+from reinforce_pro.algos.losses import POLICY_LOSSES
+
+PLANNED_CKPT = "checkpoints and resume are planned (issue: running it for real)"
+PLANNED_LOGGING = "wandb, evaluation and dynamic filtering are planned (issue: running it for real)"
+
+# dest -> why it is not supported. Checked only when the value differs from the default.
+UNSUPPORTED: dict[str, str] = {
+    "vllm_enable_sleep": "engines are not put to sleep between phases",
+    "deepspeed_enable_sleep": "DeepSpeed states are not offloaded between phases",
+    "async_train": "training is synchronous (generate, then train)",
+    "partial_rollout": "needs asynchronous training",
+    "async_queue_size": "needs asynchronous training",
+    "save_steps": PLANNED_CKPT,
+    "load_checkpoint": PLANNED_CKPT,
+    "save_hf_ckpt": PLANNED_CKPT,
+    "disable_ds_ckpt": PLANNED_CKPT,
+    "max_ckpt_num": PLANNED_CKPT,
+    "max_ckpt_mem": PLANNED_CKPT,
+    "best_metric_key": PLANNED_CKPT,
+    "ckpt_path": PLANNED_CKPT,
+    "use_ds_universal_ckpt": PLANNED_CKPT,
+    "eval_steps": PLANNED_LOGGING,
+    "eval_dataset": PLANNED_LOGGING,
+    "use_wandb": PLANNED_LOGGING,
+    "dynamic_filtering": PLANNED_LOGGING,
+    "deepcompile": "DeepSpeed compile is not wired in",
+    "enable_ema": "no EMA copy of the policy is kept",
+    "zpg": "ZeRO++ hierarchical partitioning is not wired in",
+    "actor_init_on_gpu": "models are loaded on the host, then placed by DeepSpeed",
+    "use_liger_kernel": "Liger kernels are not wired in",
+    "grad_accum_dtype": "gradients accumulate in the parameter dtype",
+    "ds_tensor_parallel_size": "DeepSpeed tensor parallelism (AutoTP) is not wired in",
+    "packing_samples": "samples are padded, not packed",
+    "use_dynamic_batch": "micro-batches have a fixed number of samples",
+    "rollout_max_tokens_per_gpu": "needs --use_dynamic_batch",
+    "load_in_4bit": "no quantised training",
+    "lora_rank": "no LoRA: the full policy is trained",
+    "aux_loss_coef": "no MoE auxiliary loss",
+    "overlong_buffer_len": "no overlong-response penalty yet",
+    "stop_properly_penalty_coef": "no stop-properly penalty yet",
+    "ring_attn_size": "no ring attention (sequence parallelism)",
+    "ring_head_stride": "no ring attention (sequence parallelism)",
+    "ref_reward_offload": "reference / reward models are not offloaded",
+    "agent_func_path": "multi-turn agents are planned (issue: multi-turn rollouts)",
+    "prompt_data_probs": "one prompt dataset at a time",
+    "dataloader_num_workers": "prompts are held in memory",
+    "perf": "use the time/* and perf/* metrics instead",
+    "use_ms": "models load from local paths only (no ModelScope hub)",
+    "vllm_generate_batch_size": "each engine gets its share of the rollout batch in one call",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad input ends with one line on stderr and exit status 2 (no usage dump, no traceback)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_placement(p) -> None:
+    g = p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
+    for role, default_nodes in (("ref", 1), ("reward", 1), ("actor", 1), ("critic", 1)):
+        g.add_argument(f"--{role}_num_nodes", type=int, default=default_nodes, help=f"nodes for the {role} group")
+        g.add_argument(
+            f"--{role}_num_gpus_per_node",
+            type=int,
+            default=8,
+            help=f"{role} data-parallel ranks per node (GPUs per node; CPU slots without GPUs)",
+        )
+    g.add_argument("--colocate_actor_ref", action="store_true", help="put reference ranks on the policy's bundles")
+    g.add_argument("--colocate_critic_reward", action="store_true", help="put reward-model ranks on the critic's")
+    g.add_argument("--colocate_all_models", action="store_true", help="put policy, reference, critic, RM on one group")
+
+
+def _add_vllm(p) -> None:
+    g = p.add_argument_group("rollout engines (vLLM)")
+    g.add_argument("--vllm_num_engines", type=int, default=None, help="number of vLLM engines (unset: 1)")
+    g.add_argument("--vllm_tensor_parallel_size", type=int, default=1, help="tensor-parallel size of each engine")
+    g.add_argument(
+        "--vllm_sync_backend",
+        type=str,
+        default="nccl",
+        help="weight-sync backend; reinforce_pro currently sends safetensors bytes through Ray's object store "
+        "on every device (NCCL broadcast is planned)",
+    )
+    g.add_argument("--vllm_sync_with_ray", action="store_true", help="sync weights through Ray (always the case)")
+    g.add_argument("--enable_prefix_caching", action="store_true", help="vLLM prefix caching (reset at every sync)")
+    g.add_argument("--enforce_eager", action="store_true", help="disable CUDA graphs in vLLM")
+    g.add_argument("--vllm_enable_sleep", action="store_true", help="sleep engines between phases")
+    g.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.95, help="vLLM GPU memory fraction")
+    g.add_argument(
+        "--vllm_dtype",
+        type=str,
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="[reinforce_pro] engine dtype; auto: the trainer's --param_dtype. bfloat16 with an fp32 trainer "
+        "gives a real rollout/training mismatch",
+    )
+    g.add_argument("--vllm_cpu_kvcache_gib", type=int, default=1, help="[reinforce_pro] KV cache of a CPU engine, GiB")
+    g.add_argument(
+        "--enable_vllm_is_correction",
+        "--algo.advantage.is_correction_enable",
+        dest="enable_vllm_is_correction",
+        action="store_true",
+        help="correct the rollout/training mismatch with importance sampling in the policy loss",
+    )
+    g.add_argument(
+        "--vllm_is_truncated_threshold",
+        "--algo.advantage.is_correction_threshold",
+        dest="vllm_is_truncated_threshold",
+        type=float,
+        nargs=2,
+        default=[0.5, 5.0],
+        metavar=("LOW", "HIGH"),
+        help="IS band [LOW, HIGH], 0 <= LOW < HIGH: clamp bounds for tis, keep-band for the masking types",
+    )
+    g.add_argument(
+        "--vllm_is_correction_type",
+        "--algo.advantage.is_correction_type",
+        dest="vllm_is_correction_type",
+        type=str,
+        default="tis",
+        choices=list(IS_CORRECTIONS),
+        help="tis: clamp; icepop: token mask; seq-mask-tis: sequence geometric-mean mask; reinforce_pro: "
+        "prefix geometric-mean mask (see docs/algorithms.md)",
+    )
+    g.add_argument("--async_train", action="store_true", help="overlap generation and training")
+    g.add_argument("--async_queue_size", type=int, default=1, help="rollout queue depth with --async_train")
+    g.add_argument("--partial_rollout", action="store_true", help="continue unfinished rollouts after a sync")
+
+
+def _add_checkpoint_logging(p) -> None:
+    g = p.add_argument_group("checkpoints, evaluation, logging")
+    g.add_argument("--eval_steps", type=int, default=-1, help="evaluate every N steps (-1: never)")
+    g.add_argument("--save_steps", type=int, default=-1, help="checkpoint every N steps (-1: never)")
+    g.add_argument("--logging_steps", type=int, default=1, help="write TensorBoard every N steps (jsonl: every step)")
+    g.add_argument("--ckpt_path", type=str, default="./ckpt/checkpoints_ppo_ray", help="checkpoint directory")
+    g.add_argument("--save_hf_ckpt", action="store_true", help="also save HF weights in checkpoints")
+    g.add_argument("--disable_ds_ckpt", action="store_true", help="skip DeepSpeed states in checkpoints")
+    g.add_argument("--max_ckpt_num", type=int, default=3, help="keep at most N checkpoints")
+    g.add_argument("--max_ckpt_mem", type=float, default=float("inf"), help="keep at most this many GB of checkpoints")
+    g.add_argument("--load_checkpoint", action="store_true", help="resume from the latest checkpoint")
+    g.add_argument("--best_metric_key", type=str, default="", help="metric that picks the best checkpoint")
+    g.add_argument("--use_ds_universal_ckpt", action="store_true", help="DeepSpeed universal checkpoints")
+    g.add_argument("--use_wandb", type=str, default=None, help="wandb API key (or 'True' with a login)")
+    g.add_argument("--wandb_org", type=str, default=None, help="wandb entity")
+    g.add_argument("--wandb_group", type=str, default=None, help="wandb group")
+    g.add_argument("--wandb_project", type=str, default="openrlhf_train_ppo", help="wandb project")
+    g.add_argument("--wandb_run_name", type=str, default=None, help="wandb run name (default: ppo_<time>)")
+    g.add_argument(
+        "--use_tensorboard", type=str, default=None, help="TensorBoard log dir (default: <save_path>/tensorboard)"
+    )
+    g.add_argument("--dynamic_filtering", action="store_true", help="drop prompt groups with no reward contrast")
+    g.add_argument(
+        "--dynamic_filtering_reward_range", type=float, nargs=2, default=(0, 1), help="kept mean-score range"
+    )
+    g.add_argument("--perf", action="store_true", help="print a throughput summary")
+
+
+def _add_deepspeed(p) -> None:
+    g = p.add_argument_group("DeepSpeed (policy and critic)")
+    g.add_argument("--local_rank", type=int, default=-1, help="set by launchers; ignored (Ray places the ranks)")
+    g.add_argument("--zero_stage", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage")
+    g.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward")
+    g.add_argument("--deepcompile", action="store_true", help="DeepSpeed compile")
+    g.add_argument(
+        "--param_dtype",
+        type=str,
+        default="bf16",
+        choices=["bf16", "fp16", "fp32"],
+        help="trainer precision (fp32 added by reinforce_pro; the embedded default uses it)",
+    )
+    g.add_argument("--bf16", dest="param_dtype", action="store_const", const="bf16", help="same as --param_dtype bf16")
+    g.add_argument("--enable_ema", action="store_true", help="keep an EMA of the policy")
+    g.add_argument("--ema_beta", type=float, default=0.992, help="EMA decay")
+    g.add_argument("--zpg", type=int, default=1, help="ZeRO++ partition group size")
+    g.add_argument("--adam_offload", action="store_true", help="offload Adam states to host memory")
+    g.add_argument("--actor_init_on_gpu", action="store_true", help="initialise the policy directly on the GPU")
+    g.add_argument(
+        "--attn_implementation",
+        type=str,
+        default="flash_attention_2",
+        help="HF attention kernel for trainer models; flash_attention_2 falls back to sdpa when flash-attn "
+        "is not installed (always on CPU), with a notice",
+    )
+    g.add_argument("--use_liger_kernel", action="store_true", help="Liger kernels")
+    g.add_argument("--grad_accum_dtype", type=str, default=None, help="gradient accumulation dtype")
+    g.add_argument("--overlap_comm", action="store_true", help="overlap ZeRO communication with compute")
+    g.add_argument("--gradient_checkpointing_use_reentrant", action="store_true", help="reentrant checkpointing")
+    g.add_argument("--disable_fast_tokenizer", action="store_true", help="use the slow (Python) tokenizer")
+    g.add_argument("--dataloader_num_workers", type=int, default=0, help="data loader workers")
+    g.add_argument("--deepspeed_enable_sleep", action="store_true", help="offload DeepSpeed states between phases")
+    g.add_argument("--ds_tensor_parallel_size", type=int, default=1, help="DeepSpeed tensor-parallel size")
+    g.add_argument("--packing_samples", action="store_true", help="pack samples without padding")
+    g.add_argument("--use_dynamic_batch", action="store_true", help="token-budgeted micro-batches")
+    g.add_argument("--rollout_max_tokens_per_gpu", type=int, default=None, help="token budget per rollout micro-batch")
+    g.add_argument("--train_max_tokens_per_gpu", type=int, default=16192, help="token budget per train micro-batch")
+    g.add_argument("--load_in_4bit", action="store_true", help="4-bit quantised base weights")
+    g.add_argument("--lora_rank", type=int, default=0, help="LoRA rank (0: full training)")
+    g.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha")
+    g.add_argument("--target_modules", type=str, nargs="*", default="all-linear", help="LoRA target modules")
+    g.add_argument("--lora_dropout", type=float, default=0, help="LoRA dropout")
+
+
+def _add_training(p) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--save_path", type=str, default=None, help="run directory (default: ./runs/<time>)")
+    g.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt data")
+    g.add_argument("--rollout_batch_size", type=int, default=1024, help="prompts per step")
+    g.add_argument("--vllm_generate_batch_size", type=int, default=None, help="prompts per engine call")
+    g.add_argument("--micro_rollout_batch_size", type=int, default=8, help="rows per forward when scoring rollouts")
+    g.add_argument("--max_epochs", type=int, default=1, help="training passes over each rollout batch")
+    g.add_argument("--max_len", type=int, default=2048, help="max prompt + response tokens (engine context)")
+    g.add_argument(
+        "--max_new_tokens",
+        "--generate_max_len",
+        dest="max_new_tokens",
+        type=int,
+        default=None,
+        help="max response tokens (--generate_max_len is the older name); unset: 1024",
+    )
+    g.add_argument("--prompt_max_len", type=int, default=1024, help="[reinforce_pro] max prompt tokens (keeps the end)")
+    g.add_argument("--max_samples", type=int, default=100_000_000, help="use at most this many prompts")
+    g.add_argument("--max_norm", type=float, default=1.0, help="gradient clipping norm")
+    g.add_argument("--l2", type=float, default=0.0, help="AdamW weight decay")
+    g.add_argument("--ptx_coef", type=float, default=0.05, help="pretraining loss coefficient (no pretrain data here)")
+    g.add_argument("--eps_clip", type=float, default=0.2, help="PPO clip range")
+    g.add_argument("--eps_clip_low_high", type=float, nargs=2, default=None, help="asymmetric PPO clip (low, high)")
+    g.add_argument("--dual_clip", type=float, default=None, help="dual-clip constant (> 1)")
+    g.add_argument("--value_clip", type=float, default=0.5, help="value clipping range for the critic")
+    g.add_argument("--lambd", type=float, default=1, help="GAE lambda")
+    g.add_argument("--gamma", type=float, default=1, help="discount")
+    g.add_argument("--micro_train_batch_size", type=int, default=4, help="samples per forward on one rank")
+    g.add_argument("--train_batch_size", type=int, default=128, help="samples per optimizer step (all ranks)")
+    g.add_argument("--normalize_reward", action="store_true", help="standardise rewards with running moments")
+    g.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling")
+    g.add_argument("--top_k", type=int, default=-1, help="[reinforce_pro] top-k sampling (-1: off)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the trainer uses the same)")
+    g.add_argument("--seed", type=int, default=42, help="random seed")
+    g.add_argument("--full_determinism", action="store_true", help="deterministic torch algorithms (slower)")
+    g.add_argument("--freezing_actor_steps", type=int, default=-1, help="train only the critic for N steps")
+    g.add_argument("--n_samples_per_prompt", type=int, default=1, help="responses per prompt (group size)")
+    g.add_argument("--save_value_network", action="store_true", help="also save the critic at the end")
+    g.add_argument("--actor_learning_rate", type=float, default=1e-6, help="policy learning rate")
+    g.add_argument("--critic_learning_rate", type=float, default=9e-6, help="critic learning rate")
+    g.add_argument("--lr_warmup_ratio", type=float, default=0.03, help="warm-up fraction of the LR schedule")
+    g.add_argument("--lr_scheduler", type=str, default="cosine_with_min_lr", help="transformers scheduler name")
+    g.add_argument("--kl_target", type=float, default=None, help="adaptive KL target (unset: fixed coefficient)")
+    g.add_argument("--kl_horizon", type=int, default=10000, help="adaptive KL horizon")
+    g.add_argument("--init_kl_coef", type=float, default=0.01, help="KL coefficient (0: no reference model)")
+    g.add_argument("--policy_loss_type", type=str, default="ppo", choices=list(POLICY_LOSSES), help="policy loss")
+    g.add_argument("--kl_estimator", type=str, default="k1", choices=list(KL_ESTIMATORS), help="KL estimator")
+    g.add_argument("--aux_loss_coef", type=float, default=0, help="MoE auxiliary loss coefficient")
+    g.add_argument("--entropy_loss_coef", type=float, default=None, help="entropy bonus coefficient")
+    g.add_argument("--adam_betas", type=float, nargs=2, default=(0.9, 0.95), help="AdamW betas")
+    g.add_argument("--reward_clip_range", type=float, nargs=2, default=(-10, 10), help="clip rewards to this range")
+    g.add_argument(
+        "--advantage_estimator", type=str, default="gae", choices=list(ADVANTAGE_ESTIMATORS), help="advantages"
+    )
+    g.add_argument("--use_kl_loss", action="store_true", help="KL as a loss term instead of a reward penalty")
+    g.add_argument("--no_advantage_std_norm", action="store_true", help="do not divide advantages by their std")
+    g.add_argument("--overlong_buffer_len", type=float, default=None, help="DAPO overlong buffer")
+    g.add_argument("--overlong_penalty_factor", type=float, default=1, help="DAPO overlong penalty")
+    g.add_argument("--stop_properly_penalty_coef", type=float, default=None, help="penalty for not stopping")
+    g.add_argument("--ring_attn_size", type=int, default=1, help="ring attention group size")
+    g.add_argument("--ring_head_stride", type=int, default=1, help="ring attention head stride")
+    g.add_argument(
+        "--sft_warmup_steps",
+        type=int,
+        default=300,
+        help="[reinforce_pro] embedded default only: supervised warm-start steps before RL",
+    )
+
+
+def _add_models_data(p) -> None:
+    g = p.add_argument_group("models and data (local paths only)")
+    g.add_argument("--pretrain", type=str, default=None, help="policy HF model dir (unset: the built-in tiny model)")
+    g.add_argument("--reward_pretrain", type=str, default=None, help="reward model HF dir (sequence classification)")
+    g.add_argument(
+        "--remote_rm_url", type=str, default=None, help="a .py file defining reward_func(queries, prompts, labels)"
+    )
+    g.add_argument("--critic_pretrain", type=str, default=None, help="critic HF dir (gae; unset: --pretrain)")
+    g.add_argument("--value_head_prefix", type=str, default="score", help="name of the critic's value head")
+    g.add_argument("--ref_reward_offload", action="store_true", help="offload reference / reward models")
+    g.add_argument("--agent_func_path", type=str, default=None, help="multi-turn agent file")
+    g.add_argument("--prompt_data", type=str, default=None, help="jsonl file or local HF dataset dir (unset: built-in)")
+    g.add_argument("--prompt_data_probs", type=str, default=None, help="mixing probabilities of several datasets")
+    g.add_argument("--prompt_split", type=str, default="train", help="split of a dataset dir")
+    g.add_argument("--eval_dataset", type=str, default=None, help="evaluation prompts")
+    g.add_argument("--eval_split", type=str, default="train", help="evaluation split")
+    g.add_argument("--eval_temperature", type=float, default=0.6, help="evaluation temperature")
+    g.add_argument("--eval_n_samples_per_prompt", type=int, default=4, help="evaluation samples per prompt")
+    g.add_argument("--input_key", type=str, default="input", help="prompt field of a record")
+    g.add_argument("--label_key", type=str, default=None, help="label field passed to the reward function")
+    g.add_argument("--input_template", type=str, default=None, help="prompt template with one {} placeholder")
+    g.add_argument(
+        "--apply_chat_template", action="store_true", help="wrap the prompt with the tokenizer's chat template"
+    )
+    g.add_argument("--use_ms", action="store_true", help="load from ModelScope")
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(
+        prog="train_ppo_ray",
+        description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default.",
+    )
+    for add in (_add_placement, _add_vllm, _add_checkpoint_logging, _add_deepspeed, _add_training, _add_models_data):
+        add(p)
+    return p
+
+
+def given_dests(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The dests the user set explicitly (parse again with every default suppressed)."""
+    quiet = argparse.ArgumentParser(add_help=False)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            kwargs = {"dest": action.dest, "default": argparse.SUPPRESS}
+            if isinstance(action, argparse._StoreConstAction):
+                kwargs.update(action="store_const", const=action.const)
+            else:
+                kwargs.update(nargs=action.nargs)
+            quiet.add_argument(*action.option_strings, **kwargs)
+    ns, _ = quiet.parse_known_args(argv)
+    return set(vars(ns))

@@ -1,0 +1,157 @@
+"""`python -m reinforce_pro.cli.train_ppo_ray`: OpenRLHF-style RL on Ray.
+
+With no model or data flags it runs the embedded default on CPU: a tiny Qwen2 model and tokenizer
+created locally, a short supervised warm start on built-in additions, then RL with reinforce_baseline
+and the reinforce_pro IS correction. The embedded default's settings (EMBEDDED_DEFAULTS) apply only to
+flags the user did not give.
+
+`parse_args(argv)` validates flag values and their combinations without touching the file system or
+starting anything; `main(argv)` then checks paths and runs. User errors end with one line on stderr
+and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from datetime import datetime
+
+from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser, given_dests
+
+GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
+assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
+
+EMBEDDED_DEFAULTS = {
+    "advantage_estimator": "reinforce_baseline",
+    "enable_vllm_is_correction": True,
+    "vllm_is_correction_type": "reinforce_pro",
+    "vllm_is_truncated_threshold": [0.5, 5.0],
+    "n_samples_per_prompt": 8,
+    "rollout_batch_size": 16,
+    "train_batch_size": 64,
+    "micro_train_batch_size": 32,
+    "micro_rollout_batch_size": 64,
+    "max_epochs": 1,
+    "actor_learning_rate": 5e-4,
+    "lr_scheduler": "constant_with_warmup",
+    "lr_warmup_ratio": 0.0,
+    "init_kl_coef": 0.0,
+    "max_new_tokens": 6,
+    "max_len": 64,
+    "prompt_max_len": 32,
+    "param_dtype": "fp32",
+    "vllm_dtype": "bfloat16",  # a real (small) rollout/training mismatch for the IS correction to handle
+    "zero_stage": 2,
+    "vllm_num_engines": 1,
+    "actor_num_gpus_per_node": 1,
+    "critic_num_gpus_per_node": 1,
+    "ref_num_gpus_per_node": 1,
+    "reward_num_gpus_per_node": 1,
+    "max_samples": 16 * 60,  # 60 RL steps
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    given = given_dests(parser, argv)
+    args.embedded_default = args.pretrain is None and args.prompt_data is None
+    if args.embedded_default:
+        for dest, value in EMBEDDED_DEFAULTS.items():
+            if dest not in given:
+                setattr(args, dest, value)
+    problem = unsupported_flag(args, parser) or invalid_combination(args)
+    if problem:
+        parser.error(problem)
+    finalize(args)
+    return args
+
+
+def unsupported_flag(args, parser) -> str | None:
+    for dest, why in UNSUPPORTED.items():
+        if getattr(args, dest) != parser.get_default(dest):
+            return f"--{dest} is recognised but not supported by reinforce_pro: {why}"
+    return None
+
+
+def invalid_combination(args) -> str | None:
+    """The first problem with the flag values, or None."""
+    low, high = args.vllm_is_truncated_threshold
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
+                "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
+                "vllm_tensor_parallel_size", "max_len", "prompt_max_len")  # fmt: skip
+    for name in positive:
+        if getattr(args, name) < 1:
+            return f"--{name} must be >= 1, got {getattr(args, name)}"
+    checks = [
+        (0 <= low < high, f"--vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got {low} {high}"),
+        (args.dual_clip is None or args.dual_clip > 1, f"--dual_clip must be > 1, got {args.dual_clip}"),
+        (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
+        (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
+        (args.vllm_num_engines is None or args.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
+        (
+            args.advantage_estimator not in GROUP_ESTIMATORS or args.n_samples_per_prompt >= 2,
+            f"--advantage_estimator {args.advantage_estimator} compares samples of a prompt: "
+            f"--n_samples_per_prompt must be >= 2, got {args.n_samples_per_prompt}",
+        ),
+        (
+            args.advantage_estimator not in GROUP_ESTIMATORS or args.gamma == 1,
+            f"--advantage_estimator {args.advantage_estimator} needs --gamma 1, got {args.gamma}",
+        ),
+        (
+            (args.rollout_batch_size * args.n_samples_per_prompt) % args.train_batch_size == 0,
+            f"--rollout_batch_size x --n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt} "
+            f"samples per step must be a multiple of --train_batch_size {args.train_batch_size}",
+        ),
+        (
+            args.train_batch_size % (args.micro_train_batch_size * world) == 0,
+            f"--train_batch_size {args.train_batch_size} must be a multiple of --micro_train_batch_size "
+            f"{args.micro_train_batch_size} x {world} policy ranks",
+        ),
+        (
+            args.prompt_data is None or args.remote_rm_url or args.reward_pretrain,
+            "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR",
+        ),
+        (not (args.remote_rm_url and args.reward_pretrain), "give --remote_rm_url or --reward_pretrain, not both"),
+    ]
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+def finalize(args) -> None:
+    """Derived values, written down once (each one is documented in the flag's help)."""
+    if args.eps_clip_low_high is None:
+        args.eps_clip_low_high = [args.eps_clip, args.eps_clip]
+    if args.vllm_num_engines is None:
+        args.vllm_num_engines = 1
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 1024
+    if args.wandb_run_name is None:
+        args.wandb_run_name = f"ppo_{datetime.now().strftime('%m%dT%H:%M')}"
+    args.needs_reference = args.init_kl_coef > 0 or args.use_kl_loss
+    args.needs_critic = args.advantage_estimator == "gae"
+    if args.enable_vllm_is_correction and (args.top_p < 1 or args.top_k > 0):
+        warnings.warn(
+            "IS correction with --top_p < 1 or --top_k: the engine's log-probs are of the truncated "
+            "distribution, the trainer's of the full one; their ratio is not a pure mismatch signal",
+            stacklevel=2,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from reinforce_pro.cli.run import UserInputError, prepare, run
+
+    try:
+        plan = prepare(args)
+    except UserInputError as e:
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
+        return 2
+    return run(args, plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Flags -> actor groups -> experience maker -> trainer. The one place that reads the whole namespace."""
+
+from __future__ import annotations
+
+import ray
+
+from reinforce_pro.algos.kl import build_kl_controller
+from reinforce_pro.rewards.builtin import exact_match_reward
+from reinforce_pro.rewards.loader import load_reward_func
+from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+from reinforce_pro.trainer.experience_maker import ExperienceMaker, RolloutConfig
+from reinforce_pro.trainer.logger import MetricsLogger
+from reinforce_pro.trainer.ppo_trainer import LoopConfig, PPOTrainer
+from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.critic import CriticWorker
+from reinforce_pro.workers.launcher import GroupSpec, create_group, gpus_available, make_placement_group, start_ray
+from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker, ReferenceWorker
+from reinforce_pro.workers.reward_model import RewardModelWorker
+
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def optimizer_steps(args, num_prompts: int) -> int:
+    steps = num_prompts // args.rollout_batch_size * args.num_episodes
+    per_step = args.rollout_batch_size * args.n_samples_per_prompt // args.train_batch_size * args.max_epochs
+    return max(1, steps * per_step)
+
+
+def optim_config(args, lr: float, world: int, total_steps: int) -> OptimConfig:
+    return OptimConfig(
+        learning_rate=lr,
+        adam_betas=tuple(args.adam_betas),
+        l2=args.l2,
+        lr_scheduler=args.lr_scheduler,
+        lr_warmup_ratio=args.lr_warmup_ratio,
+        total_steps=total_steps,
+        max_norm=args.max_norm,
+        zero_stage=args.zero_stage,
+        param_dtype=args.param_dtype,
+        adam_offload=args.adam_offload,
+        overlap_comm=args.overlap_comm,
+        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_use_reentrant=args.gradient_checkpointing_use_reentrant,
+        micro_batch_size=args.micro_train_batch_size,
+        grad_accum_steps=args.train_batch_size // (args.micro_train_batch_size * world),
+    )
+
+
+def policy_loss_config(args) -> PolicyLossConfig:
+    return PolicyLossConfig(
+        clip_eps_low=args.eps_clip_low_high[0],
+        clip_eps_high=args.eps_clip_low_high[1],
+        dual_clip=args.dual_clip,
+        policy_loss_type=args.policy_loss_type,
+        enable_vllm_is_correction=args.enable_vllm_is_correction,
+        vllm_is_truncated_threshold=tuple(args.vllm_is_truncated_threshold),
+        vllm_is_correction_type=args.vllm_is_correction_type,
+        use_kl_loss=args.use_kl_loss,
+        kl_estimator=args.kl_estimator,
+        kl_coef=args.init_kl_coef,
+        entropy_loss_coef=args.entropy_loss_coef,
+        temperature=args.temperature,
+    )
+
+
+def rollout_config(args) -> RolloutConfig:
+    return RolloutConfig(
+        n_samples_per_prompt=args.n_samples_per_prompt,
+        prompt_max_len=args.prompt_max_len,
+        max_new_tokens=min(args.max_new_tokens, args.max_len - 1),
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        advantage_estimator=args.advantage_estimator,
+        gamma=args.gamma,
+        lambd=args.lambd,
+        std_norm=not args.no_advantage_std_norm,
+        reward_clip_range=tuple(args.reward_clip_range),
+        normalize_reward=args.normalize_reward,
+        kl_estimator=args.kl_estimator,
+        use_kl_loss=args.use_kl_loss,
+        micro_rollout_batch_size=args.micro_rollout_batch_size,
+    )
+
+
+def logical_cpus(args) -> int:
+    n = args.vllm_num_engines * args.vllm_tensor_parallel_size + args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.needs_reference:
+        n += args.ref_num_nodes * args.ref_num_gpus_per_node
+    if args.needs_critic:
+        n += args.critic_num_nodes * args.critic_num_gpus_per_node
+    return n + 2
+
+
+def build_groups(args, plan, use_gpu: bool, total_steps: int) -> dict:
+    """Placement groups and actors for every role the flags ask for."""
+    groups: dict = {}
+    actor_spec = GroupSpec("actor", args.actor_num_nodes, args.actor_num_gpus_per_node)
+    actor_pg = make_placement_group(actor_spec, use_gpu)
+    colocate_ref = args.colocate_actor_ref or args.colocate_all_models
+    share = 0.5 if colocate_ref and args.needs_reference else 1.0
+    opt = optim_config(args, args.actor_learning_rate, actor_spec.size, total_steps)
+    loss = policy_loss_config(args)
+    groups["policy"] = create_group(
+        PolicyWorker, actor_spec, actor_pg, use_gpu, share, lambda d: (plan.pretrain, opt, loss, d, args.seed)
+    )
+    groups["reference"] = None
+    if args.needs_reference:
+        ref_spec = actor_spec if colocate_ref else GroupSpec("ref", args.ref_num_nodes, args.ref_num_gpus_per_node)
+        ref_pg = actor_pg if colocate_ref else make_placement_group(ref_spec, use_gpu)
+        ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype)
+        groups["reference"] = create_group(ReferenceWorker, ref_spec, ref_pg, use_gpu, share, lambda d: ref_args)
+    groups["critic"] = None
+    if args.needs_critic:
+        spec = GroupSpec("critic", args.critic_num_nodes, args.critic_num_gpus_per_node)
+        critic_opt = optim_config(args, args.critic_learning_rate, spec.size, total_steps)
+        pretrain = args.critic_pretrain or plan.pretrain
+        head = args.value_head_prefix
+        groups["critic"] = create_group(
+            CriticWorker, spec, make_placement_group(spec, use_gpu), use_gpu, 1.0,
+            lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head),
+        )  # fmt: skip
+    engine_cfg = EngineConfig(
+        model_path=plan.pretrain,
+        dtype=VLLM_DTYPES[args.param_dtype] if args.vllm_dtype == "auto" else args.vllm_dtype,
+        seed=args.seed,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_model_len=args.max_len,
+        cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
+    )
+    engine_cls = ray.remote(VLLMEngine)
+    gpus = args.vllm_tensor_parallel_size if use_gpu else 0
+    groups["engines"] = [
+        engine_cls.options(num_cpus=1, num_gpus=gpus).remote(engine_cfg, i) for i in range(args.vllm_num_engines)
+    ]
+    return groups
+
+
+def reward_function(args, plan, use_gpu: bool):
+    if plan.reward_source == "builtin:exact_match":
+        return exact_match_reward
+    if plan.reward_source.startswith("model:"):
+        rm = ray.remote(RewardModelWorker).options(num_cpus=1, num_gpus=1 if use_gpu else 0)
+        actor = rm.remote(args.reward_pretrain, args.micro_rollout_batch_size)
+        return lambda queries, prompts, labels: ray.get(actor.score.remote(queries))
+    return load_reward_func(plan.reward_source)
+
+
+def build_and_fit(args, plan) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    start_ray(logical_cpus(args))
+    use_gpu = gpus_available()
+    total_steps = optimizer_steps(args, len(plan.prompts))
+    groups = build_groups(args, plan, use_gpu, total_steps)
+    tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
+    kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
+    maker = ExperienceMaker(
+        groups["engines"], groups["policy"], groups["reference"], groups["critic"],
+        reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl,
+    )  # fmt: skip
+    logger = MetricsLogger(plan.run_dir, args.use_tensorboard)
+    loop = LoopConfig(
+        num_episodes=args.num_episodes,
+        rollout_batch_size=args.rollout_batch_size,
+        train_batch_size=args.train_batch_size,
+        micro_train_batch_size=args.micro_train_batch_size,
+        max_epochs=args.max_epochs,
+        freezing_actor_steps=args.freezing_actor_steps,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+    )
+    trainer = PPOTrainer(maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop)
+    try:
+        history = trainer.fit()
+        ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups["policy"]])
+        if args.save_value_network and groups["critic"]:
+            ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups["critic"]])
+    finally:
+        logger.close()
+    return history

@@ -1,0 +1,87 @@
+"""Prompt data: a jsonl file or a local HF dataset directory -> prompt texts and labels.
+
+Never reaches the network: a path that does not exist locally is an error, not a hub id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Bad prompt data; the message names the file (and line) and what is wrong."""
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
+    return records
+
+
+def load_records(path: str | Path, split: str = "train") -> list[dict]:
+    """Records from a .jsonl/.json file, a directory of them, or an HF `save_to_disk` directory."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory (datasets are read from local paths only)")
+    if path.is_file():
+        if path.suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, list):
+                raise DataError(f"{path}: expected a JSON list of objects")
+            return data
+        return read_jsonl(path)
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{path}: no split {split!r}; splits: {', '.join(ds)}")
+            ds = ds[split]
+        return [dict(r) for r in ds]
+    files = sorted(path.glob(f"{split}*.jsonl")) or sorted(path.glob("*.jsonl"))
+    if not files:
+        raise DataError(f"{path}: no {split}*.jsonl / *.jsonl files and not an HF save_to_disk dataset")
+    return [r for f in files for r in read_jsonl(f)]
+
+
+@dataclass
+class PromptSpec:
+    input_key: str = "input"
+    label_key: str | None = None
+    input_template: str | None = None  # e.g. "Question: {}\nAnswer:" (OpenRLHF's --input_template)
+    apply_chat_template: bool = False
+
+
+def build_prompts(records: list[dict], spec: PromptSpec, tokenizer=None, source: str = "data") -> list[dict]:
+    """records -> [{"prompt": text, "label": label or None}] following OpenRLHF's --input_key,
+    --label_key, --input_template and --apply_chat_template."""
+    out = []
+    for i, record in enumerate(records):
+        if spec.input_key not in record:
+            raise DataError(f"{source}: record {i} has no input key {spec.input_key!r} (keys: {sorted(record)})")
+        text = record[spec.input_key]
+        if spec.apply_chat_template:
+            messages = text if isinstance(text, list) else [{"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        elif spec.input_template:
+            text = spec.input_template.format(text)
+        label = None
+        if spec.label_key is not None:
+            if spec.label_key not in record:
+                raise DataError(f"{source}: record {i} has no label key {spec.label_key!r}")
+            label = record[spec.label_key]
+        out.append({"prompt": text, "label": label})
+    return out

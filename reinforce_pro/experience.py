@@ -1,0 +1,73 @@
+"""Typed records that travel between the rollout engines, the experience maker and the trainers.
+
+Token layout (as in OpenRLHF): a sequence is the prompt, left-padded to P tokens, followed by the
+response, right-padded to T tokens, so S = P + T. Per-token quantities of the response ("actions") are
+(B, T) and aligned with the last T positions of the sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass
+class Samples:
+    """What the rollout engines produced for one batch of prompts."""
+
+    sequences: torch.Tensor  # (B, S) long, prompt (left-padded) + response (right-padded)
+    attention_mask: torch.Tensor  # (B, S) long, 1 on real prompt and response tokens
+    action_mask: torch.Tensor  # (B, T) bool, 1 on response tokens that are trained
+    rollout_log_probs: torch.Tensor  # (B, T) float32, the engine's log-prob of each response token
+    prompts: list[str]  # (B,) prompt text as given to the engine
+    responses: list[str]  # (B,) decoded response text
+    labels: list  # (B,) the dataset's label for the prompt (None if the data has none)
+    prompt_index: torch.Tensor  # (B,) long, index of the prompt in the batch: samples of one prompt share it
+    truncated: torch.Tensor  # (B,) bool, the response hit the token limit instead of stopping
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_mask.size(1)
+
+
+@dataclass
+class Experience:
+    """One micro-batch ready for training."""
+
+    sequences: torch.Tensor  # (B, S) long
+    attention_mask: torch.Tensor  # (B, S) long
+    action_mask: torch.Tensor  # (B, T) bool
+    old_log_probs: torch.Tensor  # (B, T) float32, trainer's log-probs before this update
+    rollout_log_probs: torch.Tensor  # (B, T) float32, engine's log-probs
+    advantages: torch.Tensor  # (B, T) float32
+    returns: torch.Tensor  # (B, T) float32
+    rewards: torch.Tensor  # (B,) float32, the reward of each sample after shaping inputs (clip, normalise)
+    ref_log_probs: torch.Tensor | None = None  # (B, T) float32, reference model (when a KL term is used)
+    values: torch.Tensor | None = None  # (B, T) float32, critic values (gae only)
+    info: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample (B,) values for logging
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_mask.size(1)
+
+    def select(self, index: torch.Tensor | slice) -> Experience:
+        """Rows `index` of every tensor field."""
+        kwargs = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                kwargs[f.name] = value[index]
+            elif isinstance(value, dict):
+                kwargs[f.name] = {k: v[index] for k, v in value.items()}
+            else:
+                kwargs[f.name] = value
+        return Experience(**kwargs)
+
+    def __len__(self) -> int:
+        return self.sequences.size(0)
+
+
+def split_experience(exp: Experience, micro_batch_size: int) -> list[Experience]:
+    """Consecutive micro-batches of at most `micro_batch_size` rows."""
+    return [exp.select(slice(i, i + micro_batch_size)) for i in range(0, len(exp), micro_batch_size)]

@@ -1,0 +1,88 @@
+"""The built-in tiny model: a Qwen2-architecture causal LM and a character-level tokenizer, created
+locally (nothing is downloaded) and saved as an ordinary HF model directory that vLLM, DeepSpeed and
+transformers all load like any other.
+
+The tokenizer maps each printable ASCII character to one token, plus <pad>, <bos>, <eos>, <unk>. Its
+chat template renders a conversation as "<bos>user: ...\nassistant: " so that `--apply_chat_template`
+works on the built-in model too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = [chr(c) for c in range(32, 127)]  # printable ASCII, space included
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_tokenizer():
+    """A character-level PreTrainedTokenizerFast over printable ASCII."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    # BPE with no merges splits a word into its characters; with no pre-tokenizer the whole text is one
+    # "word", so spaces are ordinary characters. Fuse() decodes by plain concatenation.
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(
+    path: str | Path,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 384,
+    max_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Create (or reuse) a tiny Qwen2 model + tokenizer at `path`; returns the path.
+
+    Reuses the directory if it already holds a model with the same configuration, so repeated runs and
+    tests do not rebuild it.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    tokenizer = build_tokenizer()
+    vocab_size = 128  # len(vocab) = 99, rounded up for friendlier kernels
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        existing = Qwen2Config.from_pretrained(path)
+        if all(getattr(existing, k) == getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+            return path
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

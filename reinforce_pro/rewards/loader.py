@@ -1,0 +1,65 @@
+"""Load a reward-function file (`--remote_rm_url path/to/file.py`) and normalise what it returns.
+
+The contract is OpenRLHF's: the file defines `reward_func(queries, prompts, labels)` where `queries`
+are prompt + response texts, and returns either a tensor (or list) of one reward per query, or a dict
+with `rewards` (used for the advantages), optionally `scores` (logged; used by dynamic filtering) and
+`extra_logs` (a dict of per-query values, logged as `reward/<key>`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+class RewardFileError(ValueError):
+    """A reward file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class RewardOutput:
+    rewards: torch.Tensor  # (N,) float32
+    scores: torch.Tensor  # (N,) float32, equal to rewards when the function gives none
+    extra_logs: dict[str, torch.Tensor] = field(default_factory=dict)  # each (N,)
+
+
+def load_reward_func(path: str | Path) -> Callable:
+    path = Path(path)
+    if not path.is_file() or path.suffix != ".py":
+        raise RewardFileError(f"{path}: --remote_rm_url must be an existing .py file defining reward_func")
+    spec = importlib.util.spec_from_file_location(f"reinforce_pro_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: say which file broke and how, not a bare traceback
+        raise RewardFileError(f"{path}: importing it failed: {type(e).__name__}: {e}") from e
+    func = getattr(module, "reward_func", None)
+    if not callable(func):
+        raise RewardFileError(f"{path}: defines no callable reward_func(queries, prompts, labels)")
+    return func
+
+
+def _as_tensor(value, n: int, what: str) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.float32).flatten()
+    if t.numel() != n:
+        raise RewardFileError(f"reward_func returned {t.numel()} {what} for {n} queries")
+    if not torch.isfinite(t).all():
+        raise RewardFileError(f"reward_func returned non-finite {what}: {t.tolist()}")
+    return t
+
+
+def normalize_reward_output(out, n: int) -> RewardOutput:
+    """Accept a tensor / list, or a dict with rewards, scores, extra_logs."""
+    if isinstance(out, dict):
+        if "rewards" not in out:
+            raise RewardFileError(f"reward_func returned a dict without 'rewards' (keys: {sorted(out)})")
+        rewards = _as_tensor(out["rewards"], n, "rewards")
+        scores = _as_tensor(out["scores"], n, "scores") if out.get("scores") is not None else rewards.clone()
+        extra = {k: _as_tensor(v, n, f"extra_logs[{k!r}]") for k, v in (out.get("extra_logs") or {}).items()}
+        return RewardOutput(rewards, scores, extra)
+    rewards = _as_tensor(out, n, "rewards")
+    return RewardOutput(rewards, rewards.clone())

@@ -1,0 +1,1 @@
+"""Rollout: vLLM engine actors, the weight-sync worker extension, sampling."""

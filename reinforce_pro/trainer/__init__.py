@@ -1,0 +1,1 @@
+"""The controller side: experience maker, fit() loop, logging, warm start."""

@@ -1,0 +1,196 @@
+"""Prompts -> Samples (rollout engines) -> Experience (log-probs, values, rewards, KL, advantages)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
+from reinforce_pro.algos.kl import compute_approx_kl
+from reinforce_pro.algos.masked import masked_mean
+from reinforce_pro.experience import Experience, Samples
+from reinforce_pro.rewards.loader import RewardOutput, normalize_reward_output
+from reinforce_pro.rollout.vllm_engine import Generation
+
+
+@dataclass
+class RolloutConfig:
+    n_samples_per_prompt: int = 1
+    prompt_max_len: int = 1024
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambd: float = 1.0
+    std_norm: bool = True
+    reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
+    normalize_reward: bool = False
+    kl_estimator: str = "k1"
+    use_kl_loss: bool = False
+    micro_rollout_batch_size: int = 8
+
+
+class RunningMoments:
+    """Running mean / std of rewards over the whole run (Chan et al. parallel update), for --normalize_reward."""
+
+    def __init__(self) -> None:
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-8
+
+    def update(self, x: torch.Tensor) -> None:
+        n, mean, var = x.numel(), float(x.mean()), float(x.var(unbiased=False))
+        delta, total = mean - self.mean, self.count + n
+        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
+
+
+class ExperienceMaker:
+    def __init__(self, engines, policy, reference, critic, reward_fn: Callable, tokenizer, cfg: RolloutConfig, kl_ctl):
+        self.engines, self.policy, self.reference, self.critic = engines, policy, reference, critic
+        self.reward_fn, self.tokenizer, self.cfg, self.kl_ctl = reward_fn, tokenizer, cfg, kl_ctl
+        self.reward_moments = RunningMoments()
+
+    # ------------------------------------------------------------------ generation
+    def sampling_params(self) -> dict:
+        return dict(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
+            max_tokens=self.cfg.max_new_tokens,
+            skip_special_tokens=False,
+        )
+
+    def generate(self, batch: list[dict]) -> Samples:
+        """Sample n_samples_per_prompt responses for each prompt of `batch` ([{"prompt", "label"}])."""
+        n = self.cfg.n_samples_per_prompt
+        prompt_ids = [self._encode(item["prompt"]) for item in batch for _ in range(n)]
+        chunk = math.ceil(len(prompt_ids) / len(self.engines))
+        refs = [
+            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], self.sampling_params())
+            for i, engine in enumerate(self.engines)
+            if prompt_ids[i * chunk : (i + 1) * chunk]
+        ]
+        generations = [g for part in ray.get(refs) for g in part]
+        prompts = [item["prompt"] for item in batch for _ in range(n)]
+        labels = [item["label"] for item in batch for _ in range(n)]
+        index = torch.arange(len(batch)).repeat_interleave(n)
+        return self._to_samples(prompt_ids, generations, prompts, labels, index)
+
+    def _encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if self.tokenizer.bos_token_id is not None and not prompt.startswith(self.tokenizer.bos_token or "\0"):
+            ids = [self.tokenizer.bos_token_id] + ids
+        return ids[-self.cfg.prompt_max_len :]  # keep the end: the question is usually last
+
+    def _to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
+        pad = self.tokenizer.pad_token_id
+        p_len = max(len(p) for p in prompt_ids)
+        t_len = max(1, max(len(g.token_ids) for g in generations))
+        b = len(prompt_ids)
+        sequences = torch.full((b, p_len + t_len), pad, dtype=torch.long)
+        attention = torch.zeros((b, p_len + t_len), dtype=torch.long)
+        action_mask = torch.zeros((b, t_len), dtype=torch.bool)
+        rollout_lp = torch.zeros((b, t_len), dtype=torch.float32)
+        for i, (p, g) in enumerate(zip(prompt_ids, generations, strict=True)):
+            r = len(g.token_ids)
+            sequences[i, p_len - len(p) : p_len] = torch.tensor(p)
+            sequences[i, p_len : p_len + r] = torch.tensor(g.token_ids, dtype=torch.long)
+            attention[i, p_len - len(p) : p_len + r] = 1
+            action_mask[i, :r] = True
+            rollout_lp[i, :r] = torch.tensor(g.log_probs, dtype=torch.float32)
+        responses = self.tokenizer.batch_decode(
+            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        truncated = torch.tensor([g.finish_reason == "length" for g in generations])
+        return Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
+
+    # ------------------------------------------------------------------ experience
+    def rewards(self, samples: Samples) -> RewardOutput:
+        queries = [p + r for p, r in zip(samples.prompts, samples.responses, strict=True)]
+        out = self.reward_fn(queries, samples.prompts, samples.labels)
+        return normalize_reward_output(out, len(queries))
+
+    def make_experience(self, samples: Samples) -> tuple[Experience, dict[str, float]]:
+        seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
+        old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t)
+        ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
+        values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
+        reward = self.rewards(samples)
+        rewards = reward.rewards
+        if self.cfg.normalize_reward:
+            self.reward_moments.update(rewards)
+            rewards = self.reward_moments.normalize(rewards)
+        kl = (
+            compute_approx_kl(self.cfg.kl_estimator, old_lp, ref_lp, samples.action_mask)
+            if ref_lp is not None
+            else None
+        )
+        inp = AdvantageInputs(
+            rewards=rewards,
+            action_mask=samples.action_mask,
+            group_size=self.cfg.n_samples_per_prompt,
+            kl=kl,
+            kl_coef=0.0 if self.cfg.use_kl_loss else self.kl_ctl.value,
+            values=values,
+            gamma=self.cfg.gamma,
+            lambd=self.cfg.lambd,
+            std_norm=self.cfg.std_norm,
+            reward_clip_range=self.cfg.reward_clip_range,
+        )
+        advantages, returns = compute_advantages(self.cfg.advantage_estimator, inp)
+        exp = Experience(
+            sequences=seq,
+            attention_mask=attn,
+            action_mask=samples.action_mask,
+            old_log_probs=old_lp,
+            rollout_log_probs=samples.rollout_log_probs,
+            advantages=advantages.float(),
+            returns=returns.float(),
+            rewards=rewards,
+            ref_log_probs=ref_lp,
+            values=values,
+            info={"score": reward.scores},
+        )
+        return exp, self._metrics(samples, reward, old_lp, kl)
+
+    def _metrics(self, samples: Samples, reward: RewardOutput, old_lp, kl) -> dict[str, float]:
+        lengths = samples.action_mask.sum(-1).float()
+        m = {
+            "rollout/reward_mean": float(reward.rewards.mean()),
+            "rollout/reward_std": float(reward.rewards.std()) if len(reward.rewards) > 1 else 0.0,
+            "rollout/score_mean": float(reward.scores.mean()),
+            "rollout/response_length_mean": float(lengths.mean()),
+            "rollout/truncated_frac": float(samples.truncated.float().mean()),
+            "rollout/num_samples": float(len(lengths)),
+            # rollout/trainer mismatch before any update of this step: the quantity IS correction fights
+            "rollout/logprob_abs_diff_mean": float(
+                masked_mean((old_lp - samples.rollout_log_probs).abs(), samples.action_mask)
+            ),
+            "rollout/logprob_abs_diff_max": float(
+                ((old_lp - samples.rollout_log_probs).abs() * samples.action_mask).max()
+            ),
+        }
+        if kl is not None:
+            m["kl/ref_kl_mean"] = float(masked_mean(kl, samples.action_mask))
+            m["kl/coef"] = float(self.kl_ctl.value)
+        for k, v in reward.extra_logs.items():
+            m[f"reward/{k}"] = float(v.mean())
+        return m
+
+
+def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions) -> torch.Tensor:
+    """Split rows across the data-parallel ranks of `group`, call `method` on each, concatenate."""
+    shards = torch.tensor_split(torch.arange(sequences.size(0)), len(group))
+    refs = [
+        getattr(actor, method).remote(sequences[idx], attention_mask[idx], num_actions)
+        for actor, idx in zip(group, shards, strict=True)
+    ]
+    return torch.cat(ray.get(refs), dim=0)

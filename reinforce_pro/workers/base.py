@@ -1,0 +1,144 @@
+"""What every model-holding Ray actor shares: torch.distributed set-up, DeepSpeed initialisation, and
+micro-batched forward passes.
+
+One actor is one data-parallel rank. On a GPU node it owns one GPU and uses NCCL; without a GPU
+DeepSpeed runs on its CPU accelerator and falls back to gloo, with every listener on loopback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from reinforce_pro.models.logprobs import action_log_probs, forward_logits
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = 1e-6
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    l2: float = 0.0
+    lr_scheduler: str = "cosine_with_min_lr"
+    lr_warmup_ratio: float = 0.03
+    total_steps: int = 1  # optimizer steps over the whole run, for the scheduler
+    max_norm: float = 1.0
+    zero_stage: int = 2
+    param_dtype: str = "bf16"  # bf16 | fp16 | fp32
+    adam_offload: bool = False
+    overlap_comm: bool = False
+    gradient_checkpointing: bool = False
+    gradient_checkpointing_use_reentrant: bool = False
+    micro_batch_size: int = 4  # per rank per forward
+    grad_accum_steps: int = 1  # micro-batches per optimizer step on each rank
+
+
+def use_host_threads() -> None:
+    """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); the pipeline is synchronous, so on a CPU host
+    each phase may use every core while the others wait."""
+    if not torch.cuda.is_available():
+        torch.set_num_threads(int(os.environ.get("REINFORCE_PRO_CPU_THREADS", os.cpu_count() or 1)))
+
+
+def setup_distributed(dist: DistInfo) -> None:
+    """Set the env torch.distributed reads and start the process group (gloo on CPU, NCCL on GPU)."""
+    os.environ.update(
+        RANK=str(dist.rank),
+        WORLD_SIZE=str(dist.world_size),
+        LOCAL_RANK="0",
+        MASTER_ADDR=dist.master_addr,
+        MASTER_PORT=str(dist.master_port),
+    )
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/reinforce_pro/torch_extensions"))
+    use_host_threads()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def device() -> torch.device:
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def deepspeed_config(opt: OptimConfig, world_size: int) -> dict:
+    zero = {"stage": opt.zero_stage, "overlap_comm": opt.overlap_comm}
+    if opt.adam_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return {
+        "train_micro_batch_size_per_gpu": opt.micro_batch_size,
+        "gradient_accumulation_steps": opt.grad_accum_steps,
+        "train_batch_size": opt.micro_batch_size * opt.grad_accum_steps * world_size,
+        "gradient_clipping": opt.max_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": opt.param_dtype == "bf16"},
+        "fp16": {"enabled": opt.param_dtype == "fp16"},
+        # A plain torch AdamW avoids JIT-building DeepSpeed's fused / CPU Adam ops (~40 s each on CPU).
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: int):
+    """Wrap `model` with an AdamW optimizer and the LR schedule in a DeepSpeed engine."""
+    import deepspeed
+    from transformers import get_scheduler
+
+    if opt.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": opt.gradient_checkpointing_use_reentrant}
+        )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=opt.learning_rate,
+        betas=tuple(opt.adam_betas),
+        weight_decay=opt.l2,
+    )
+    extra = {"min_lr": opt.learning_rate * 0.1} if opt.lr_scheduler == "cosine_with_min_lr" else None
+    scheduler = get_scheduler(
+        opt.lr_scheduler,
+        optimizer,
+        num_warmup_steps=math.ceil(opt.total_steps * opt.lr_warmup_ratio),
+        num_training_steps=opt.total_steps,
+        scheduler_specific_kwargs=extra,
+    )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(opt, world_size)
+    )
+    return engine
+
+
+@torch.no_grad()
+def batched_log_probs(
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float, micro: int
+) -> torch.Tensor:
+    """(B, T) float32 log-probs of the response tokens, computed `micro` rows at a time."""
+    dev = device()
+    out = []
+    for i in range(0, sequences.size(0), micro):
+        seq = sequences[i : i + micro].to(dev)
+        mask = attention_mask[i : i + micro].to(dev)
+        logits = forward_logits(model, seq, mask)
+        lp, _ = action_log_probs(logits, seq, num_actions, temperature)
+        out.append(lp.float().cpu())
+    return torch.cat(out, dim=0)
+
+
+def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
+    """Average each key over the micro-batches that reported it."""
+    keys = {k for h in history for k in h}
+    return {k: sum(h[k] for h in history if k in h) / sum(1 for h in history if k in h) for k in keys}

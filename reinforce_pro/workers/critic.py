@@ -1,0 +1,69 @@
+"""The critic (only for --advantage_estimator gae): values for GAE and value-loss updates."""
+
+from __future__ import annotations
+
+import torch
+
+from reinforce_pro.algos.losses import ValueLoss
+from reinforce_pro.experience import Experience
+from reinforce_pro.models.value import ValueModel
+from reinforce_pro.workers.base import (
+    DistInfo,
+    OptimConfig,
+    device,
+    initialize_deepspeed,
+    mean_metrics,
+    setup_distributed,
+)
+
+
+class CriticWorker:
+    """One data-parallel rank of the critic. Wrapped with ray.remote by the launcher."""
+
+    def __init__(
+        self, pretrain: str, opt: OptimConfig, dist: DistInfo, seed: int, value_clip: float | None, head_name: str
+    ):
+        setup_distributed(dist)
+        torch.manual_seed(seed + 1000 + dist.rank)
+        self.opt, self.dist = opt, dist
+        self.engine = initialize_deepspeed(ValueModel(pretrain, head_name), opt, dist.world_size)
+        self.loss_fn = ValueLoss(clip_eps=value_clip)
+
+    @torch.no_grad()
+    def values(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
+        self.engine.eval()
+        dev, micro, out = device(), self.opt.micro_batch_size, []
+        for i in range(0, sequences.size(0), micro):
+            out.append(
+                self.engine(sequences[i : i + micro].to(dev), attention_mask[i : i + micro].to(dev), num_actions).cpu()
+            )
+        return torch.cat(out)
+
+    def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
+        self.engine.train()
+        dev, history = device(), []
+        for exp in micro_batches:
+            values = self.engine(exp.sequences.to(dev), exp.attention_mask.to(dev), exp.num_actions)
+            loss, metrics = self.loss_fn(
+                values,
+                exp.values.to(dev),
+                exp.returns.to(dev),
+                action_mask=exp.action_mask.to(dev),
+                dp_size=self.dist.world_size,
+                batch_num_tokens=global_tokens,
+                global_batch_size=global_seqs,
+            )
+            self.engine.backward(loss, scale_wrt_gas=False)
+            self.engine.step()
+            metrics["critic/value_loss"] = loss.detach()
+            history.append({k: float(v) for k, v in metrics.items()})
+        stats = mean_metrics(history)
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            stats["critic/grad_norm"] = float(grad_norm)
+        stats["critic/lr"] = self.engine.get_lr()[0]
+        return stats
+
+    def save(self, path: str) -> None:
+        if self.dist.rank == 0:
+            self.engine.module.save(path)

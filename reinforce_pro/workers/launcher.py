@@ -1,0 +1,101 @@
+"""Starting Ray and placing the actor groups.
+
+Each group (policy, reference, critic, reward model, rollout engines) gets a Ray placement group of
+`num_nodes * per_node` bundles. A bundle is one GPU (+1 CPU) on a GPU cluster and one logical CPU
+without GPUs. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local cluster
+declares as many as the bundles need, which is safe because the pipeline is synchronous (the engine
+generates, then the policy trains; they do not compete for the cores at the same time).
+Colocated groups (`--colocate_actor_ref`, `--colocate_critic_reward`, `--colocate_all_models`) share
+bundles, each actor taking a fraction of the bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from reinforce_pro.workers.base import DistInfo
+
+# Keep every Ray listener on loopback and nothing phoning home (shared/notes/cpu-stack.md).
+LOCAL_RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "1",
+}
+
+
+def start_ray(logical_cpus: int) -> None:
+    """Join the cluster in RAY_ADDRESS (ray job submit sets it) or start a local one on 127.0.0.1."""
+    if ray.is_initialized():
+        return
+    for k, v in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return
+    ray.init(
+        num_cpus=max(logical_cpus, os.cpu_count() or 1),
+        num_gpus=None,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+    )
+
+
+def gpus_available() -> bool:
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+@dataclass
+class GroupSpec:
+    name: str
+    num_nodes: int
+    per_node: int
+
+    @property
+    def size(self) -> int:
+        return self.num_nodes * self.per_node
+
+
+def make_placement_group(spec: GroupSpec, use_gpu: bool) -> PlacementGroup:
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    pg = placement_group([dict(bundle) for _ in range(spec.size)], strategy="PACK", name=f"rp_{spec.name}")
+    ray.get(pg.ready())
+    return pg
+
+
+def _free_port() -> tuple[str, int]:
+    addr = ray.util.get_node_ip_address()  # 127.0.0.1 on the local cluster started by start_ray
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return addr, s.getsockname()[1]
+
+
+def master_address(pg: PlacementGroup) -> tuple[str, int]:
+    """(address, free port) on the node holding bundle 0: where rank 0 of the group will listen."""
+    probe = ray.remote(num_cpus=0)(_free_port)
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+    return ray.get(probe.options(scheduling_strategy=strategy).remote())
+
+
+def create_group(cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args) -> list:
+    """One actor per bundle of `pg`; `make_args(dist)` gives the constructor arguments of each rank.
+    `share` is the fraction of a bundle this group takes (1.0, or less when colocated)."""
+    addr, port = master_address(pg)
+    actor_cls = ray.remote(cls)
+    actors = []
+    for rank in range(spec.size):
+        dist = DistInfo(rank=rank, world_size=spec.size, master_addr=addr, master_port=port)
+        options = dict(
+            num_cpus=share,
+            num_gpus=share if use_gpu else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
+        )
+        actors.append(actor_cls.options(**options).remote(*make_args(dist)))
+    return actors

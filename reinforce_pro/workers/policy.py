@@ -1,0 +1,180 @@
+"""The policy: a DeepSpeed-wrapped causal LM that computes old log-probs, trains with PolicyLoss
+(IS correction included) and hands its weights to the rollout engines."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reinforce_pro.algos.kl import kl_loss
+from reinforce_pro.algos.losses import PolicyLoss
+from reinforce_pro.algos.masked import aggregate_loss
+from reinforce_pro.experience import Experience
+from reinforce_pro.models.logprobs import action_log_probs, forward_logits
+from reinforce_pro.workers.base import (
+    DistInfo,
+    OptimConfig,
+    batched_log_probs,
+    device,
+    initialize_deepspeed,
+    mean_metrics,
+    setup_distributed,
+    use_host_threads,
+)
+
+
+@dataclass
+class PolicyLossConfig:
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip: float | None = None
+    token_level_loss: bool = True
+    policy_loss_type: str = "ppo"
+    enable_vllm_is_correction: bool = False
+    vllm_is_truncated_threshold: tuple[float, float] = (0.5, 5.0)
+    vllm_is_correction_type: str = "tis"
+    use_kl_loss: bool = False
+    kl_estimator: str = "k1"
+    kl_coef: float = 0.0
+    entropy_loss_coef: float | None = None
+    temperature: float = 1.0
+
+
+class PolicyWorker:
+    """One data-parallel rank of the policy. Wrapped with ray.remote by the launcher."""
+
+    def __init__(self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        setup_distributed(dist)
+        torch.manual_seed(seed + dist.rank)
+        self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32)
+        self.engine = initialize_deepspeed(model, opt, dist.world_size)
+        self.loss_fn = PolicyLoss(
+            clip_eps_low=loss.clip_eps_low,
+            clip_eps_high=loss.clip_eps_high,
+            dual_clip=loss.dual_clip,
+            token_level_loss=loss.token_level_loss,
+            policy_loss_type=loss.policy_loss_type,
+            enable_vllm_is_correction=loss.enable_vllm_is_correction,
+            vllm_is_truncated_threshold=list(loss.vllm_is_truncated_threshold),
+            vllm_is_correction_type=loss.vllm_is_correction_type,
+        )
+
+    def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
+        """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
+        self.engine.eval()
+        return batched_log_probs(
+            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.opt.micro_batch_size
+        )
+
+    def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
+        """One optimizer step over this rank's micro-batches of a global mini-batch.
+
+        `global_tokens` / `global_seqs` count the action tokens / sequences of the whole mini-batch over
+        all ranks, so that aggregate_loss gives the same gradient however the batch is sharded.
+        """
+        self.engine.train()
+        history = []
+        for exp in micro_batches:
+            history.append(self._micro_step(exp, global_tokens, global_seqs))
+        stats = mean_metrics(history)
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            stats["policy/grad_norm"] = float(grad_norm)
+        stats["policy/lr"] = self.engine.get_lr()[0]
+        return stats
+
+    def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> dict:
+        dev, cfg = device(), self.loss_cfg
+        seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
+        logits = forward_logits(self.engine, seq, mask)
+        want_entropy = cfg.entropy_loss_coef is not None
+        log_probs, entropy = action_log_probs(logits, seq, exp.num_actions, cfg.temperature, want_entropy)
+        agg = dict(dp_size=self.dist.world_size, batch_num_tokens=global_tokens, global_batch_size=global_seqs)
+        loss, metrics = self.loss_fn(
+            log_probs,
+            exp.old_log_probs.to(dev),
+            exp.advantages.to(dev),
+            action_mask=action_mask,
+            rollout_log_probs=exp.rollout_log_probs.to(dev),
+            **agg,
+        )
+        metrics["policy/pg_loss"] = loss.detach()
+        if cfg.use_kl_loss:
+            kl, kl_metrics = kl_loss(
+                cfg.kl_estimator, log_probs, exp.ref_log_probs.to(dev), action_mask, cfg.kl_coef,
+                self.loss_fn.token_level_loss, **agg,
+            )  # fmt: skip
+            loss = loss + kl
+            metrics.update(kl_metrics)
+        if want_entropy:
+            ent = aggregate_loss(entropy, action_mask, self.loss_fn.token_level_loss, **agg)
+            loss = loss - cfg.entropy_loss_coef * ent
+            metrics["policy/entropy"] = ent.detach()
+        # aggregate_loss already divides by the global counts: DeepSpeed must not divide again by the
+        # number of accumulation steps.
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.step()
+        return {k: float(v) for k, v in metrics.items()}
+
+    def state_dict_bytes(self) -> bytes | None:
+        """The HF state dict as safetensors bytes (rank 0; ZeRO-3 shards are gathered first)."""
+        from safetensors.torch import save
+
+        state = self._full_state_dict()
+        return save(state) if self.dist.rank == 0 else None
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """fp32 CPU copies of the weights. Every tensor is copied, so tied weights (embed_tokens / lm_head)
+        become two tensors: safetensors refuses aliases, and vLLM wants both names."""
+        module = self.engine.module
+        if self.opt.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                return _cpu_copy(module.state_dict())
+        return _cpu_copy(module.state_dict())
+
+    def save_hf(self, path: str) -> str | None:
+        """Save the current policy as an HF model directory (weights, config, tokenizer); rank 0 writes."""
+        state = self._full_state_dict()
+        if self.dist.rank != 0:
+            return None
+        out = Path(path)
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        for f in Path(self.pretrain).iterdir():  # tokenizer files travel with the weights
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+                shutil.copy2(f, tmp / f.name)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # write, then rename: a crash never leaves a half-written model at `path`
+        return str(out)
+
+    def parameter_checksum(self) -> float:
+        """Sum of |w| over all parameters: lets tests see that training changed the weights."""
+        return float(sum(v.abs().sum() for v in self._full_state_dict().values()))
+
+
+def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t.detach().to("cpu", torch.float32, copy=True).contiguous() for name, t in state.items()}
+
+
+class ReferenceWorker:
+    """The frozen reference policy for the KL term: an HF model in eval mode, no optimizer."""
+
+    def __init__(self, pretrain: str, micro_batch_size: int, temperature: float, param_dtype: str = "fp32"):
+        from transformers import AutoModelForCausalLM
+
+        use_host_threads()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype).to(device()).eval()
+        self.micro, self.temperature = micro_batch_size, temperature
+
+    def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
+        return batched_log_probs(self.model, sequences, attention_mask, num_actions, self.temperature, self.micro)

@@ -1,0 +1,27 @@
+"""A reward model served as an actor (`--reward_pretrain DIR`): an HF sequence-classification model
+with one output, scored on the full prompt + response text."""
+
+from __future__ import annotations
+
+import torch
+
+from reinforce_pro.workers.base import device
+
+
+class RewardModelWorker:
+    def __init__(self, pretrain: str, micro_batch_size: int):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(pretrain)
+        self.model = AutoModelForSequenceClassification.from_pretrained(pretrain, num_labels=1, dtype=torch.float32)
+        self.model.to(device()).eval()
+        self.micro = micro_batch_size
+
+    @torch.no_grad()
+    def score(self, queries: list[str]) -> torch.Tensor:
+        """(N,) float32 rewards, one per prompt + response text."""
+        out = []
+        for i in range(0, len(queries), self.micro):
+            batch = self.tokenizer(queries[i : i + self.micro], return_tensors="pt", padding=True).to(device())
+            out.append(self.model(**batch).logits[:, 0].float().cpu())
+        return torch.cat(out)
