@@ -2,13 +2,14 @@
 # Set up .venv and run every check CI runs: ruff, compileall, pytest.
 #
 # Runs on: a CPU-only machine (2 cores is enough); GPU-only tests are skipped without a GPU.
-# Takes:   set-up on a fresh machine (see scripts/setup_env.sh), then a few minutes of tests.
+# Takes:   set-up of the full CPU stack on a fresh machine (~2.5 min, see scripts/setup_env.sh), then a
+#          few minutes of tests (the end-to-end ones start Ray, one vLLM CPU engine and DeepSpeed).
 # Extra arguments are passed to pytest, e.g. `bash scripts/test.sh -k is_correction`.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-bash scripts/setup_env.sh
+EXTRAS=cpu,dev bash scripts/setup_env.sh
 PY=.venv/bin/python
 
 echo "[test] ruff"

@@ -21,6 +21,7 @@ PLANNED_LOGGING = "wandb, evaluation and dynamic filtering are planned (issue: r
 # dest -> why it is not supported. Checked only when the value differs from the default.
 UNSUPPORTED: dict[str, str] = {
     "vllm_enable_sleep": "engines are not put to sleep between phases",
+    "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
     "deepspeed_enable_sleep": "DeepSpeed states are not offloaded between phases",
     "async_train": "training is synchronous (generate, then train)",
     "partial_rollout": "needs asynchronous training",
@@ -84,7 +85,12 @@ def _add_placement(p) -> None:
         )
     g.add_argument("--colocate_actor_ref", action="store_true", help="put reference ranks on the policy's bundles")
     g.add_argument("--colocate_critic_reward", action="store_true", help="put reward-model ranks on the critic's")
-    g.add_argument("--colocate_all_models", action="store_true", help="put policy, reference, critic, RM on one group")
+    g.add_argument(
+        "--colocate_all_models",
+        action="store_true",
+        help="policy, reference and the rollout engines share the policy's bundles (0.4 / 0.3 / 0.3 of each; "
+        "needs --vllm_tensor_parallel_size 1 and vllm_num_engines <= policy ranks); critic and RM keep their own",
+    )
 
 
 def _add_vllm(p) -> None:
@@ -282,7 +288,7 @@ def _add_training(p) -> None:
     g.add_argument(
         "--sft_warmup_steps",
         type=int,
-        default=300,
+        default=200,
         help="[reinforce_pro] embedded default only: supervised warm-start steps before RL",
     )
 

@@ -20,6 +20,11 @@ from reinforce_pro.workers.reward_model import RewardModelWorker
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def engine_dtype(args) -> str:
+    """--vllm_dtype, where auto means the trainer's --param_dtype."""
+    return VLLM_DTYPES[args.param_dtype] if args.vllm_dtype == "auto" else args.vllm_dtype
+
+
 def optimizer_steps(args, num_prompts: int) -> int:
     steps = num_prompts // args.rollout_batch_size * args.num_episodes
     per_step = args.rollout_batch_size * args.n_samples_per_prompt // args.train_batch_size * args.max_epochs
@@ -92,13 +97,20 @@ def logical_cpus(args) -> int:
     return n + 2
 
 
-def build_groups(args, plan, use_gpu: bool, total_steps: int) -> dict:
-    """Placement groups and actors for every role the flags ask for."""
-    groups: dict = {}
+def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> dict:
+    """Placement groups and actors for every role the flags ask for; `engines` reuses existing engines."""
+    groups: dict = {"owned_engines": engines is None, "pgs": []}
+
+    def new_pg(spec: GroupSpec):
+        pg = make_placement_group(spec, use_gpu)
+        groups["pgs"].append(pg)
+        return pg
+
     actor_spec = GroupSpec("actor", args.actor_num_nodes, args.actor_num_gpus_per_node)
-    actor_pg = make_placement_group(actor_spec, use_gpu)
-    colocate_ref = args.colocate_actor_ref or args.colocate_all_models
-    share = 0.5 if colocate_ref and args.needs_reference else 1.0
+    actor_pg = new_pg(actor_spec)
+    colocate_all = args.colocate_all_models
+    colocate_ref = args.colocate_actor_ref or colocate_all
+    share = 0.4 if colocate_all else (0.5 if colocate_ref and args.needs_reference else 1.0)
     opt = optim_config(args, args.actor_learning_rate, actor_spec.size, total_steps)
     loss = policy_loss_config(args)
     groups["policy"] = create_group(
@@ -107,9 +119,10 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int) -> dict:
     groups["reference"] = None
     if args.needs_reference:
         ref_spec = actor_spec if colocate_ref else GroupSpec("ref", args.ref_num_nodes, args.ref_num_gpus_per_node)
-        ref_pg = actor_pg if colocate_ref else make_placement_group(ref_spec, use_gpu)
+        ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
         ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype)
-        groups["reference"] = create_group(ReferenceWorker, ref_spec, ref_pg, use_gpu, share, lambda d: ref_args)
+        ref_share = 0.3 if colocate_all else share
+        groups["reference"] = create_group(ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args)
     groups["critic"] = None
     if args.needs_critic:
         spec = GroupSpec("critic", args.critic_num_nodes, args.critic_num_gpus_per_node)
@@ -117,12 +130,12 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int) -> dict:
         pretrain = args.critic_pretrain or plan.pretrain
         head = args.value_head_prefix
         groups["critic"] = create_group(
-            CriticWorker, spec, make_placement_group(spec, use_gpu), use_gpu, 1.0,
+            CriticWorker, spec, new_pg(spec), use_gpu, 1.0,
             lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head),
         )  # fmt: skip
     engine_cfg = EngineConfig(
         model_path=plan.pretrain,
-        dtype=VLLM_DTYPES[args.param_dtype] if args.vllm_dtype == "auto" else args.vllm_dtype,
+        dtype=engine_dtype(args),
         seed=args.seed,
         tensor_parallel_size=args.vllm_tensor_parallel_size,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
@@ -131,12 +144,35 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int) -> dict:
         max_model_len=args.max_len,
         cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
     )
-    engine_cls = ray.remote(VLLMEngine)
-    gpus = args.vllm_tensor_parallel_size if use_gpu else 0
-    groups["engines"] = [
-        engine_cls.options(num_cpus=1, num_gpus=gpus).remote(engine_cfg, i) for i in range(args.vllm_num_engines)
+    groups["engines"] = engines or [
+        ray.remote(VLLMEngine).options(**engine_options(args, use_gpu, actor_pg, i)).remote(engine_cfg, i)
+        for i in range(args.vllm_num_engines)
     ]
     return groups
+
+
+def engine_options(args, use_gpu: bool, actor_pg, index: int) -> dict:
+    """A whole GPU per tensor-parallel rank, or with --colocate_all_models 0.3 of a policy bundle."""
+    if not args.colocate_all_models:
+        return {"num_cpus": 1, "num_gpus": args.vllm_tensor_parallel_size if use_gpu else 0}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = index % (args.actor_num_nodes * args.actor_num_gpus_per_node)
+    strategy = PlacementGroupSchedulingStrategy(placement_group=actor_pg, placement_group_bundle_index=bundle)
+    return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy}
+
+
+def release_groups(groups: dict) -> None:
+    """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
+    from ray.util import remove_placement_group
+
+    owned = [a for key in ("policy", "reference", "critic") for a in (groups.get(key) or [])]
+    if groups.get("owned_engines"):
+        owned += groups["engines"]
+    for actor in owned:
+        ray.kill(actor)
+    for pg in groups["pgs"]:
+        remove_placement_group(pg)
 
 
 def reward_function(args, plan, use_gpu: bool):
@@ -149,13 +185,15 @@ def reward_function(args, plan, use_gpu: bool):
     return load_reward_func(plan.reward_source)
 
 
-def build_and_fit(args, plan) -> list[dict]:
+def build_and_fit(args, plan, engines=None) -> list[dict]:
+    """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
+    (the end-to-end tests) share already-started rollout engines."""
     from transformers import AutoTokenizer
 
     start_ray(logical_cpus(args))
     use_gpu = gpus_available()
     total_steps = optimizer_steps(args, len(plan.prompts))
-    groups = build_groups(args, plan, use_gpu, total_steps)
+    groups = build_groups(args, plan, use_gpu, total_steps, engines)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
     maker = ExperienceMaker(
@@ -172,6 +210,7 @@ def build_and_fit(args, plan) -> list[dict]:
         freezing_actor_steps=args.freezing_actor_steps,
         logging_steps=args.logging_steps,
         seed=args.seed,
+        sync_dtype=engine_dtype(args),
     )
     trainer = PPOTrainer(maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop)
     try:
@@ -181,4 +220,5 @@ def build_and_fit(args, plan) -> list[dict]:
             ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups["critic"]])
     finally:
         logger.close()
+        release_groups(groups)
     return history

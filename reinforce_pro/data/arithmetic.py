@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-DEFAULT_MAX_A = 49
-DEFAULT_MAX_B = 49
+DEFAULT_MAX_A = 19
+DEFAULT_MAX_B = 19
 
 
 def arithmetic_records(n: int, seed: int, max_a: int = DEFAULT_MAX_A, max_b: int = DEFAULT_MAX_B) -> list[dict]:

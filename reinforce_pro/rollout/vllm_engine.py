@@ -7,6 +7,7 @@ platform from what it finds. On CPU the engine runs in-process (VLLM_ENABLE_V1_M
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -31,6 +32,14 @@ class Generation:
     token_ids: list[int]  # response tokens
     log_probs: list[float]  # the engine's log-prob of each response token (after temperature)
     finish_reason: str  # "stop" or "length"
+
+
+class _DropBenignReloadWarning(logging.Filter):
+    """vLLM warns at every in-place reload that RotaryEmbedding got no weights: its inv_freq buffer is
+    computed, never stored in a checkpoint. Nothing is wrong; without the filter it floods the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
 class VLLMEngine:
@@ -61,6 +70,8 @@ class VLLMEngine:
         if on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self.llm = LLM(**kwargs)
+        for handler in logging.getLogger("vllm").handlers:  # configured by now
+            handler.addFilter(_DropBenignReloadWarning())
         self.device = "cuda" if on_gpu else "cpu"
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> list[Generation]:
@@ -80,6 +91,7 @@ class VLLMEngine:
     def update_weights(self, blob: bytes) -> int:
         """Load new policy weights (safetensors bytes) into every worker of this engine."""
         counts = self.llm.collective_rpc("load_weights_from_bytes", args=(blob,))
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return int(counts[0])
 
     def reset_prefix_cache(self) -> None:

@@ -36,6 +36,23 @@ class RolloutConfig:
     micro_rollout_batch_size: int = 8
 
 
+def sampling_params(cfg: RolloutConfig) -> dict:
+    """vLLM SamplingParams keywords for the rollout (log-probs are requested by the engine)."""
+    return dict(
+        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_new_tokens,
+        skip_special_tokens=False,
+    )  # fmt: skip
+
+
+def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
+    """Prompt token ids with the BOS token (unless the text already starts with it), keeping the last
+    `max_len` tokens: the question is usually at the end."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None and not prompt.startswith(tokenizer.bos_token or "\0"):
+        ids = [tokenizer.bos_token_id] + ids
+    return ids[-max_len:]
+
+
 class RunningMoments:
     """Running mean / std of rewards over the whole run (Chan et al. parallel update), for --normalize_reward."""
 
@@ -59,22 +76,14 @@ class ExperienceMaker:
         self.reward_moments = RunningMoments()
 
     # ------------------------------------------------------------------ generation
-    def sampling_params(self) -> dict:
-        return dict(
-            temperature=self.cfg.temperature,
-            top_p=self.cfg.top_p,
-            top_k=self.cfg.top_k,
-            max_tokens=self.cfg.max_new_tokens,
-            skip_special_tokens=False,
-        )
-
     def generate(self, batch: list[dict]) -> Samples:
         """Sample n_samples_per_prompt responses for each prompt of `batch` ([{"prompt", "label"}])."""
         n = self.cfg.n_samples_per_prompt
-        prompt_ids = [self._encode(item["prompt"]) for item in batch for _ in range(n)]
+        prompt_ids = [encode_prompt(self.tokenizer, item["prompt"], self.cfg.prompt_max_len) for item in batch]
+        prompt_ids = [ids for ids in prompt_ids for _ in range(n)]
         chunk = math.ceil(len(prompt_ids) / len(self.engines))
         refs = [
-            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], self.sampling_params())
+            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling_params(self.cfg))
             for i, engine in enumerate(self.engines)
             if prompt_ids[i * chunk : (i + 1) * chunk]
         ]
@@ -83,12 +92,6 @@ class ExperienceMaker:
         labels = [item["label"] for item in batch for _ in range(n)]
         index = torch.arange(len(batch)).repeat_interleave(n)
         return self._to_samples(prompt_ids, generations, prompts, labels, index)
-
-    def _encode(self, prompt: str) -> list[int]:
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if self.tokenizer.bos_token_id is not None and not prompt.startswith(self.tokenizer.bos_token or "\0"):
-            ids = [self.tokenizer.bos_token_id] + ids
-        return ids[-self.cfg.prompt_max_len :]  # keep the end: the question is usually last
 
     def _to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
         pad = self.tokenizer.pad_token_id

@@ -26,6 +26,7 @@ class LoopConfig:
     freezing_actor_steps: int = -1  # train only the critic for the first N steps
     logging_steps: int = 1
     seed: int = 42
+    sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
 
 
 @contextmanager
@@ -57,6 +58,7 @@ class PPOTrainer:
 
     def fit(self) -> list[dict[str, float]]:
         total = self.steps_per_episode() * self.cfg.num_episodes
+        self.sync_weights()  # engines start from the policy's weights even if they served another run before
         bar = tqdm(total=total, desc="RL steps", dynamic_ncols=True)
         for step, batch in enumerate(self.batches(), start=1):
             timings: dict[str, float] = {}
@@ -117,6 +119,6 @@ class PPOTrainer:
 
     def sync_weights(self) -> None:
         """Push the policy's weights to every rollout engine (safetensors bytes through the object store)."""
-        refs = [p.state_dict_bytes.remote() for p in self.policy]
+        refs = [p.state_dict_bytes.remote(self.cfg.sync_dtype) for p in self.policy]
         ray.get(refs[1:])  # the other ranks take part in gathering ZeRO-3 shards
         ray.get([engine.update_weights.remote(refs[0]) for engine in self.engines])

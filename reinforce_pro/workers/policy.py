@@ -122,12 +122,16 @@ class PolicyWorker:
         self.engine.step()
         return {k: float(v) for k, v in metrics.items()}
 
-    def state_dict_bytes(self) -> bytes | None:
-        """The HF state dict as safetensors bytes (rank 0; ZeRO-3 shards are gathered first)."""
+    def state_dict_bytes(self, dtype: str = "float32") -> bytes | None:
+        """The HF state dict as safetensors bytes in `dtype` (the engines' dtype), from rank 0; every rank
+        must call it (ZeRO-3 shards are gathered first)."""
         from safetensors.torch import save
 
         state = self._full_state_dict()
-        return save(state) if self.dist.rank == 0 else None
+        if self.dist.rank != 0:
+            return None
+        target = getattr(torch, dtype)
+        return save({k: v.to(target) for k, v in state.items()})
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """fp32 CPU copies of the weights. Every tensor is copied, so tied weights (embed_tokens / lm_head)

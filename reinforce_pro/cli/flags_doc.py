@@ -1,0 +1,57 @@
+"""Render docs/flags.md from the parser: `python -m reinforce_pro.cli.flags_doc > docs/flags.md`.
+
+tests/test_docs.py fails when the committed page and the parser drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS
+
+
+def _default(action: argparse.Action) -> str:
+    if isinstance(action, argparse._StoreTrueAction):
+        return "off"
+    if isinstance(action, argparse._StoreConstAction):
+        return "-"
+    value = action.default
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(v) for v in value)
+    return f"`{value}`"
+
+
+def render() -> str:
+    parser = build_parser()
+    lines = [
+        "# Flags of `python -m reinforce_pro.cli.train_ppo_ray`",
+        "",
+        "Generated from the parser by `python -m reinforce_pro.cli.flags_doc`; do not edit by hand.",
+        "The flat names are OpenRLHF v0.9.10's; `[reinforce_pro]` marks flags this project adds. A flag marked",
+        "*refused* is recognised, but giving it a non-default value stops with the reason shown.",
+        "With no `--pretrain` and no `--prompt_data` the embedded default runs; its presets (below) fill only",
+        "the flags you did not give.",
+        "",
+    ]
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
+        if not actions:
+            continue
+        lines += [f"## {group.title}", "", "| flag | default | meaning |", "|---|---|---|"]
+        for a in actions:
+            names = ", ".join(f"`{o}`" for o in a.option_strings)
+            meaning = (a.help or "").replace("|", "\\|")
+            if a.choices:
+                meaning += " Choices: " + ", ".join(f"`{c}`" for c in a.choices) + "."
+            if a.dest in UNSUPPORTED and a.option_strings[0] == f"--{a.dest}":
+                meaning += f" *Refused:* {UNSUPPORTED[a.dest]}."
+            lines.append(f"| {names} | {_default(a)} | {meaning} |")
+        lines.append("")
+    lines += ["## Embedded-default presets", "", "| flag | value |", "|---|---|"]
+    lines += [f"| `--{k}` | `{v}` |" for k, v in EMBEDDED_DEFAULTS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,177 @@
+"""train_ppo_ray's command line: every reference flag recognised, dotted aliases, bad input -> one line + exit 2."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, main, parse_args
+
+# CI clones the repository with shared/ beside it.
+SHARED = Path(os.environ.get("REINFORCE_PRO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+REFERENCE = SHARED / "reference" / "openrlhf-0.9.10-train_ppo_ray-flags.tsv"
+
+
+def reference_flags() -> list[dict]:
+    lines = REFERENCE.read_text().splitlines()
+    header = lines[0].split("\t")
+    rows = []
+    for line in lines[1:]:
+        cells = line.split("\t")
+        rows.append(dict(zip(header, cells + [""] * (len(header) - len(cells)), strict=True)))
+    return rows
+
+
+def sample_argv(row: dict) -> list[str]:
+    """A well-typed value for a flag of the reference list."""
+    flag, typ, nargs, choices = row["flag"], row["type"], row["nargs"], row["choices"]
+    if not typ:
+        return [flag]
+    value = {"int": "3", "float": "0.7", "str": "x"}[typ]
+    if choices:
+        value = choices.strip("[]").split(",")[-1].strip().strip("'")
+    count = 2 if nargs == "2" else 1
+    return [flag] + [value] * count
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="shared/reference not present")
+def test_reference_list_has_141_flags_and_parser_defines_all():
+    rows = reference_flags()
+    assert len(rows) == 141
+    options = {o for a in build_parser()._actions for o in a.option_strings}
+    assert [r["flag"] for r in rows if r["flag"] not in options] == []
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="shared/reference not present")
+def test_every_reference_flag_is_recognised(capsys):
+    """Each flag parses, or stops with a validation message naming something other than an unknown flag."""
+    for row in reference_flags():
+        argv = sample_argv(row)
+        try:
+            parse_args(argv)
+        except SystemExit as e:
+            err = capsys.readouterr().err
+            assert e.code == 2, (argv, err)
+            assert "unrecognized arguments" not in err and "invalid choice" not in err, (argv, err)
+            assert err.count("\n") == 1, (argv, err)  # one line
+            if row["flag"][2:] in UNSUPPORTED:
+                assert "is recognised but not supported by reinforce_pro" in err, (argv, err)
+
+
+@pytest.mark.parametrize(
+    "dotted, flat",
+    [
+        (["--algo.advantage.is_correction_enable"], ["--enable_vllm_is_correction"]),
+        (["--algo.advantage.is_correction_type", "icepop"], ["--vllm_is_correction_type", "icepop"]),
+        (["--algo.advantage.is_correction_threshold", "0.7", "3.0"], ["--vllm_is_truncated_threshold", "0.7", "3.0"]),
+    ],
+)
+def test_dotted_aliases_set_the_same_values(dotted, flat):
+    a, b = vars(parse_args(dotted)), vars(parse_args(flat))
+    a.pop("wandb_run_name"), b.pop("wandb_run_name")
+    assert a == b
+
+
+def test_reinforce_pro_is_a_correction_choice():
+    args = parse_args(["--vllm_is_correction_type", "reinforce_pro", "--enable_vllm_is_correction"])
+    assert args.vllm_is_correction_type == "reinforce_pro"
+
+
+def test_embedded_default_presets_only_fill_what_was_not_given():
+    args = parse_args([])
+    assert args.embedded_default
+    for dest, value in EMBEDDED_DEFAULTS.items():
+        assert getattr(args, dest) == value, dest
+    args = parse_args(["--actor_learning_rate", "1e-6", "--n_samples_per_prompt", "4", "--train_batch_size", "128"])
+    assert args.actor_learning_rate == 1e-6 and args.n_samples_per_prompt == 4
+    assert args.vllm_is_correction_type == "reinforce_pro"  # still preset
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        pytest.param(["--vllm_is_truncated_threshold", "5", "0.5"], "0 <= LOW < HIGH, got 5.0 0.5", id="threshold"),
+        pytest.param(["--train_batch_size", "100"], "multiple of --train_batch_size 100", id="batch-divides"),
+        pytest.param(["--micro_train_batch_size", "48"], "multiple of --micro_train_batch_size 48", id="micro"),
+        pytest.param(["--lora_rank", "8"], "--lora_rank is recognised but not supported", id="unsupported"),
+        pytest.param(["--n_samples_per_prompt", "1", "--train_batch_size", "32"], "must be >= 2", id="group-n"),
+        pytest.param(["--gamma", "0.9"], "needs --gamma 1", id="group-gamma"),
+        pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1", id="dual-clip"),
+        pytest.param(["--prompt_data", "x.jsonl"], "needs a reward", id="no-reward"),
+        pytest.param(["--vllm_is_correction_type", "mis"], "invalid choice", id="choice"),
+    ],
+)
+def test_bad_flag_values_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("train_ppo_ray: error:")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def _main_error(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train_ppo_ray: error:"), err
+    return err
+
+
+def test_missing_model_path(tmp_path, capsys):
+    err = _main_error(["--pretrain", str(tmp_path / "nope"), "--save_path", str(tmp_path / "run")], capsys)
+    assert "nope: not a local HF model directory" in err
+
+
+def test_malformed_jsonl_names_the_line(tiny_model, tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"input": "1+1="}\n{"input": "2+2=",\n')
+    reward = tmp_path / "reward.py"
+    reward.write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
+    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward)]
+    err = _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys)
+    assert f"{data}:2: not valid JSON" in err
+
+
+def test_reward_file_without_reward_func(tiny_model, tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"input": "1+1="}\n')
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(x):\n    return 1\n")
+    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward)]
+    err = _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys)
+    assert "defines no callable reward_func" in err
+
+
+def test_missing_prompt_data(tiny_model, tmp_path, capsys):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def reward_func(q, p, l):\n    return [0.0] * len(q)\n")
+    argv = ["--pretrain", tiny_model, "--prompt_data", str(tmp_path / "none.jsonl"), "--remote_rm_url", str(reward)]
+    err = _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys)
+    assert "none.jsonl: no such file or directory" in err
+
+
+def test_module_entry_point_exits_2_without_traceback():
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", "--vllm_is_truncated_threshold", "2", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "train_ppo_ray: error: --vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got 2.0 1.0"
+    ]
