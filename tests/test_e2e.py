@@ -157,3 +157,30 @@ def test_every_logged_metric_is_documented(tmp_path, engine, tiny_model, digit_r
     assert "kl/loss_kl" in row and "policy/entropy" in row
     undocumented = [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")]
     assert undocumented == []
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model(tmp_path_factory, tiny_model) -> str:
+    """A randomly initialised Qwen2 sequence classifier with one output: a reward model with the HF layout."""
+    from transformers import AutoConfig, Qwen2ForSequenceClassification
+
+    from reinforce_pro.models.tiny import build_tokenizer
+
+    path = tmp_path_factory.mktemp("rm") / "rm"
+    config = AutoConfig.from_pretrained(tiny_model, num_labels=1)
+    torch.manual_seed(1)
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_reward_model_directory(tmp_path, engine, tiny_model, tiny_reward_model):
+    _, plan, history = run(
+        ["--advantage_estimator", "rloo", "--reward_pretrain", tiny_reward_model, "--max_samples", "8"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert plan.reward_source == f"model:{tiny_reward_model}"
+    (row,) = history
+    # a random classifier gives distinct real-valued scores (an exact-match reward would give 0/1)
+    assert row["rollout/reward_std"] > 0 and 0 < abs(row["rollout/reward_mean"]) < 10
+    assert row["rollout/reward_mean"] != round(row["rollout/reward_mean"])

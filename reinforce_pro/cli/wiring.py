@@ -20,6 +20,17 @@ from reinforce_pro.workers.reward_model import RewardModelWorker
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def attn_implementation(args) -> str:
+    """--attn_implementation; flash_attention_2 (OpenRLHF's default) needs flash-attn, which CPU machines
+    never have: fall back to PyTorch's sdpa and say so."""
+    import importlib.util
+
+    if args.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        print("[notice] flash-attn is not installed: trainer models use attn_implementation=sdpa", flush=True)
+        return "sdpa"
+    return args.attn_implementation
+
+
 def engine_dtype(args) -> str:
     """--vllm_dtype, where auto means the trainer's --param_dtype."""
     return VLLM_DTYPES[args.param_dtype] if args.vllm_dtype == "auto" else args.vllm_dtype
@@ -113,14 +124,16 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     share = 0.4 if colocate_all else (0.5 if colocate_ref and args.needs_reference else 1.0)
     opt = optim_config(args, args.actor_learning_rate, actor_spec.size, total_steps)
     loss = policy_loss_config(args)
+    attn = {"attn_implementation": attn_implementation(args)}
+    fwd = {**attn, "forward_micro_batch_size": args.micro_rollout_batch_size}
     groups["policy"] = create_group(
-        PolicyWorker, actor_spec, actor_pg, use_gpu, share, lambda d: (plan.pretrain, opt, loss, d, args.seed)
+        PolicyWorker, actor_spec, actor_pg, use_gpu, share, lambda d: (plan.pretrain, opt, loss, d, args.seed, fwd)
     )
     groups["reference"] = None
     if args.needs_reference:
         ref_spec = actor_spec if colocate_ref else GroupSpec("ref", args.ref_num_nodes, args.ref_num_gpus_per_node)
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
-        ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype)
+        ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype, attn)
         ref_share = 0.3 if colocate_all else share
         groups["reference"] = create_group(ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args)
     groups["critic"] = None
@@ -131,7 +144,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         head = args.value_head_prefix
         groups["critic"] = create_group(
             CriticWorker, spec, new_pg(spec), use_gpu, 1.0,
-            lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head),
+            lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head, fwd),
         )  # fmt: skip
     engine_cfg = EngineConfig(
         model_path=plan.pretrain,

@@ -19,12 +19,12 @@ HEAD_FILE = "value_head.safetensors"
 
 
 class ValueModel(nn.Module):
-    def __init__(self, pretrain: str, head_name: str = "score"):
+    def __init__(self, pretrain: str, head_name: str = "score", model_kwargs: dict | None = None):
         super().__init__()
         from safetensors.torch import load_file
         from transformers import AutoModel
 
-        self.backbone = AutoModel.from_pretrained(pretrain, dtype=torch.float32)
+        self.backbone = AutoModel.from_pretrained(pretrain, dtype=torch.float32, **(model_kwargs or {}))
         self.head_name = head_name
         head = nn.Linear(self.backbone.config.hidden_size, 1, bias=False)
         nn.init.zeros_(head.weight)

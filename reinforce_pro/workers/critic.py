@@ -21,18 +21,27 @@ class CriticWorker:
     """One data-parallel rank of the critic. Wrapped with ray.remote by the launcher."""
 
     def __init__(
-        self, pretrain: str, opt: OptimConfig, dist: DistInfo, seed: int, value_clip: float | None, head_name: str
+        self,
+        pretrain: str,
+        opt: OptimConfig,
+        dist: DistInfo,
+        seed: int,
+        value_clip: float | None,
+        head_name: str,
+        model_kwargs: dict,
     ):
         setup_distributed(dist)
         torch.manual_seed(seed + 1000 + dist.rank)
         self.opt, self.dist = opt, dist
-        self.engine = initialize_deepspeed(ValueModel(pretrain, head_name), opt, dist.world_size)
+        kwargs = dict(model_kwargs)
+        self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
+        self.engine = initialize_deepspeed(ValueModel(pretrain, head_name, kwargs), opt, dist.world_size)
         self.loss_fn = ValueLoss(clip_eps=value_clip)
 
     @torch.no_grad()
     def values(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         self.engine.eval()
-        dev, micro, out = device(), self.opt.micro_batch_size, []
+        dev, micro, out = device(), self.forward_micro, []
         for i in range(0, sequences.size(0), micro):
             out.append(
                 self.engine(sequences[i : i + micro].to(dev), attention_mask[i : i + micro].to(dev), num_actions).cpu()

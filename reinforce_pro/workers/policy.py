@@ -46,13 +46,19 @@ class PolicyLossConfig:
 class PolicyWorker:
     """One data-parallel rank of the policy. Wrapped with ray.remote by the launcher."""
 
-    def __init__(self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int):
+    def __init__(
+        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int, model_kwargs: dict
+    ):
+        """model_kwargs: extra from_pretrained keywords (attn_implementation) and `forward_micro_batch_size`,
+        the rows per forward when computing log-probs for the experience (--micro_rollout_batch_size)."""
         from transformers import AutoModelForCausalLM
 
         setup_distributed(dist)
         torch.manual_seed(seed + dist.rank)
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32)
+        kwargs = dict(model_kwargs)
+        self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(
             clip_eps_low=loss.clip_eps_low,
@@ -69,7 +75,7 @@ class PolicyWorker:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
         self.engine.eval()
         return batched_log_probs(
-            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.opt.micro_batch_size
+            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro
         )
 
     def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
@@ -172,12 +178,15 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class ReferenceWorker:
     """The frozen reference policy for the KL term: an HF model in eval mode, no optimizer."""
 
-    def __init__(self, pretrain: str, micro_batch_size: int, temperature: float, param_dtype: str = "fp32"):
+    def __init__(
+        self, pretrain: str, micro_batch_size: int, temperature: float, param_dtype: str = "fp32", model_kwargs=None
+    ):
         from transformers import AutoModelForCausalLM
 
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
-        self.model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype).to(device()).eval()
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, **(model_kwargs or {}))
+        self.model = model.to(device()).eval()
         self.micro, self.temperature = micro_batch_size, temperature
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
