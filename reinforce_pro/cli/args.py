@@ -145,6 +145,13 @@ def _add_vllm(p) -> None:
         help="tis: clamp; icepop: token mask; seq-mask-tis: sequence geometric-mean mask; reinforce_pro: "
         "prefix geometric-mean mask (see docs/algorithms.md)",
     )
+    g.add_argument(
+        "--rollout_staleness",
+        type=int,
+        default=0,
+        help="[reinforce_pro] engines sample with the policy of K steps ago (K weight versions are kept in the "
+        "object store): the off-policy lag of asynchronous RL, reproduced for studying IS correction",
+    )
     g.add_argument("--async_train", action="store_true", help="overlap generation and training")
     g.add_argument("--async_queue_size", type=int, default=1, help="rollout queue depth with --async_train")
     g.add_argument("--partial_rollout", action="store_true", help="continue unfinished rollouts after a sync")

@@ -87,6 +87,8 @@ def invalid_combination(args) -> str | None:
     for name in positive:
         if getattr(args, name) < 1:
             return f"--{name} must be >= 1, got {getattr(args, name)}"
+    if args.rollout_staleness < 0:
+        return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     checks = [
         (0 <= low < high, f"--vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got {low} {high}"),
         (args.dual_clip is None or args.dual_clip > 1, f"--dual_clip must be > 1, got {args.dual_clip}"),

@@ -224,6 +224,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
         logging_steps=args.logging_steps,
         seed=args.seed,
         sync_dtype=engine_dtype(args),
+        rollout_staleness=args.rollout_staleness,
     )
     trainer = PPOTrainer(maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop)
     try:

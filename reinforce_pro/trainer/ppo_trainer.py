@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ class LoopConfig:
     logging_steps: int = 1
     seed: int = 42
     sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
+    rollout_staleness: int = 0  # engines sample with the policy of this many steps ago
 
 
 @contextmanager
@@ -43,6 +45,8 @@ class PPOTrainer:
         self.maker, self.policy, self.critic, self.engines = maker, policy, critic, engines
         self.prompts, self.logger, self.cfg = prompts, logger, cfg
         self.history: list[dict[str, float]] = []
+        # Weight versions in the object store, newest last; the engines get the one `rollout_staleness` old.
+        self.versions: deque = deque(maxlen=cfg.rollout_staleness + 1)
 
     def steps_per_episode(self) -> int:
         return len(self.prompts) // self.cfg.rollout_batch_size
@@ -118,7 +122,9 @@ class PPOTrainer:
         return stats
 
     def sync_weights(self) -> None:
-        """Push the policy's weights to every rollout engine (safetensors bytes through the object store)."""
+        """Push policy weights to every rollout engine (safetensors bytes through the object store): the
+        current ones, or with rollout_staleness K those of K steps ago (the oldest kept until K exist)."""
         refs = [p.state_dict_bytes.remote(self.cfg.sync_dtype) for p in self.policy]
         ray.get(refs[1:])  # the other ranks take part in gathering ZeRO-3 shards
-        ray.get([engine.update_weights.remote(refs[0]) for engine in self.engines])
+        self.versions.append(refs[0])
+        ray.get([engine.update_weights.remote(self.versions[0]) for engine in self.engines])
