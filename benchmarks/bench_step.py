@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
 
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]

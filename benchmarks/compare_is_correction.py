@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
 
 CONDITIONS = {  # name -> extra train_ppo_ray flags
@@ -123,20 +125,20 @@ def training_part(quick: bool) -> dict:
     from reinforce_pro.workers.launcher import start_ray
 
     seeds = [1] if quick else [1, 2, 3]
-    conditions = ["bf16", "stale2"] if quick else list(CONDITIONS)
+    conditions = ["stale2"] if quick else list(CONDITIONS)  # quick: one condition, so one engine to start
     corrections = ["none", "reinforce_pro"] if quick else TRAIN_CORRECTIONS
-    steps = 12 if quick else 120
+    steps = 10 if quick else 120
     config = {"seeds": seeds, "conditions": conditions, "corrections": corrections, "steps": steps}
     workdir = Path(tempfile.mkdtemp(prefix="compare_is_"))
     start_ray(logical_cpus=8)
     runs = []
     for seed in seeds:
         pretrain = warm_start(seed, workdir)
+        engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
+        dtypes = sorted({CONDITIONS[c][1] for c in conditions})  # each condition's --vllm_dtype value
         engines = {
-            dtype: ray.remote(VLLMEngine)
-            .options(num_cpus=1)
-            .remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
-            for dtype in ("float32", "bfloat16")
+            dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
+            for dtype in dtypes
         }
         # warm-up (vLLM compiles on its first generate): keep it out of the first run's wall time
         ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])
@@ -161,7 +163,9 @@ def render(payload: dict, out_dir: Path) -> str:
         _estimator_plot(r["estimator"], out_dir / f"{stem}_estimator.png")
     if "training" in r:
         parts.append(_training_table(r["training"]))
-        _training_plot(r["training"], out_dir / f"{stem}_training.png")
+        _training_plot(r["training"], "rollout/reward_mean", out_dir / f"{stem}_training.png")
+        for key, name in (("is/token_masked_frac", "masked"), ("is/ess", "ess"), ("is/vllm_kl", "vllm_kl")):
+            _training_plot(r["training"], key, out_dir / f"{stem}_training_{name}.png")
     m = payload["machine"]
     parts.append(f"_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n\n".join(parts)
@@ -267,7 +271,9 @@ def _estimator_plot(est: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _training_plot(tr: dict, path: Path) -> None:
+def _training_plot(tr: dict, key: str, path: Path) -> None:
+    """`key` over the steps, one panel per condition, one line per correction (5-step mean; band: min-max
+    over seeds). Runs that do not log `key` (no IS correction -> no is/*) are left out."""
     plt = _plt()
     if plt is None:
         return
@@ -277,7 +283,9 @@ def _training_plot(tr: dict, path: Path) -> None:
     for ax, condition in zip(axes, cfg["conditions"], strict=True):
         for correction in cfg["corrections"]:
             sel = [x for x in runs if x["condition"] == condition and x["correction"] == correction]
-            curves = [x["series"]["rollout/reward_mean"] for x in sel]
+            curves = [x["series"][key] for x in sel if not any(math.isnan(v) for v in x["series"][key])]
+            if not curves:
+                continue
             n = min(len(c) for c in curves)
             smooth = [[statistics.mean(c[max(0, i - 4) : i + 1]) for i in range(n)] for c in curves]
             mean = [statistics.mean(col) for col in zip(*smooth, strict=True)]
@@ -288,7 +296,7 @@ def _training_plot(tr: dict, path: Path) -> None:
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         ax.set_title(condition, fontsize=9)
         ax.set_xlabel("step")
-    axes[0].set_ylabel("reward (5-step mean; band: min-max over seeds)")
+    axes[0].set_ylabel(f"{key} (5-step mean)")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -184,3 +184,30 @@ def test_reward_model_directory(tmp_path, engine, tiny_model, tiny_reward_model)
     # a random classifier gives distinct real-valued scores (an exact-match reward would give 0/1)
     assert row["rollout/reward_std"] > 0 and 0 < abs(row["rollout/reward_mean"]) < 10
     assert row["rollout/reward_mean"] != round(row["rollout/reward_mean"])
+
+
+def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_reward):
+    """With --rollout_staleness 1 the engine samples with the previous step's policy: at step 1 both are the
+    initial weights (fp32: agree to 1e-4); from step 2 on the trainer is one update ahead, and the IS filter
+    sees a real mismatch."""
+    _, plan, history = run(
+        ["--advantage_estimator", "reinforce_baseline", "--rollout_staleness", "1", "--remote_rm_url", digit_reward,
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
+         "--lr_warmup_ratio", "0"],  # with warm-up the first update has lr 0 and changes nothing
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    diffs = [h["rollout/logprob_abs_diff_max"] for h in history]
+    assert diffs[0] < 1e-4
+    assert all(d > 1e-3 for d in diffs[1:]), diffs
+    assert abs(history[-1]["is/vllm_kl"]) > 1e-5
+
+
+def test_local_cluster_listens_on_loopback_only(engine):
+    """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback."""
+    psutil = pytest.importorskip("psutil")
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert len(listening) >= 3  # gcs_server, raylet, workers: the check is not vacuous
+    exposed = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening]
+    exposed = [e for e in exposed if e[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert exposed == []

@@ -21,21 +21,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from reinforce_pro.workers.base import DistInfo
 
-# Keep every Ray listener on loopback and nothing phoning home (shared/notes/cpu-stack.md).
-LOCAL_RAY_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_DEDUP_LOGS": "1",
-}
-
 
 def start_ray(logical_cpus: int) -> None:
-    """Join the cluster in RAY_ADDRESS (ray job submit sets it) or start a local one on 127.0.0.1."""
+    """Join the cluster in RAY_ADDRESS (ray job submit sets it) or start a local one on 127.0.0.1 (the
+    loopback settings were put in the environment when the package was imported: reinforce_pro/ray_env.py)."""
     if ray.is_initialized():
         return
-    for k, v in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(k, v)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
