@@ -202,12 +202,26 @@ def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_r
     assert abs(history[-1]["is/vllm_kl"]) > 1e-5
 
 
-def test_local_cluster_listens_on_loopback_only(engine):
-    """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback."""
+def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
+    """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
+    with an engine and a two-rank DeepSpeed policy group alive."""
     psutil = pytest.importorskip("psutil")
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
-    assert len(listening) >= 3  # gcs_server, raylet, workers: the check is not vacuous
-    exposed = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening]
-    exposed = [e for e in exposed if e[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
-    assert exposed == []
+    from reinforce_pro.workers.base import OptimConfig
+    from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
+    from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
+
+    spec = GroupSpec("loopback_check", 1, 2)
+    pg = make_placement_group(spec, use_gpu=False)
+    opt = OptimConfig(param_dtype="fp32", micro_batch_size=1, grad_accum_steps=1)
+    group = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (tiny_model, opt, PolicyLossConfig(), d, 0, {}))
+    try:
+        ray.get([w.parameter_checksum.remote() for w in group])  # both ranks initialised (process group up)
+        ours = {p.pid for p in psutil.Process().children(recursive=True)}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+        assert len(listening) >= 3  # gcs_server, raylet, workers: the check is not vacuous
+        exposed = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening]
+        assert [e for e in exposed if e[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")] == []
+    finally:
+        for w in group:
+            ray.kill(w)
+        ray.util.remove_placement_group(pg)

@@ -22,6 +22,9 @@ class DistInfo:
     world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # "file:///tmp/..." for a group on one host: the rendezvous needs no TCP listener (torch's TCPStore binds
+    # every interface whatever MASTER_ADDR says); None: env:// through MASTER_ADDR / MASTER_PORT.
+    init_method: str | None = None
 
 
 @dataclass
@@ -66,7 +69,12 @@ def setup_distributed(dist: DistInfo) -> None:
     use_host_threads()
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(
+        dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+        init_method=dist.init_method,
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
 
 
 def device() -> torch.device:

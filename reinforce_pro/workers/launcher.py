@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -79,10 +81,12 @@ def create_group(cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share:
     """One actor per bundle of `pg`; `make_args(dist)` gives the constructor arguments of each rank.
     `share` is the fraction of a bundle this group takes (1.0, or less when colocated)."""
     addr, port = master_address(pg)
+    # One host: rendezvous through a file, so no rank opens a TCP listener on every interface.
+    store = f"file://{tempfile.gettempdir()}/reinforce_pro_store_{uuid.uuid4().hex}" if spec.num_nodes == 1 else None
     actor_cls = ray.remote(cls)
     actors = []
     for rank in range(spec.size):
-        dist = DistInfo(rank=rank, world_size=spec.size, master_addr=addr, master_port=port)
+        dist = DistInfo(rank=rank, world_size=spec.size, master_addr=addr, master_port=port, init_method=store)
         options = dict(
             num_cpus=share,
             num_gpus=share if use_gpu else 0,
