@@ -1,6 +1,6 @@
 """Which IS correction helps, when, and at what cost.
 
-    python benchmarks/compare_is_correction.py --part all            # full study (~70 minutes on 2 CPU cores)
+    python benchmarks/compare_is_correction.py --part all            # full study (~55 minutes on 2 CPU cores)
     python benchmarks/compare_is_correction.py --part all --quick    # a few minutes: what CI can afford
     python benchmarks/compare_is_correction.py --render benchmarks/results/compare_is_correction.json
     python benchmarks/compare_is_correction.py --compare OLD.json --render NEW.json   # regression check
@@ -127,7 +127,7 @@ def training_part(quick: bool) -> dict:
     seeds = [1] if quick else [1, 2, 3]
     conditions = ["stale2"] if quick else list(CONDITIONS)  # quick: one condition, so one engine to start
     corrections = ["none", "reinforce_pro"] if quick else TRAIN_CORRECTIONS
-    steps = 10 if quick else 120
+    steps = 10 if quick else 100
     config = {"seeds": seeds, "conditions": conditions, "corrections": corrections, "steps": steps}
     workdir = Path(tempfile.mkdtemp(prefix="compare_is_"))
     start_ray(logical_cpus=8)
