@@ -115,7 +115,9 @@ def summarise_run(history: list[dict], wall: float) -> dict:
     }
 
 
-def training_part(quick: bool) -> dict:
+def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> dict:
+    """Every seed x condition x correction run. `done`: runs of an interrupted study (skipped here);
+    `on_run(partial_result)` is called after each run so the caller can save progress."""
     import ray
 
     from reinforce_pro.cli.run import prepare
@@ -129,10 +131,19 @@ def training_part(quick: bool) -> dict:
     corrections = ["none", "reinforce_pro"] if quick else TRAIN_CORRECTIONS
     steps = 10 if quick else 100
     config = {"seeds": seeds, "conditions": conditions, "corrections": corrections, "steps": steps}
+    runs = list(done or [])
+    finished = {(r["seed"], r["condition"], r["correction"]) for r in runs}
+    pending = {
+        seed: [(c, k) for c, k in itertools.product(conditions, corrections) if (seed, c, k) not in finished]
+        for seed in seeds
+    }
+    if not any(pending.values()):
+        return {"config": config, "runs": runs}
     workdir = Path(tempfile.mkdtemp(prefix="compare_is_"))
     start_ray(logical_cpus=8)
-    runs = []
-    for seed in seeds:
+    for seed, todo in pending.items():
+        if not todo:
+            continue
         pretrain = warm_start(seed, workdir)
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
         dtypes = sorted({CONDITIONS[c][1] for c in conditions})  # each condition's --vllm_dtype value
@@ -142,7 +153,7 @@ def training_part(quick: bool) -> dict:
         }
         # warm-up (vLLM compiles on its first generate): keep it out of the first run's wall time
         ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])
-        for condition, correction in itertools.product(conditions, corrections):
+        for condition, correction in todo:
             print(f"[training] seed {seed} {condition} {correction}", flush=True)
             argv = run_argv(pretrain, correction, condition, seed, steps, workdir / f"{seed}_{condition}_{correction}")
             args = parse_args(argv)
@@ -150,6 +161,8 @@ def training_part(quick: bool) -> dict:
             history = build_and_fit(args, prepare(args), engines=[engines[args.vllm_dtype]])
             runs.append({"seed": seed, "condition": condition, "correction": correction,
                          **summarise_run(history, time.perf_counter() - start)})  # fmt: skip
+            if on_run is not None:
+                on_run({"config": config, "runs": runs})
         for engine in engines.values():
             ray.kill(engine)
     return {"config": config, "runs": runs}
@@ -338,6 +351,12 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=Path, default=None, help="re-render tables and plots from this JSON")
     p.add_argument("--compare", type=Path, default=None, help="baseline JSON: report regressions of --render's JSON")
     p.add_argument("--tolerance", type=float, default=0.10, help="regression tolerance (relative / absolute)")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="continue an interrupted study from its <name>_partial.json (written after every training run)",
+    )
     args = p.parse_args(argv)
 
     if args.render is not None:
@@ -348,13 +367,21 @@ def main(argv=None) -> int:
             return 1 if problems else 0
         print(render(payload, args.render.parent))
         return 0
-    results, config = {}, {"part": args.part, "quick": args.quick}
-    if args.part in ("estimator", "all"):
-        results["estimator"] = estimator_part(args.quick)
-    if args.part in ("training", "all"):
-        results["training"] = training_part(args.quick)
     name = "compare_is_correction_quick" if args.quick else "compare_is_correction"
+    config = {"part": args.part, "quick": args.quick}
+    results = json.loads(args.resume.read_text())["results"] if args.resume else {}
+    if args.part in ("estimator", "all") and "estimator" not in results:
+        results["estimator"] = estimator_part(args.quick)
+        write_result(f"{name}_partial", config, results, args.output)
+    if args.part in ("training", "all"):
+
+        def save_progress(partial: dict) -> None:
+            write_result(f"{name}_partial", config, {**results, "training": partial}, args.output)
+
+        done = results.get("training", {}).get("runs", [])
+        results["training"] = training_part(args.quick, done, save_progress)
     path = write_result(name, config, results, args.output)
+    (args.output / f"{name}_partial.json").unlink(missing_ok=True)
     payload = json.loads(path.read_text())
     text = render(payload, args.output)
     print(text)

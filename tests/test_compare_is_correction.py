@@ -61,3 +61,12 @@ def test_regression_mode_exit_status(tmp_path):
     worse["results"]["estimator"]["rows"][0]["mse_ratio_to_none"] = 5.0
     new.write_text(json.dumps(worse))
     assert cmp.main(["--render", str(new), "--compare", str(old)]) == 1
+
+
+def test_resume_skips_finished_runs_without_starting_anything():
+    done = [
+        {"seed": 1, "condition": "stale2", "correction": c, "final_reward": 0.3, "series": {}}
+        for c in ("none", "reinforce_pro")
+    ]
+    out = cmp.training_part(quick=True, done=done, on_run=lambda partial: pytest.fail("nothing should run"))
+    assert out["runs"] == done and out["config"]["conditions"] == ["stale2"]
