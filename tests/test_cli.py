@@ -133,23 +133,25 @@ def test_missing_model_path(tmp_path, capsys):
     assert "nope: not a local HF model directory" in err
 
 
+GOOD_REWARD = "def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n"
+
+
+def _run_with_files(tiny_model, tmp_path, capsys, prompts: str, reward: str) -> tuple[str, str]:
+    """main() on a jsonl and a reward file with these contents; returns (error line, data path)."""
+    data, reward_file = tmp_path / "prompts.jsonl", tmp_path / "reward.py"
+    data.write_text(prompts)
+    reward_file.write_text(reward)
+    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward_file)]
+    return _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys), str(data)
+
+
 def test_malformed_jsonl_names_the_line(tiny_model, tmp_path, capsys):
-    data = tmp_path / "prompts.jsonl"
-    data.write_text('{"input": "1+1="}\n{"input": "2+2=",\n')
-    reward = tmp_path / "reward.py"
-    reward.write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
-    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward)]
-    err = _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys)
+    err, data = _run_with_files(tiny_model, tmp_path, capsys, '{"input": "1+1="}\n{"input": "2+2=",\n', GOOD_REWARD)
     assert f"{data}:2: not valid JSON" in err
 
 
 def test_reward_file_without_reward_func(tiny_model, tmp_path, capsys):
-    data = tmp_path / "prompts.jsonl"
-    data.write_text('{"input": "1+1="}\n')
-    reward = tmp_path / "reward.py"
-    reward.write_text("def score(x):\n    return 1\n")
-    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward)]
-    err = _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys)
+    err, _ = _run_with_files(tiny_model, tmp_path, capsys, '{"input": "1+1="}\n', "def score(x):\n    return 1\n")
     assert "defines no callable reward_func" in err
 
 

@@ -146,6 +146,16 @@ def batched_log_probs(
     return torch.cat(out, dim=0)
 
 
+def optimizer_step_stats(engine, history: list[dict[str, float]], group: str) -> dict[str, float]:
+    """The micro-batch metrics of one optimizer step averaged, plus `<group>/grad_norm` and `<group>/lr`."""
+    stats = mean_metrics(history)
+    grad_norm = engine.get_global_grad_norm()
+    if grad_norm is not None:
+        stats[f"{group}/grad_norm"] = float(grad_norm)
+    stats[f"{group}/lr"] = engine.get_lr()[0]
+    return stats
+
+
 def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
     """Average each key over the micro-batches that reported it."""
     keys = {k for h in history for k in h}

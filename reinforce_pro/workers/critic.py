@@ -12,7 +12,7 @@ from reinforce_pro.workers.base import (
     OptimConfig,
     device,
     initialize_deepspeed,
-    mean_metrics,
+    optimizer_step_stats,
     setup_distributed,
 )
 
@@ -66,12 +66,7 @@ class CriticWorker:
             self.engine.step()
             metrics["critic/value_loss"] = loss.detach()
             history.append({k: float(v) for k, v in metrics.items()})
-        stats = mean_metrics(history)
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
-            stats["critic/grad_norm"] = float(grad_norm)
-        stats["critic/lr"] = self.engine.get_lr()[0]
-        return stats
+        return optimizer_step_stats(self.engine, history, "critic")
 
     def save(self, path: str) -> None:
         if self.dist.rank == 0:

@@ -20,7 +20,7 @@ from reinforce_pro.workers.base import (
     batched_log_probs,
     device,
     initialize_deepspeed,
-    mean_metrics,
+    optimizer_step_stats,
     setup_distributed,
     use_host_threads,
 )
@@ -88,12 +88,7 @@ class PolicyWorker:
         history = []
         for exp in micro_batches:
             history.append(self._micro_step(exp, global_tokens, global_seqs))
-        stats = mean_metrics(history)
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
-            stats["policy/grad_norm"] = float(grad_norm)
-        stats["policy/lr"] = self.engine.get_lr()[0]
-        return stats
+        return optimizer_step_stats(self.engine, history, "policy")
 
     def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> dict:
         dev, cfg = device(), self.loss_cfg
