@@ -100,10 +100,10 @@ def run(args, plan: RunPlan) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     history = build_and_fit(args, plan)
-    return _summarise(history, plan, args)
+    return _summarise(history, plan)
 
 
-def _summarise(history: list[dict], plan: RunPlan, args) -> int:
+def _summarise(history: list[dict], plan: RunPlan) -> int:
     rewards = [h["rollout/reward_mean"] for h in history]
     k = min(5, len(rewards))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k

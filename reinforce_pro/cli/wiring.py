@@ -95,7 +95,6 @@ def rollout_config(args) -> RolloutConfig:
         normalize_reward=args.normalize_reward,
         kl_estimator=args.kl_estimator,
         use_kl_loss=args.use_kl_loss,
-        micro_rollout_batch_size=args.micro_rollout_batch_size,
     )
 
 

@@ -33,7 +33,6 @@ class RolloutConfig:
     normalize_reward: bool = False
     kl_estimator: str = "k1"
     use_kl_loss: bool = False
-    micro_rollout_batch_size: int = 8
 
 
 def sampling_params(cfg: RolloutConfig) -> dict:
