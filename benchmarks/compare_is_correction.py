@@ -66,14 +66,12 @@ def estimator_part(quick: bool) -> dict:
 
 # ------------------------------------------------------------------------------------------ part 2
 def warm_start(seed: int, workdir: Path) -> str:
-    from reinforce_pro.data.arithmetic import arithmetic_records
+    """The embedded default's starting model for `seed` (the same warm start train_ppo_ray does)."""
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start
 
-    base = build_tiny_model(workdir / f"base_{seed}", seed=seed)
-    examples = [{"prompt": r["input"], "label": r["label"]} for r in arithmetic_records(4096, seed=seed + 1)]
     out = workdir / f"warm_{seed}"
-    sft_warm_start(base, out, examples, steps=200, seed=seed)
+    arithmetic_warm_start(build_tiny_model(workdir / f"base_{seed}", seed=seed), out, steps=200, seed=seed)
     return str(out)
 
 

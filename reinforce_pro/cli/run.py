@@ -63,15 +63,13 @@ def prepare(args) -> RunPlan:
 
 def _tiny_model(args, run_dir: Path, summary: dict) -> str:
     """The built-in model; warm-started on the built-in task when that is what we train on."""
-    from reinforce_pro.data.arithmetic import arithmetic_records
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start
 
     base = build_tiny_model(run_dir / "base_model", seed=args.seed)
     if args.prompt_data is not None or args.sft_warmup_steps <= 0:
         return str(base)
-    examples = [{"prompt": r["input"], "label": r["label"]} for r in arithmetic_records(4096, seed=args.seed + 1)]
-    stats = sft_warm_start(base, run_dir / "warmstart", examples, steps=args.sft_warmup_steps, seed=args.seed)
+    stats = arithmetic_warm_start(base, run_dir / "warmstart", steps=args.sft_warmup_steps, seed=args.seed)
     summary.update(stats)
     print(f"[warm start] {args.sft_warmup_steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip

@@ -48,6 +48,15 @@ def sft_warm_start(
     return {"sft/steps": steps, "sft/loss_first": losses[0], "sft/loss_last": sum(losses[-10:]) / len(losses[-10:])}
 
 
+def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int, seed: int) -> dict:
+    """The embedded default's warm start: `steps` SFT steps on 4096 built-in additions (drawn with seed + 1,
+    so they differ from the RL prompts drawn with `seed`)."""
+    from reinforce_pro.data.arithmetic import arithmetic_records
+
+    examples = [{"prompt": r["input"], "label": r["label"]} for r in arithmetic_records(4096, seed=seed + 1)]
+    return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed)
+
+
 def _encode_batch(tok, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     rows, targets = [], []
     for item in batch:
