@@ -1,0 +1,217 @@
+"""Steps 1-10 of the Absolute-Zero step (docs/selfplay.md): propose, validate, solve, score, learnability,
+the repropose loop, and the training samples with their rewards.
+
+The controller sees the rollout engines only through `generate(prompts) -> list[Rollout]`, so tests drive
+it with a scripted fake; SelfPlayExperienceMaker passes the real engines.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from reinforce_pro.selfplay.learnability import (
+    combined_reward,
+    is_learnable,
+    plan_question_sampling,
+    proposer_reward,
+    question_reward,
+    solver_reward,
+)
+from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, ScoredResponses, SelfPlayTask
+
+PROPOSER_SCOPES = ("sampled", "group")
+
+
+@dataclass
+class Rollout:
+    """One sampled response and the prompt it answers. `generation` is the engine's record (token ids,
+    log-probs, finish reason); the controller only reads `text`."""
+
+    prompt: str
+    text: str
+    generation: object = None
+
+
+Generate = Callable[[list[str]], list[Rollout]]
+
+
+@dataclass
+class SelfPlayConfig:
+    n_questions_per_prompt: int = 4
+    n_samples_per_prompt: int = 8  # solver responses per question (rollout_n)
+    max_repropose_attempts: int = 3  # re-proposal rounds after the first proposal
+    proposer_train_scope: str = "sampled"
+    weights: dict[str, float] = field(default_factory=dict)  # dimension -> weight in the solver reward
+    format_reward_coef: float = 0.5
+    proposer_reward_coef: float = 0.1
+
+
+@dataclass
+class QuestionRecord:
+    """One proposed question: its proposer trajectory and, when valid, its solver group and scores."""
+
+    proposal: Rollout
+    parsed: ParsedQuestion
+    solutions: list[Rollout] = field(default_factory=list)  # rollout_n responses, empty when invalid
+    scored: ScoredResponses | None = None
+    learnable: bool = False
+
+
+@dataclass
+class PromptRecord:
+    seed: dict
+    questions: list[QuestionRecord] = field(default_factory=list)  # the latest attempt's group
+    sampled: int = -1  # index of the sampled question; -1 = marked for re-proposal
+    attempts: int = 0  # proposal rounds this prompt took part in
+
+    @property
+    def learnable_row(self) -> list[bool]:
+        return [q.learnable for q in self.questions]
+
+
+@dataclass
+class TrainingSample:
+    rollout: Rollout
+    reward: float
+    score: float  # the task score logged as rollout/score_mean (solver: mean dimension score; proposer: reward)
+    role: str  # "solver" | "proposer"
+
+
+@dataclass
+class SelfPlayBatch:
+    samples: list[TrainingSample]  # solver samples (rollout_n per kept question), then proposer samples
+    segments: list[tuple[int, int, int]]  # (start, end, group size) for group-relative advantages
+    metrics: dict[str, float]
+
+
+class SelfPlayController:
+    def __init__(self, task: SelfPlayTask, cfg: SelfPlayConfig, generate: Generate, judge: Judge | None = None):
+        if cfg.proposer_train_scope not in PROPOSER_SCOPES:
+            raise ValueError(f"proposer_train_scope must be one of {PROPOSER_SCOPES}, got {cfg.proposer_train_scope}")
+        missing = set(task.thresholds) - set(cfg.weights)
+        if missing:
+            raise ValueError(f"no solver-reward weight for the task's dimensions {sorted(missing)}")
+        self.task, self.cfg, self.generate, self.judge = task, cfg, generate, judge
+
+    def step(self, seeds: Sequence[dict], rng: random.Random) -> SelfPlayBatch:
+        prompts = [PromptRecord(seed) for seed in seeds]
+        stats = RoundStats()
+        marked = list(range(len(prompts)))
+        for _ in range(1 + self.cfg.max_repropose_attempts):
+            self._attempt([prompts[i] for i in marked], stats)
+            plan = plan_question_sampling([prompts[i].learnable_row for i in marked], rng)
+            for i, sampled in zip(marked, plan, strict=True):
+                prompts[i].sampled = sampled
+            marked = [i for i in marked if prompts[i].sampled < 0]
+            if not marked:
+                break
+        return self._training_batch(prompts, stats)
+
+    # ------------------------------------------------------------------ steps 1-5 for some prompts
+    def _attempt(self, prompts: list[PromptRecord], stats: RoundStats) -> None:
+        """Propose a new question group for each prompt, validate, solve, score, judge learnability."""
+        k, n = self.cfg.n_questions_per_prompt, self.cfg.n_samples_per_prompt
+        proposals = self.generate([self.task.proposer_prompt(p.seed) for p in prompts for _ in range(k)])
+        records = [QuestionRecord(r, self.task.parse_question(r.text)) for r in proposals]
+        valid = [q for q in records if q.parsed.valid]
+        solutions = self.generate([self.task.solver_prompt(q.parsed.question) for q in valid for _ in range(n)])
+        for j, q in enumerate(valid):
+            q.solutions = solutions[j * n : (j + 1) * n]
+            q.scored = self.task.score(q.parsed.question, [s.text for s in q.solutions], self.judge)
+            q.learnable = is_learnable(q.scored.scores, self.task.thresholds)
+        for i, p in enumerate(prompts):
+            p.questions, p.attempts = records[i * k : (i + 1) * k], p.attempts + 1
+        stats.add_round(records, first=stats.rounds == 0)
+
+    # ------------------------------------------------------------------ steps 8-10
+    def _training_batch(self, prompts: list[PromptRecord], stats: RoundStats) -> SelfPlayBatch:
+        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+        samples: list[TrainingSample] = []
+        segments: list[tuple[int, int, int]] = []
+        proposer_rewards = [proposer_reward(p.sampled, p.learnable_row, p.sampled < 0) for p in prompts]
+        for p, p_reward in zip(prompts, proposer_rewards, strict=True):
+            if p.sampled < 0:
+                continue  # unresolved after the last attempt: no solver samples
+            q = p.questions[p.sampled]
+            for j, sol in enumerate(q.solutions):
+                dims = {d: q.scored.scores[d][j] for d in self.task.thresholds}
+                s_reward = solver_reward(dims, cfg.weights, q.scored.format[j], cfg.format_reward_coef)
+                reward = combined_reward(s_reward, p_reward, cfg.proposer_reward_coef)
+                samples.append(TrainingSample(sol, reward, sum(dims.values()) / len(dims), "solver"))
+            segments.append((len(samples) - n, len(samples), n))
+        num_solver = len(samples)
+        start = len(samples)
+        for p, p_reward in zip(prompts, proposer_rewards, strict=True):
+            if cfg.proposer_train_scope == "sampled":
+                q = p.questions[p.sampled] if p.sampled >= 0 else _fallback_question(p)
+                samples.append(TrainingSample(q.proposal, p_reward, p_reward, "proposer"))
+            else:
+                group_start = len(samples)
+                for q in p.questions:
+                    r = question_reward(q.parsed.valid, q.learnable, self.task.format_penalty)
+                    samples.append(TrainingSample(q.proposal, r, r, "proposer"))
+                segments.append((group_start, len(samples), len(samples) - group_start))
+        if cfg.proposer_train_scope == "sampled":  # one proposer sample per prompt: the batch is the group
+            segments.append((start, len(samples), len(samples) - start))
+        metrics = stats.metrics(self.task.name, prompts, samples, num_solver, proposer_rewards)
+        return SelfPlayBatch(samples, segments, metrics)
+
+
+def _fallback_question(p: PromptRecord) -> QuestionRecord:
+    """The proposer trajectory that carries an unresolved prompt's -0.5: its last group's first valid
+    question (or first question when none is valid)."""
+    return next((q for q in p.questions if q.parsed.valid), p.questions[0])
+
+
+@dataclass
+class RoundStats:
+    """Counts over every question proposed in one step, all rounds together."""
+
+    rounds: int = 0
+    total: int = 0
+    valid: int = 0
+    learnable: int = 0
+    first_total: int = 0
+    first_learnable: int = 0
+    dim_scores: dict[str, list[float]] = field(default_factory=dict)
+    format_scores: list[float] = field(default_factory=list)
+
+    def add_round(self, records: list[QuestionRecord], first: bool) -> None:
+        self.rounds += 1
+        self.total += len(records)
+        self.valid += sum(q.parsed.valid for q in records)
+        self.learnable += sum(q.learnable for q in records)
+        if first:
+            self.first_total, self.first_learnable = len(records), sum(q.learnable for q in records)
+        for q in records:
+            if q.scored is not None:
+                for d, values in q.scored.scores.items():
+                    self.dim_scores.setdefault(d, []).extend(values)
+                self.format_scores.extend(q.scored.format)
+
+    def metrics(self, task: str, prompts, samples: list[TrainingSample], num_solver: int, p_rewards) -> dict:
+        proposer = [s for s in samples if s.role == "proposer"]
+        solver = samples[:num_solver]
+        m = {
+            "unified_filter/num_learnable": float(self.learnable),
+            "unified_filter/num_total": float(self.total),
+            "unified_filter/learnable_ratio": self.learnable / max(1, self.total),
+            "unified_filter/num_sampled": float(sum(p.sampled >= 0 for p in prompts)),
+            "proposer/num_trajectories": float(self.total),
+            "proposer/num_integrated": float(len(proposer)),
+            "proposer/reward_mean": sum(s.reward for s in proposer) / max(1, len(proposer)),
+            "joint/combined_reward_mean": sum(s.reward for s in solver) / max(1, len(solver)),
+            "joint/proposer_solver_ratio": len(proposer) / max(1, len(solver)),
+            "repropose/total_attempts": float(sum(p.attempts for p in prompts)),
+            "repropose/rounds": float(self.rounds),
+            "repropose/final_non_learnable": float(sum(p.sampled < 0 for p in prompts)),
+            f"selfplay/{task}/valid_ratio": self.valid / max(1, self.total),
+            f"selfplay/{task}/first_round_learnable_ratio": self.first_learnable / max(1, self.first_total),
+            f"selfplay/{task}/prompt_proposer_reward_mean": sum(p_rewards) / max(1, len(p_rewards)),
+            f"selfplay/{task}/format_mean": sum(self.format_scores) / max(1, len(self.format_scores)),
+        }
+        for d, values in self.dim_scores.items():
+            m[f"selfplay/{task}/score_{d}_mean"] = sum(values) / max(1, len(values))
+        return m

@@ -1,0 +1,108 @@
+"""A self-play task is one object: the proposer prompt, the question parser/validator, the solver prompt and
+the scorer. The controller (controller.py) knows nothing about any particular task.
+
+Built-in tasks are in BUILTIN_TASKS (`--selfplay_task NAME`); `--selfplay_task_path file.py` loads a user's
+file, which must define `TASK`, an object with the methods of `SelfPlayTask` (subclassing it is easiest).
+See docs/selfplay.md, "Writing a task".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str  # the question as the solver prompt shows it
+    answer: str  # the reference answer rule-based scorers compare with
+    meta: dict = field(default_factory=dict)  # anything else the task wants back when scoring
+
+
+@dataclass(frozen=True)
+class ParsedQuestion:
+    """What `parse_question` returns: a question, or None and why the proposal is invalid."""
+
+    question: Question | None
+    reason: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.question is not None
+
+
+@dataclass
+class ScoredResponses:
+    """The scores of one question's solver responses."""
+
+    scores: dict[str, list[float]]  # dimension -> one score per response, in [0, 1]
+    format: list[float]  # one format reward per response, in [0, 1]
+
+
+# The judge an `llm` scorer asks: prompts -> the judge model's completions (greedy). Built by the wiring
+# from a rollout engine; None when the run has none.
+Judge = Callable[[list[str]], list[str]]
+
+
+class SelfPlayTask:
+    """Base class of tasks. Subclasses set `name`, `thresholds`, `weights` and implement the methods."""
+
+    name: str = "task"
+    # dimension -> (threshold, min_ratio, max_ratio): learnable when, for every dimension, the fraction of
+    # responses scoring >= threshold lies within [min_ratio, max_ratio]
+    thresholds: dict[str, tuple[float, float, float]] = {}
+    # dimension -> weight in the solver reward; --safety_reward_weight / --task_completion_weight override
+    # the weights of dimensions named "safety" / "completion"
+    weights: dict[str, float] = {}
+    format_penalty: float = -1.0  # proposer reward of an invalid question (--proposer_train_scope group)
+
+    def seed_records(self, n: int, seed: int) -> list[dict]:
+        """Seed records for runs without --prompt_data (the embedded default)."""
+        raise NotImplementedError(f"task {self.name} has no built-in seeds: give --prompt_data")
+
+    def proposer_prompt(self, record: dict) -> str:
+        """The prompt that asks for a new question, given a seed record (a --prompt_data row)."""
+        raise NotImplementedError
+
+    def parse_question(self, text: str) -> ParsedQuestion:
+        """Parse and validate a proposer response."""
+        raise NotImplementedError
+
+    def solver_prompt(self, question: Question) -> str:
+        raise NotImplementedError
+
+    def score(self, question: Question, responses: list[str], judge: Judge | None = None) -> ScoredResponses:
+        """Scores on every dimension of `thresholds`, and the format reward, for each response."""
+        raise NotImplementedError
+
+    def warm_start_examples(self, n: int, seed: int) -> list[dict]:
+        """{"prompt", "label"} pairs for the embedded default's supervised warm start of both roles."""
+        return []
+
+
+def load_task(name: str | None, path: str | None) -> SelfPlayTask:
+    """The task of `--selfplay_task_path` if given, else the built-in `--selfplay_task`."""
+    if path is None:
+        from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
+
+        if name not in BUILTIN_TASKS:
+            raise ValueError(f"unknown --selfplay_task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
+        return BUILTIN_TASKS[name]()
+    file = Path(path)
+    if not file.is_file() or file.suffix != ".py":
+        raise ValueError(f"--selfplay_task_path {path}: not an existing .py file")
+    spec = importlib.util.spec_from_file_location(f"reinforce_pro_task_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: name it and the error in one line
+        raise ValueError(f"--selfplay_task_path {path}: importing it failed: {type(e).__name__}: {e}") from e
+    task = getattr(module, "TASK", None)
+    missing = [m for m in ("proposer_prompt", "parse_question", "solver_prompt", "score") if not hasattr(task, m)]
+    if task is None or missing:
+        raise ValueError(f"--selfplay_task_path {path}: define TASK, a SelfPlayTask (missing: {missing or 'TASK'})")
+    if not task.thresholds or set(task.weights) != set(task.thresholds):
+        raise ValueError(f"--selfplay_task_path {path}: TASK.thresholds and TASK.weights must name the same dimensions")
+    return task

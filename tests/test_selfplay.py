@@ -1,0 +1,239 @@
+"""Self-play without Ray or a model: the pure learnability functions, the tasks, and the repropose loop
+driven by a scripted fake engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask, CodeOutputTask
+from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
+from reinforce_pro.selfplay.learnability import (
+    combined_reward,
+    is_learnable,
+    plan_question_sampling,
+    proposer_reward,
+    question_reward,
+    solver_reward,
+)
+from reinforce_pro.selfplay.tasks import load_task
+
+# ---------------------------------------------------------------------------------------------- is_learnable
+
+TWO_DIMS = {"safety": (0.5, 0.25, 0.75), "completion": (1.0, 0.0, 0.5)}
+
+
+@pytest.mark.parametrize(
+    "scores, expected",
+    [
+        pytest.param({"safety": [1, 0, 1, 0], "completion": [1, 0, 0, 0]}, True, id="both-within"),
+        pytest.param({"safety": [1, 1, 1, 1], "completion": [1, 0, 0, 0]}, False, id="safety-all-pass"),
+        pytest.param({"safety": [0, 0, 0, 0], "completion": [0, 0, 0, 0]}, False, id="safety-none-pass"),
+        pytest.param({"safety": [1, 0, 0, 0], "completion": [0, 0, 0, 0]}, True, id="edges-inclusive"),
+        pytest.param({"safety": [0.6, 0.4, 0.5, 0.49], "completion": [0.99] * 4}, True, id="threshold-is-ge"),
+        pytest.param({"safety": [1, 0, 1, 0], "completion": [1, 1, 1, 0]}, False, id="completion-too-high"),
+        pytest.param({"safety": [1, 0, 1, 0]}, False, id="missing-dimension"),
+        pytest.param({"safety": [], "completion": []}, False, id="no-responses"),
+    ],
+)
+def test_is_learnable(scores, expected):
+    assert is_learnable(scores, TWO_DIMS) is expected
+
+
+# ---------------------------------------------------------------------------------------------- sampling plan
+
+
+def test_plan_all_none_mixed():
+    rows = [[True, True, True], [False, False, False], [False, True, False], [True, False, True], []]
+    plan = plan_question_sampling(rows, random.Random(0))
+    assert plan[:2] == [-1, -1]
+    assert plan[2] == 1  # the only learnable one
+    assert plan[3] in (0, 2)
+    assert plan[4] == -1
+
+
+def test_plan_samples_learnable_questions_uniformly():
+    rng = random.Random(1)
+    counts = {0: 0, 2: 0, 3: 0}
+    for _ in range(3000):
+        counts[plan_question_sampling([[True, False, True, True]], rng)[0]] += 1
+    assert all(900 < c < 1100 for c in counts.values()), counts
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+
+
+@pytest.mark.parametrize(
+    "sampled, row, unresolved, expected",
+    [
+        pytest.param(1, [False, True], False, 1.0, id="sampled-learnable"),
+        pytest.param(0, [False, True], False, 0.0, id="sampled-not-learnable"),
+        pytest.param(-1, [True, True], True, -0.5, id="unresolved"),
+        pytest.param(-1, [False, False], False, -0.5, id="negative-index-is-unresolved"),
+    ],
+)
+def test_proposer_reward(sampled, row, unresolved, expected):
+    assert proposer_reward(sampled, row, unresolved) == expected
+
+
+def test_question_and_solver_rewards():
+    assert question_reward(valid=False, learnable=False, format_penalty=-1.0) == -1.0
+    assert question_reward(valid=True, learnable=True, format_penalty=-1.0) == 1.0
+    assert question_reward(valid=True, learnable=False, format_penalty=-1.0) == 0.0
+    weights = {"safety": 0.7, "completion": 0.3}
+    r = solver_reward({"safety": 1.0, "completion": 0.5}, weights, format_reward=1.0, format_coef=0.5)
+    assert r == pytest.approx(0.7 + 0.15 + 0.5, abs=1e-12)
+    assert combined_reward(r, -0.5, 0.1) == pytest.approx(1.35 - 0.05, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+def test_arithmetic_task_parse_and_score():
+    task = ArithmeticTask()
+    assert task.proposer_prompt({"input": "3+4="}) == "[3+4]>"
+    parsed = task.parse_question(" 12+7 ")
+    assert parsed.valid and parsed.question.answer == "19" and task.solver_prompt(parsed.question) == "12+7="
+    for bad in ("12+", "a+b", "1+2+3", "123+4", ""):
+        assert not task.parse_question(bad).valid, bad
+    scored = task.score(parsed.question, ["19", " 19", "18", "x9"])
+    assert scored.scores["completion"] == [1.0, 1.0, 0.0, 0.0]
+    assert scored.format == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_code_output_task_runs_the_sandbox():
+    task = CodeOutputTask()
+    parsed = task.parse_question("def f(x):\n    return x * 3\n### input\n[1, 2]")
+    assert parsed.valid and parsed.question.answer == "[1, 2, 1, 2, 1, 2]"
+    scored = task.score(parsed.question, ["[1, 2, 1, 2, 1, 2]", "[1,2,1,2,1,2]", "[3, 6]", "not a literal"])
+    assert scored.scores["completion"] == [1.0, 1.0, 0.0, 0.0]
+    assert scored.format == [1.0, 1.0, 1.0, 0.0]
+    hostile = task.parse_question("import os\ndef f(x):\n    return os.listdir('/')\n### input\n1")
+    assert not hostile.valid and "os" in hostile.reason
+    assert not task.parse_question("def f(x):\n    return x\n### input\nnot_literal(").valid
+
+
+def test_load_task_from_file(tmp_path):
+    path = tmp_path / "mytask.py"
+    path.write_text(
+        "from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask\n"
+        "class Mine(ArithmeticTask):\n    name = 'mine'\nTASK = Mine()\n"
+    )
+    assert load_task(None, str(path)).name == "mine"
+    assert load_task("code_output", None).name == "code_output"
+    with pytest.raises(ValueError, match="built-in tasks: arithmetic, code_output"):
+        load_task("nope", None)
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="define TASK"):
+        load_task(None, str(tmp_path / "empty.py"))
+
+
+# ---------------------------------------------------------------------------------------------- repropose loop
+
+N = 4  # solver responses per question
+# question -> how many of the N solver responses are right
+SOLVED = {"1+1": 2, "2+2": 4, "3+3": 4, "4+4": 4, "5+5": 1, "9+9": 0, "8+8": 0}
+# (seed prompt, attempt) -> the proposer's question group
+SCRIPT = {
+    ("[1+0]>", 1): ["1+1", "2+2"],  # mixed: resolved at once
+    ("[2+0]>", 1): ["3+3", "4+4"],  # both always solved: none learnable -> re-proposed
+    ("[2+0]>", 2): ["5+5", "oops"],  # 5+5 learnable, "oops" invalid -> resolved, sampled 0
+    ("[3+0]>", 1): ["9+9", "8+8"],  # never solved: re-proposed until the limit
+    ("[3+0]>", 2): ["9+9", "8+8"],
+    ("[3+0]>", 3): ["9+9", "8+8"],
+    ("[3+0]>", 4): ["9+9", "8+8"],
+}
+
+
+class ScriptedEngine:
+    """Proposer prompts get SCRIPT's questions (the k-th request of a prompt gets question k % 2 of attempt
+    k // 2 + 1); solver prompts get SOLVED[q] right answers, then wrong ones. Records every call."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.served: dict[str, int] = {}
+
+    def __call__(self, prompts: list[str]) -> list[Rollout]:
+        self.calls.append(list(prompts))
+        out = []
+        for prompt in prompts:
+            k = self.served.get(prompt, 0)
+            self.served[prompt] = k + 1
+            if prompt.startswith("["):
+                out.append(Rollout(prompt, SCRIPT[(prompt, k // 2 + 1)][k % 2]))
+            else:
+                a, b = map(int, prompt.rstrip("=").split("+"))
+                out.append(Rollout(prompt, str(a + b) if k % N < SOLVED[prompt.rstrip("=")] else "0"))
+        return out
+
+
+def controller(scope="sampled", attempts=3):
+    cfg = SelfPlayConfig(
+        n_questions_per_prompt=2, n_samples_per_prompt=N, max_repropose_attempts=attempts,
+        proposer_train_scope=scope, weights={"completion": 1.0}, format_reward_coef=0.5, proposer_reward_coef=0.1,
+    )  # fmt: skip
+    engine = ScriptedEngine()
+    return SelfPlayController(ArithmeticTask(), cfg, engine), engine
+
+
+SEEDS = [{"input": "1+0="}, {"input": "2+0="}, {"input": "3+0="}]
+
+
+def test_repropose_loop_reproposes_only_marked_prompts_and_stops_at_the_limit():
+    ctl, engine = controller(attempts=3)
+    batch = ctl.step(SEEDS, random.Random(0))
+    proposer_calls = [c for c in engine.calls if c[0].startswith("[")]
+    # round 1: all three prompts; round 2: the two marked ones; rounds 3-4: only the never-resolved one
+    assert [sorted(set(c)) for c in proposer_calls] == [
+        ["[1+0]>", "[2+0]>", "[3+0]>"],
+        ["[2+0]>", "[3+0]>"],
+        ["[3+0]>"],
+        ["[3+0]>"],
+    ]
+    m = batch.metrics
+    assert m["repropose/rounds"] == 4 and m["repropose/total_attempts"] == 1 + 2 + 4
+    assert m["repropose/final_non_learnable"] == 1 and m["unified_filter/num_sampled"] == 2
+    # questions: 6 + 4 + 2 + 2 = 14 proposed; learnable: 1+1 (round 1) and 5+5 (round 2)
+    assert m["unified_filter/num_total"] == 14 and m["unified_filter/num_learnable"] == 2
+    assert m["unified_filter/learnable_ratio"] == pytest.approx(2 / 14)
+    assert m["selfplay/arithmetic/first_round_learnable_ratio"] == pytest.approx(1 / 6)
+    assert m["selfplay/arithmetic/valid_ratio"] == pytest.approx(13 / 14)
+
+
+def test_resolved_prompts_keep_their_data_and_rewards_follow_the_formulas():
+    ctl, _ = controller(attempts=3)
+    batch = ctl.step(SEEDS, random.Random(0))
+    solver = [s for s in batch.samples if s.role == "solver"]
+    proposer = [s for s in batch.samples if s.role == "proposer"]
+    # prompt 1 kept its round-1 question 1+1, prompt 2 its round-2 question 5+5; prompt 3 has none
+    assert [s.rollout.prompt for s in solver] == ["1+1="] * N + ["5+5="] * N
+    right = [s.rollout.text for s in solver]
+    assert right == ["2", "2", "0", "0", "10", "0", "0", "0"]
+    # combined = completion + 0.5 * format (all digit answers) + 0.1 * proposer reward (1.0)
+    expected = [(1.0 if t != "0" else 0.0) + 0.5 + 0.1 for t in right]
+    assert [s.reward for s in solver] == pytest.approx(expected, abs=1e-12)
+    assert [(s.rollout.prompt, s.rollout.text, s.reward) for s in proposer] == [
+        ("[1+0]>", "1+1", 1.0),
+        ("[2+0]>", "5+5", 1.0),
+        ("[3+0]>", "9+9", -0.5),  # unresolved: the last group's first valid question carries -0.5
+    ]
+    assert batch.segments == [(0, N, N), (N, 2 * N, N), (2 * N, 2 * N + 3, 3)]
+    assert batch.metrics["proposer/reward_mean"] == pytest.approx(0.5)
+    assert batch.metrics["joint/proposer_solver_ratio"] == pytest.approx(3 / 8)
+
+
+def test_group_scope_trains_every_question_of_the_final_groups():
+    ctl, _ = controller(scope="group", attempts=3)
+    batch = ctl.step(SEEDS, random.Random(0))
+    proposer = [(s.rollout.text, s.reward) for s in batch.samples if s.role == "proposer"]
+    assert proposer == [("1+1", 1.0), ("2+2", 0.0), ("5+5", 1.0), ("oops", -1.0), ("9+9", 0.0), ("8+8", 0.0)]
+    assert batch.segments[-3:] == [(8, 10, 2), (10, 12, 2), (12, 14, 2)]
+
+
+def test_no_reproposal_with_zero_attempts():
+    ctl, engine = controller(attempts=0)
+    batch = ctl.step(SEEDS, random.Random(0))
+    assert sum(c[0].startswith("[") for c in engine.calls) == 1
+    assert batch.metrics["repropose/final_non_learnable"] == 2
+    assert [s.reward for s in batch.samples if s.role == "proposer"] == [1.0, -0.5, -0.5]
