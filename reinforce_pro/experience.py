@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from reinforce_pro.rewards.loader import RewardOutput
+
 
 @dataclass
 class Samples:
@@ -25,6 +27,12 @@ class Samples:
     labels: list  # (B,) the dataset's label for the prompt (None if the data has none)
     prompt_index: torch.Tensor  # (B,) long, index of the prompt in the batch: samples of one prompt share it
     truncated: torch.Tensor  # (B,) bool, the response hit the token limit instead of stopping
+    # Set by makers that score rows while generating (self-play); None: the reward function scores them.
+    rewards: RewardOutput | None = None
+    # (start, end, group_size) row ranges whose advantages are computed separately, each with its own
+    # group size; None: the whole batch with --n_samples_per_prompt.
+    advantage_segments: list[tuple[int, int, int]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # produced while generating, logged with the step
 
     @property
     def num_actions(self) -> int:
@@ -68,6 +76,8 @@ class Experience:
         return self.sequences.size(0)
 
 
-def split_experience(exp: Experience, micro_batch_size: int) -> list[Experience]:
-    """Consecutive micro-batches of at most `micro_batch_size` rows."""
-    return [exp.select(slice(i, i + micro_batch_size)) for i in range(0, len(exp), micro_batch_size)]
+def split_experience(exp: Experience, num_micro_batches: int) -> list[Experience]:
+    """`num_micro_batches` consecutive micro-batches of near-equal size (sizes differ by at most one)."""
+    if num_micro_batches > len(exp):
+        raise ValueError(f"cannot split {len(exp)} rows into {num_micro_batches} non-empty micro-batches")
+    return [exp.select(idx) for idx in torch.tensor_split(torch.arange(len(exp)), num_micro_batches)]

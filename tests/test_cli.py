@@ -102,6 +102,15 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1", id="dual-clip"),
         pytest.param(["--prompt_data", "x.jsonl"], "needs a reward", id="no-reward"),
         pytest.param(["--vllm_is_correction_type", "mis"], "invalid choice", id="choice"),
+        pytest.param(["--absolute_zero", "--n_questions_per_prompt", "0"], "must be >= 1, got 0", id="az-questions"),
+        pytest.param(["--absolute_zero", "--max_repropose_attempts", "-1"], "must be >= 0", id="az-attempts"),
+        pytest.param(["--absolute_zero", "--proposer_train_scope", "all"], "invalid choice", id="az-scope"),
+        pytest.param(
+            ["--absolute_zero", "--n_samples_per_prompt", "1", "--advantage_estimator", "reinforce"],
+            "judges learnability from several solver responses",
+            id="az-rollout-n",
+        ),
+        pytest.param(["--absolute_zero", "--remote_rm_url", "r.py"], "scores with its task", id="az-reward"),
     ],
 )
 def test_bad_flag_values_exit_2_with_one_line(argv, message, capsys):
@@ -177,3 +186,42 @@ def test_module_entry_point_exits_2_without_traceback():
     assert proc.stderr.strip().splitlines() == [
         "train_ppo_ray: error: --vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got 2.0 1.0"
     ]
+
+
+def test_absolute_zero_embedded_default():
+    from reinforce_pro.cli.train_ppo_ray import SELFPLAY_EMBEDDED_DEFAULTS
+
+    args = parse_args(["--absolute_zero"])
+    for dest, value in SELFPLAY_EMBEDDED_DEFAULTS.items():
+        assert getattr(args, dest) == value, dest
+    assert args.proposer_train_scope == "group" and args.rollout_batch_size == 16
+    assert parse_args(["--absolute_zero", "--proposer_train_scope", "sampled"]).proposer_train_scope == "sampled"
+
+
+def test_selfplay_task_file_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "task.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    argv = ["--absolute_zero", "--selfplay_task_path", str(bad), "--save_path", str(tmp_path / "run")]
+    assert "importing it failed: RuntimeError: boom" in _main_error(argv, capsys)
+    argv = ["--absolute_zero", "--selfplay_task", "chess", "--save_path", str(tmp_path / "run2")]
+    assert "built-in tasks: arithmetic, code_output" in _main_error(argv, capsys)
+
+
+EXAMPLE_SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scripts").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", EXAMPLE_SCRIPTS, ids=[s.name for s in EXAMPLE_SCRIPTS])
+def test_example_scripts_parse(script, tmp_path):
+    """bash -n, then run the script with PYTHON pointing at a stub that records its arguments and give
+    those arguments to parse_args: every flag a script passes must be valid."""
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    stub, record = tmp_path / "python", tmp_path / "argv.txt"
+    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(stub), "OUT": str(tmp_path / "out")}
+    # no check: a script may verify the run's outputs afterwards, which a stub does not write
+    subprocess.run(["bash", str(script)], env=env, timeout=60, capture_output=True)
+    argv = record.read_text().splitlines()
+    assert argv[:2] == ["-m", "reinforce_pro.cli.train_ppo_ray"]
+    args = parse_args(argv[2:])
+    assert args.save_path == str(tmp_path / "out")

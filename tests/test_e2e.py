@@ -5,6 +5,7 @@ builds its own policy / critic / reference actors through the real `build_and_fi
 policy into the shared engine before the first step.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,66 @@ def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
         for w in group:
             ray.kill(w)
         ray.util.remove_placement_group(pg)
+
+
+# A permissive self-play task for the untrained tiny model: every proposal is a valid question, and a
+# response scores 1 when it is mostly digits, so question groups have contrast without any training.
+DIGIT_TASK = """
+from reinforce_pro.selfplay.tasks import ParsedQuestion, Question, ScoredResponses, SelfPlayTask
+
+class DigitTask(SelfPlayTask):
+    name = "digits"
+    thresholds = {"completion": (0.5, 0.125, 0.875)}
+    weights = {"completion": 1.0}
+
+    def proposer_prompt(self, record):
+        return "[" + record["input"] + "]>"
+
+    def parse_question(self, text):
+        return ParsedQuestion(Question(text[:8] + "=", ""))
+
+    def solver_prompt(self, question):
+        return question.text
+
+    def score(self, question, responses, judge=None):
+        frac = [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
+        # the format reward goes through the llm-judge path: the policy's engine answers greedily
+        verdicts = judge([question.text + r + "?" for r in responses])
+        assert len(verdicts) == len(responses) and all(isinstance(v, str) for v in verdicts)
+        return ScoredResponses({"completion": frac}, [float(len(v) <= 8) for v in verdicts])
+
+TASK = DigitTask()
+"""
+
+
+def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model):
+    task = tmp_path / "digit_task.py"
+    task.write_text(DIGIT_TASK)
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("".join(f'{{"input": "{a}+{a + 1}"}}\n' for a in range(8)))
+    args, plan, history = run(
+        ["--absolute_zero", "--selfplay_task_path", str(task), "--prompt_data", str(seeds), "--max_samples", "8",
+         "--rollout_batch_size", "4", "--n_questions_per_prompt", "3", "--advantage_estimator", "reinforce_baseline",
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        sampled, integrated = row["unified_filter/num_sampled"], row["proposer/num_integrated"]
+        assert integrated == 4  # sampled scope: one proposer trajectory per seed prompt
+        assert row["rollout/num_samples"] == sampled * 4 + integrated  # 4 solver samples per kept question
+        assert row["unified_filter/num_total"] == 3 * row["repropose/total_attempts"]
+        assert 1 <= row["repropose/rounds"] <= 4
+        assert row["joint/proposer_solver_ratio"] == pytest.approx(integrated / max(1, sampled * 4))
+        assert "policy/grad_norm" in row and "is/token_masked_frac" in row
+        assert row["selfplay/digits/format_mean"] == 1.0  # judge completions are capped at 8 tokens
+        generic = [k for k in row if k != "step" and not k.startswith(("reward/", "selfplay/digits/"))]
+        assert [k for k in generic if f"`{k}`" not in doc] == []
+        specific = [
+            re.sub(r"score_\w+_mean$", "score_<dimension>_mean", k.replace("selfplay/digits/", "selfplay/<task>/"))
+            for k in row
+            if k.startswith("selfplay/")
+        ]
+        assert specific and [k for k in specific if f"`{k}`" not in doc] == []
+    assert any(row["unified_filter/num_sampled"] > 0 for row in read_metrics(plan.run_dir / "metrics.jsonl"))

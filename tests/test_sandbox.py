@@ -18,8 +18,9 @@ HOSTILE = [
     pytest.param("def f(x):\n    return [0] * (10**10)", "memory", id="huge-allocation"),
     pytest.param("def f(x):\n    s = 'x'\n    while True:\n        s = s + s", "memory", id="growing-allocation"),
     pytest.param("import shutil\ndef f(x):\n    shutil.rmtree(x)", "import of 'shutil'", id="delete-tree"),
-    pytest.param("import socket\ndef f(x):\n    return socket.create_connection(('1.1.1.1', 80))", "socket",
-                 id="socket"),
+    pytest.param(
+        "import socket\ndef f(x):\n    return socket.create_connection(('1.1.1.1', 80))", "socket", id="socket"
+    ),
     pytest.param("import os\ndef f(x):\n    return os.system('touch pwned')", "import of 'os'", id="os-system"),
     pytest.param("def f(x):\n    return open('/etc/passwd').read()", "name 'open'", id="read-secret-open"),
     pytest.param("def f(x):\n    return __import__('os').environ", "'__import__'", id="dunder-import"),

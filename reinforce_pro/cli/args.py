@@ -327,12 +327,70 @@ def _add_models_data(p) -> None:
     g.add_argument("--use_ms", action="store_true", help="load from ModelScope")
 
 
+def _add_selfplay(p) -> None:
+    from reinforce_pro.selfplay.controller import PROPOSER_SCOPES
+
+    g = p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)")
+    sp = "[reinforce_pro] --absolute_zero:"
+    g.add_argument(
+        "--absolute_zero",
+        action="store_true",
+        help="[reinforce_pro] self-play: the policy proposes questions from seed prompts and solves them; both "
+        "roles are trained in one update. Seeds: --prompt_data records (unset: the task's built-in seeds)",
+    )
+    g.add_argument(
+        "--selfplay_task", type=str, default="arithmetic", help=f"{sp} built-in task (arithmetic, code_output)"
+    )
+    g.add_argument(
+        "--selfplay_task_path",
+        type=str,
+        default=None,
+        help=f"{sp} a .py file defining TASK (overrides --selfplay_task)",
+    )
+    g.add_argument("--n_questions_per_prompt", type=int, default=4, help=f"{sp} questions proposed per seed prompt")
+    g.add_argument(
+        "--max_repropose_attempts",
+        type=int,
+        default=3,
+        help=f"{sp} re-proposal rounds after the first proposal for prompts whose questions are all or none "
+        "learnable (0: never re-propose)",
+    )
+    g.add_argument(
+        "--proposer_train_scope",
+        type=str,
+        default="sampled",
+        choices=list(PROPOSER_SCOPES),
+        help=f"{sp} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); "
+        "group: every proposed question (learnable 1.0, not 0.0, invalid the task's format penalty)",
+    )
+    g.add_argument("--safety_reward_weight", type=float, default=0.7, help=f"{sp} weight of a task's 'safety' score")
+    g.add_argument(
+        "--task_completion_weight", type=float, default=0.3, help=f"{sp} weight of a task's 'completion' score"
+    )
+    g.add_argument("--format_reward_coef", type=float, default=0.5, help=f"{sp} weight of the solver's format reward")
+    g.add_argument(
+        "--proposer_reward_coef",
+        type=float,
+        default=0.1,
+        help=f"{sp} a solver sample's reward adds this times its prompt's proposer reward",
+    )
+    g.add_argument(
+        "--selfplay_judge_pretrain",
+        type=str,
+        default=None,
+        help=f"{sp} HF model dir of a frozen judge for the task's llm scorers (unset: the policy judges)",
+    )
+
+
 def build_parser() -> OneLineParser:
     p = OneLineParser(
         prog="train_ppo_ray",
         description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default.",
     )
-    for add in (_add_placement, _add_vllm, _add_checkpoint_logging, _add_deepspeed, _add_training, _add_models_data):
+    for add in (
+        _add_placement, _add_vllm, _add_checkpoint_logging, _add_deepspeed, _add_training, _add_models_data,
+        _add_selfplay,
+    ):  # fmt: skip
         add(p)
     return p
 

@@ -21,8 +21,8 @@ class UserInputError(ValueError):
 class RunPlan:
     run_dir: Path
     pretrain: str  # the policy's starting weights (after the warm start for the embedded default)
-    prompts: list[dict]  # [{"prompt", "label"}]
-    reward_source: str  # "builtin:exact_match" | path of a reward file | "model:<dir>"
+    prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
+    reward_source: str  # "builtin:exact_match" | path of a reward file | "model:<dir>" | "selfplay:<task>"
     summary: dict
 
 
@@ -32,8 +32,16 @@ def _check_model_dir(flag: str, path: str | None) -> None:
 
 
 def prepare(args) -> RunPlan:
-    for flag in ("pretrain", "critic_pretrain", "reward_pretrain"):
+    for flag in ("pretrain", "critic_pretrain", "reward_pretrain", "selfplay_judge_pretrain"):
         _check_model_dir(f"--{flag}", getattr(args, flag))
+    task = None
+    if args.absolute_zero:
+        from reinforce_pro.selfplay.tasks import load_task
+
+        try:
+            task = load_task(args.selfplay_task, args.selfplay_task_path)
+        except ValueError as e:
+            raise UserInputError(str(e)) from None
     if args.remote_rm_url:
         try:
             load_reward_func(args.remote_rm_url)
@@ -42,16 +50,18 @@ def prepare(args) -> RunPlan:
     run_dir = Path(args.save_path or f"runs/{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     summary: dict = {}
-    pretrain = args.pretrain or _tiny_model(args, run_dir, summary)
+    pretrain = args.pretrain or _tiny_model(args, run_dir, summary, task)
     try:
-        prompts = _prompts(args, pretrain)
+        prompts = _seed_records(args, task) if task else _prompts(args, pretrain)
     except DataError as e:
         raise UserInputError(str(e)) from None
     if not prompts:
         raise UserInputError("no prompts to train on")
     if len(prompts) < args.rollout_batch_size:
         raise UserInputError(f"{len(prompts)} prompts, fewer than --rollout_batch_size {args.rollout_batch_size}")
-    if args.remote_rm_url:
+    if task is not None:
+        source = f"selfplay:{task.name}"
+    elif args.remote_rm_url:
         source = str(Path(args.remote_rm_url).resolve())
     elif args.reward_pretrain:
         source = f"model:{args.reward_pretrain}"
@@ -61,15 +71,21 @@ def prepare(args) -> RunPlan:
     return RunPlan(run_dir, pretrain, prompts, source, summary)
 
 
-def _tiny_model(args, run_dir: Path, summary: dict) -> str:
-    """The built-in model; warm-started on the built-in task when that is what we train on."""
+def _tiny_model(args, run_dir: Path, summary: dict, task=None) -> str:
+    """The built-in model; warm-started on the built-in task (or the self-play task's examples of both
+    roles) when that is what we train on."""
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start
+    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start, sft_warm_start
 
     base = build_tiny_model(run_dir / "base_model", seed=args.seed)
-    if args.prompt_data is not None or args.sft_warmup_steps <= 0:
+    examples = task.warm_start_examples(2048, seed=args.seed + 1) if task else None
+    if args.prompt_data is not None or args.sft_warmup_steps <= 0 or examples == []:
         return str(base)
-    stats = arithmetic_warm_start(base, run_dir / "warmstart", steps=args.sft_warmup_steps, seed=args.seed)
+    out, steps = run_dir / "warmstart", args.sft_warmup_steps
+    if examples:
+        stats = sft_warm_start(base, out, examples, steps=steps, seed=args.seed)
+    else:
+        stats = arithmetic_warm_start(base, out, steps=steps, seed=args.seed)
     summary.update(stats)
     print(f"[warm start] {args.sft_warmup_steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
@@ -93,6 +109,13 @@ def _prompts(args, pretrain: str) -> list[dict]:
     return build_prompts(records, spec, tokenizer, source)
 
 
+def _seed_records(args, task) -> list[dict]:
+    """Self-play seeds: --prompt_data records as they are (the task reads them), or the task's own."""
+    if args.prompt_data is None:
+        return task.seed_records(min(args.max_samples, 100_000), seed=args.seed)
+    return load_records(args.prompt_data, args.prompt_split)[: args.max_samples]
+
+
 def run(args, plan: RunPlan) -> int:
     from reinforce_pro.cli.wiring import build_and_fit
 
@@ -113,8 +136,13 @@ def _summarise(history: list[dict], plan: RunPlan) -> int:
         "reward_gain": last - first,
         "wall_s": sum(h["time/step"] for h in history),
         "final_model": str(plan.run_dir / "final_model"),
+        **_selfplay_halves(history),
     }
     (plan.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts"):
+        if f"{key}:first_half" in summary:
+            print(f"[self-play] {key}: first half {summary[f'{key}:first_half']:.3f}, "
+                  f"second half {summary[f'{key}:second_half']:.3f}", flush=True)  # fmt: skip
     print(
         f"\n[done] {len(rewards)} steps; mean reward of the first {k} steps {first:.3f}, of the last {k} "
         f"{last:.3f} (gain {last - first:+.3f}). Run directory: {plan.run_dir}",
@@ -122,3 +150,15 @@ def _summarise(history: list[dict], plan: RunPlan) -> int:
         flush=True,
     )
     return 0
+
+
+def _selfplay_halves(history: list[dict]) -> dict:
+    """Means of the self-play curves over the first and second half of the run (the demo's yardstick)."""
+    out = {}
+    half = len(history) // 2
+    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean"):
+        if half and key in history[0]:
+            values = [h[key] for h in history]
+            out[f"{key}:first_half"] = sum(values[:half]) / half
+            out[f"{key}:second_half"] = sum(values[half:]) / (len(values) - half)
+    return out

@@ -51,6 +51,19 @@ EMBEDDED_DEFAULTS = {
     "reward_num_gpus_per_node": 1,
     "max_samples": 32 * 700,  # 700 RL steps, ~5 minutes on 2 cores
 }
+# With --absolute_zero the embedded default trains self-play on the arithmetic task: 16 seed prompts x 4
+# questions x 8 solver samples per round; at most 16 x 8 solver and 16 x 4 proposer rows are trained.
+# group scope: with the reference design's `sampled` scope the proposer is rewarded 1.0 for nearly every
+# prompt (most resolve within the re-proposal budget) and measurably learned nothing in 20-step runs; the
+# longer warm start gives the solver enough skill that some questions are learnable from the start.
+SELFPLAY_EMBEDDED_DEFAULTS = {
+    **EMBEDDED_DEFAULTS,
+    "rollout_batch_size": 16,
+    "train_batch_size": 256,
+    "proposer_train_scope": "group",
+    "sft_warmup_steps": 400,
+    "max_samples": 16 * 300,  # 300 steps, ~4 minutes on 2 cores
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,10 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     given = given_dests(parser, argv)
     args.embedded_default = args.pretrain is None and args.prompt_data is None
     if args.embedded_default:
-        for dest, value in EMBEDDED_DEFAULTS.items():
+        defaults = SELFPLAY_EMBEDDED_DEFAULTS if args.absolute_zero else EMBEDDED_DEFAULTS
+        for dest, value in defaults.items():
             if dest not in given:
                 setattr(args, dest, value)
-    problem = unsupported_flag(args, parser) or invalid_combination(args)
+    problem = unsupported_flag(args, parser) or invalid_combination(args) or invalid_selfplay(args)
     if problem:
         parser.error(problem)
     finalize(args)
@@ -105,7 +119,8 @@ def invalid_combination(args) -> str | None:
             f"--advantage_estimator {args.advantage_estimator} needs --gamma 1, got {args.gamma}",
         ),
         (
-            (args.rollout_batch_size * args.n_samples_per_prompt) % args.train_batch_size == 0,
+            args.absolute_zero  # self-play batches vary in size: cut into near-equal mini-batches
+            or (args.rollout_batch_size * args.n_samples_per_prompt) % args.train_batch_size == 0,
             f"--rollout_batch_size x --n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt} "
             f"samples per step must be a multiple of --train_batch_size {args.train_batch_size}",
         ),
@@ -115,7 +130,7 @@ def invalid_combination(args) -> str | None:
             f"{args.micro_train_batch_size} x {world} policy ranks",
         ),
         (
-            args.prompt_data is None or args.remote_rm_url or args.reward_pretrain,
+            args.prompt_data is None or args.remote_rm_url or args.reward_pretrain or args.absolute_zero,
             "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR",
         ),
         (not (args.remote_rm_url and args.reward_pretrain), "give --remote_rm_url or --reward_pretrain, not both"),
@@ -123,6 +138,26 @@ def invalid_combination(args) -> str | None:
             not args.colocate_all_models
             or (args.vllm_tensor_parallel_size == 1 and (args.vllm_num_engines or 1) <= world),
             "--colocate_all_models needs --vllm_tensor_parallel_size 1 and at most one engine per policy rank",
+        ),
+    ]
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+def invalid_selfplay(args) -> str | None:
+    """The first problem with the self-play flags, or None."""
+    if not args.absolute_zero:
+        return None
+    checks = [
+        (args.n_questions_per_prompt >= 1, f"--n_questions_per_prompt must be >= 1, got {args.n_questions_per_prompt}"),
+        (args.max_repropose_attempts >= 0, f"--max_repropose_attempts must be >= 0, got {args.max_repropose_attempts}"),
+        (
+            args.n_samples_per_prompt >= 2,
+            "--absolute_zero judges learnability from several solver responses: --n_samples_per_prompt must be "
+            f">= 2, got {args.n_samples_per_prompt}",
+        ),
+        (
+            not (args.remote_rm_url or args.reward_pretrain),
+            "--absolute_zero scores with its task: drop --remote_rm_url / --reward_pretrain",
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)

@@ -104,6 +104,8 @@ def logical_cpus(args) -> int:
         n += args.ref_num_nodes * args.ref_num_gpus_per_node
     if args.needs_critic:
         n += args.critic_num_nodes * args.critic_num_gpus_per_node
+    if args.absolute_zero and args.selfplay_judge_pretrain:
+        n += 1
     return n + 2
 
 
@@ -178,7 +180,7 @@ def release_groups(groups: dict) -> None:
     """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
     from ray.util import remove_placement_group
 
-    owned = [a for key in ("policy", "reference", "critic") for a in (groups.get(key) or [])]
+    owned = [a for key in ("policy", "reference", "critic", "judge") for a in (groups.get(key) or [])]
     if groups.get("owned_engines"):
         owned += groups["engines"]
     for actor in owned:
@@ -197,6 +199,36 @@ def reward_function(args, plan, use_gpu: bool):
     return load_reward_func(plan.reward_source)
 
 
+def selfplay_maker(args, groups, maker_args: tuple, use_gpu: bool):
+    """The Absolute-Zero experience maker, with its task, weights and (optionally) a judge engine."""
+    from reinforce_pro.selfplay.controller import SelfPlayConfig
+    from reinforce_pro.selfplay.experience_maker import SelfPlayExperienceMaker
+    from reinforce_pro.selfplay.tasks import load_task
+
+    task = load_task(args.selfplay_task, args.selfplay_task_path)
+    flag_weights = {"safety": args.safety_reward_weight, "completion": args.task_completion_weight}
+    cfg = SelfPlayConfig(
+        n_questions_per_prompt=args.n_questions_per_prompt,
+        n_samples_per_prompt=args.n_samples_per_prompt,
+        max_repropose_attempts=args.max_repropose_attempts,
+        proposer_train_scope=args.proposer_train_scope,
+        weights={d: flag_weights.get(d, w) for d, w in task.weights.items()},
+        format_reward_coef=args.format_reward_coef,
+        proposer_reward_coef=args.proposer_reward_coef,
+    )
+    judge = None
+    if args.selfplay_judge_pretrain:
+        judge_cfg = EngineConfig(
+            model_path=args.selfplay_judge_pretrain, dtype=engine_dtype(args), seed=args.seed,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=args.max_len,
+            cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
+        )  # fmt: skip
+        options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0}
+        judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0)]
+        groups["judge"] = judge
+    return SelfPlayExperienceMaker(*maker_args, task=task, selfplay=cfg, seed=args.seed, judge_engines=judge)
+
+
 def build_and_fit(args, plan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
     (the end-to-end tests) share already-started rollout engines."""
@@ -208,10 +240,13 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     groups = build_groups(args, plan, use_gpu, total_steps, engines)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
-    maker = ExperienceMaker(
-        groups["engines"], groups["policy"], groups["reference"], groups["critic"],
-        reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl,
-    )  # fmt: skip
+    maker_args = (groups["engines"], groups["policy"], groups["reference"], groups["critic"])
+    if args.absolute_zero:
+        maker_args += (None, tokenizer, rollout_config(args), kl_ctl)
+        maker = selfplay_maker(args, groups, maker_args, use_gpu)
+    else:
+        maker_args += (reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl)
+        maker = ExperienceMaker(*maker_args)
     logger = MetricsLogger(plan.run_dir, args.use_tensorboard)
     loop = LoopConfig(
         num_episodes=args.num_episodes,

@@ -80,17 +80,24 @@ class ExperienceMaker:
         n = self.cfg.n_samples_per_prompt
         prompt_ids = [encode_prompt(self.tokenizer, item["prompt"], self.cfg.prompt_max_len) for item in batch]
         prompt_ids = [ids for ids in prompt_ids for _ in range(n)]
-        chunk = math.ceil(len(prompt_ids) / len(self.engines))
-        refs = [
-            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling_params(self.cfg))
-            for i, engine in enumerate(self.engines)
-            if prompt_ids[i * chunk : (i + 1) * chunk]
-        ]
-        generations = [g for part in ray.get(refs) for g in part]
+        generations = self.sample(prompt_ids)
         prompts = [item["prompt"] for item in batch for _ in range(n)]
         labels = [item["label"] for item in batch for _ in range(n)]
         index = torch.arange(len(batch)).repeat_interleave(n)
         return self._to_samples(prompt_ids, generations, prompts, labels, index)
+
+    def sample(self, prompt_ids: list[list[int]], sampling: dict | None = None, engines=None) -> list[Generation]:
+        """One response per prompt, in order, the prompts split evenly over `engines` (the rollout engines
+        by default), sampled with `sampling` (the rollout's sampling_params by default)."""
+        engines = engines or self.engines
+        sampling = sampling or sampling_params(self.cfg)
+        chunk = math.ceil(len(prompt_ids) / len(engines))
+        refs = [
+            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling)
+            for i, engine in enumerate(engines)
+            if prompt_ids[i * chunk : (i + 1) * chunk]
+        ]
+        return [g for part in ray.get(refs) for g in part]
 
     def _to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
         pad = self.tokenizer.pad_token_id
@@ -125,7 +132,7 @@ class ExperienceMaker:
         old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t)
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
-        reward = self.rewards(samples)
+        reward = samples.rewards or self.rewards(samples)
         rewards = reward.rewards
         if self.cfg.normalize_reward:
             self.reward_moments.update(rewards)
@@ -135,33 +142,44 @@ class ExperienceMaker:
             if ref_lp is not None
             else None
         )
-        inp = AdvantageInputs(
-            rewards=rewards,
-            action_mask=samples.action_mask,
-            group_size=self.cfg.n_samples_per_prompt,
-            kl=kl,
-            kl_coef=0.0 if self.cfg.use_kl_loss else self.kl_ctl.value,
-            values=values,
-            gamma=self.cfg.gamma,
-            lambd=self.cfg.lambd,
-            std_norm=self.cfg.std_norm,
-            reward_clip_range=self.cfg.reward_clip_range,
-        )
-        advantages, returns = compute_advantages(self.cfg.advantage_estimator, inp)
+        advantages, returns = self.advantages(samples, rewards, kl, values)
         exp = Experience(
             sequences=seq,
             attention_mask=attn,
             action_mask=samples.action_mask,
             old_log_probs=old_lp,
             rollout_log_probs=samples.rollout_log_probs,
-            advantages=advantages.float(),
-            returns=returns.float(),
+            advantages=advantages,
+            returns=returns,
             rewards=rewards,
             ref_log_probs=ref_lp,
             values=values,
             info={"score": reward.scores},
         )
-        return exp, self._metrics(samples, reward, old_lp, kl)
+        return exp, {**self._metrics(samples, reward, old_lp, kl), **samples.metrics}
+
+    def advantages(self, samples: Samples, rewards, kl, values) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) advantages and returns, computed separately for each of samples.advantage_segments (self-play
+        keeps solver groups and proposer samples apart), by default the whole batch as one segment."""
+        segments = samples.advantage_segments or [(0, len(rewards), self.cfg.n_samples_per_prompt)]
+        advantages = torch.zeros(samples.action_mask.shape, dtype=torch.float32)
+        returns = torch.zeros_like(advantages)
+        for start, end, group_size in segments:
+            rows = slice(start, end)
+            inp = AdvantageInputs(
+                rewards=rewards[rows],
+                action_mask=samples.action_mask[rows],
+                group_size=group_size,
+                kl=kl[rows] if kl is not None else None,
+                kl_coef=0.0 if self.cfg.use_kl_loss else self.kl_ctl.value,
+                values=values[rows] if values is not None else None,
+                gamma=self.cfg.gamma,
+                lambd=self.cfg.lambd,
+                std_norm=self.cfg.std_norm,
+                reward_clip_range=self.cfg.reward_clip_range,
+            )
+            advantages[rows], returns[rows] = compute_advantages(self.cfg.advantage_estimator, inp)
+        return advantages, returns
 
     def _metrics(self, samples: Samples, reward: RewardOutput, old_lp, kl) -> dict[str, float]:
         lengths = samples.action_mask.sum(-1).float()

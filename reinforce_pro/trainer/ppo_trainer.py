@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -90,15 +91,15 @@ class PPOTrainer:
             self.logger.log(step, metrics)
 
     def train(self, exp: Experience, step: int) -> dict[str, float]:
-        """`max_epochs` passes over the rollout batch in shuffled mini-batches of train_batch_size."""
+        """`max_epochs` passes over the rollout batch in shuffled mini-batches of about train_batch_size
+        (self-play batches vary in size: they are cut into ceil(rows / train_batch_size) equal parts)."""
         gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + step)
         train_policy = step > self.cfg.freezing_actor_steps
         history = []
         for _ in range(self.cfg.max_epochs):
             order = torch.randperm(len(exp), generator=gen)
-            for start in range(0, len(exp), self.cfg.train_batch_size):
-                mini = exp.select(order[start : start + self.cfg.train_batch_size])
-                history.append(self._train_minibatch(mini, train_policy))
+            for rows in torch.tensor_split(order, math.ceil(len(exp) / self.cfg.train_batch_size)):
+                history.append(self._train_minibatch(exp.select(rows), train_policy))
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
 
     def _train_minibatch(self, mini: Experience, train_policy: bool) -> dict[str, float]:
@@ -108,11 +109,11 @@ class PPOTrainer:
         refs = []
         for group in groups:
             shards = torch.tensor_split(torch.arange(len(mini)), len(group))
+            # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
+            num_micro = math.ceil(len(shards[0]) / self.cfg.micro_train_batch_size)
             refs.append(
                 [
-                    actor.train_minibatch.remote(
-                        split_experience(mini.select(idx), self.cfg.micro_train_batch_size), tokens, seqs
-                    )
+                    actor.train_minibatch.remote(split_experience(mini.select(idx), num_micro), tokens, seqs)
                     for actor, idx in zip(group, shards, strict=True)
                 ]
             )

@@ -51,7 +51,8 @@ class CriticWorker:
     def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
         self.engine.train()
         dev, history = device(), []
-        for exp in micro_batches:
+        for i, exp in enumerate(micro_batches):
+            self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)  # see PolicyWorker
             values = self.engine(exp.sequences.to(dev), exp.attention_mask.to(dev), exp.num_actions)
             loss, metrics = self.loss_fn(
                 values,

@@ -86,7 +86,9 @@ class PolicyWorker:
         """
         self.engine.train()
         history = []
-        for exp in micro_batches:
+        for i, exp in enumerate(micro_batches):
+            # the optimizer steps after the last micro-batch, however many there are (self-play varies it)
+            self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
             history.append(self._micro_step(exp, global_tokens, global_seqs))
         return optimizer_step_stats(self.engine, history, "policy")
 

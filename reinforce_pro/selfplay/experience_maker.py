@@ -1,0 +1,66 @@
+"""The Absolute-Zero experience maker: one batch of seed prompts -> proposer and solver samples with their
+rewards, as one `Samples` batch that the ordinary make_experience turns into one joint update.
+
+Rows are ordered solver groups first (rollout_n consecutive rows per kept question), then proposer rows;
+`advantage_segments` tells make_experience to compute each role's advantages on its own (docs/selfplay.md).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from reinforce_pro.experience import Samples
+from reinforce_pro.rewards.loader import RewardOutput
+from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
+from reinforce_pro.selfplay.tasks import SelfPlayTask
+from reinforce_pro.trainer.experience_maker import ExperienceMaker, encode_prompt
+
+JUDGE_MAX_TOKENS = 8
+
+
+class SelfPlayExperienceMaker(ExperienceMaker):
+    def __init__(self, *args, task: SelfPlayTask, selfplay: SelfPlayConfig, seed: int, judge_engines=None):
+        """args: ExperienceMaker's. judge_engines: engines that serve the task's `llm` scorers (greedy);
+        None uses the rollout engines, i.e. the current policy judges."""
+        super().__init__(*args)
+        self.task = task
+        self.judge_engines = judge_engines
+        self.controller = SelfPlayController(task, selfplay, self.generate_texts, self.judge)
+        self.rng = random.Random(seed)
+
+    def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
+        """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation)."""
+        ids = [encode_prompt(self.tokenizer, p, self.cfg.prompt_max_len) for p in prompts]
+        generations = self.sample(ids, sampling, engines)
+        texts = self.tokenizer.batch_decode(
+            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        return [Rollout(p, t, (i, g)) for p, t, i, g in zip(prompts, texts, ids, generations, strict=True)]
+
+    def judge(self, prompts: list[str]) -> list[str]:
+        """Greedy completions of the judge model, for tasks whose scorers are `llm`."""
+        sampling = {"temperature": 0.0, "max_tokens": JUDGE_MAX_TOKENS, "skip_special_tokens": True}
+        return [r.text for r in self.generate_texts(prompts, sampling, self.judge_engines)]
+
+    def generate(self, batch: list[dict]) -> Samples:
+        """`batch`: seed records. Runs the whole self-play step (with re-proposals) and returns its
+        training rows, already scored."""
+        result = self.controller.step(batch, self.rng)
+        rows = result.samples
+        prompt_ids = [s.rollout.generation[0] for s in rows]
+        generations = [s.rollout.generation[1] for s in rows]
+        index = torch.zeros(len(rows), dtype=torch.long)
+        for k, (start, end, _) in enumerate(result.segments):
+            index[start:end] = k
+        samples = self._to_samples(prompt_ids, generations, [s.rollout.prompt for s in rows], [None] * len(rows), index)
+        is_proposer = torch.tensor([float(s.role == "proposer") for s in rows])
+        samples.rewards = RewardOutput(
+            rewards=torch.tensor([s.reward for s in rows], dtype=torch.float32),
+            scores=torch.tensor([s.score for s in rows], dtype=torch.float32),
+            extra_logs={"proposer_frac": is_proposer},
+        )
+        samples.advantage_segments = result.segments
+        samples.metrics = result.metrics
+        return samples
