@@ -111,6 +111,11 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
             id="az-rollout-n",
         ),
         pytest.param(["--absolute_zero", "--remote_rm_url", "r.py"], "scores with its task", id="az-reward"),
+        pytest.param(
+            ["--absolute_zero", "--n_questions_per_prompt", "1"],
+            "compares proposer rows within a group of 1 (--n_questions_per_prompt)",
+            id="az-proposer-group",
+        ),
     ],
 )
 def test_bad_flag_values_exit_2_with_one_line(argv, message, capsys):

@@ -237,3 +237,37 @@ def test_no_reproposal_with_zero_attempts():
     assert sum(c[0].startswith("[") for c in engine.calls) == 1
     assert batch.metrics["repropose/final_non_learnable"] == 2
     assert [s.reward for s in batch.samples if s.role == "proposer"] == [1.0, -0.5, -0.5]
+
+
+# ---------------------------------------------------------------------------------------------- joint batch
+
+
+def test_advantages_are_computed_per_segment():
+    """Solver groups of 4 and a proposer group of 3 in one batch: each segment's advantages are those of
+    the estimator run on that segment alone (no whitening across roles)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ray")
+    from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
+    from reinforce_pro.algos.kl import build_kl_controller
+    from reinforce_pro.experience import Samples
+    from reinforce_pro.trainer.experience_maker import ExperienceMaker, RolloutConfig
+
+    cfg = RolloutConfig(n_samples_per_prompt=4, advantage_estimator="reinforce_baseline", reward_clip_range=None)
+    maker = ExperienceMaker([], [], None, None, None, None, cfg, build_kl_controller(0.0, None, 1))
+    gen = torch.Generator().manual_seed(0)
+    b, t = 11, 5
+    mask = torch.rand(b, t, generator=gen) > 0.2
+    mask[:, 0] = True
+    rewards = torch.randn(b, generator=gen, dtype=torch.float64).float()
+    segments = [(0, 4, 4), (4, 8, 4), (8, 11, 3)]
+    samples = Samples(
+        torch.zeros(b, t + 2, dtype=torch.long), torch.ones(b, t + 2, dtype=torch.long), mask,
+        torch.zeros(b, t), [""] * b, [""] * b, [None] * b, torch.zeros(b, dtype=torch.long),
+        torch.zeros(b, dtype=torch.bool), advantage_segments=segments,
+    )  # fmt: skip
+    adv, ret = maker.advantages(samples, rewards, None, None)
+    for start, end, g in segments:
+        inp = AdvantageInputs(rewards=rewards[start:end], action_mask=mask[start:end], group_size=g)
+        want_adv, want_ret = compute_advantages("reinforce_baseline", inp)
+        torch.testing.assert_close(adv[start:end], want_adv.float(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(ret[start:end], want_ret.float(), rtol=0, atol=1e-6)

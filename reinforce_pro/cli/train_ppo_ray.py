@@ -147,6 +147,10 @@ def invalid_selfplay(args) -> str | None:
     """The first problem with the self-play flags, or None."""
     if not args.absolute_zero:
         return None
+    # proposer rows form one group per step (sampled scope) or one per prompt (group scope)
+    sampled = args.proposer_train_scope == "sampled"
+    proposer_group = args.rollout_batch_size if sampled else args.n_questions_per_prompt
+    group_flag = "--rollout_batch_size" if sampled else "--n_questions_per_prompt"
     checks = [
         (args.n_questions_per_prompt >= 1, f"--n_questions_per_prompt must be >= 1, got {args.n_questions_per_prompt}"),
         (args.max_repropose_attempts >= 0, f"--max_repropose_attempts must be >= 0, got {args.max_repropose_attempts}"),
@@ -158,6 +162,11 @@ def invalid_selfplay(args) -> str | None:
         (
             not (args.remote_rm_url or args.reward_pretrain),
             "--absolute_zero scores with its task: drop --remote_rm_url / --reward_pretrain",
+        ),
+        (
+            args.advantage_estimator not in GROUP_ESTIMATORS or proposer_group >= 2,
+            f"--advantage_estimator {args.advantage_estimator} compares proposer rows within a group of "
+            f"{proposer_group} ({group_flag}): it must be >= 2",
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
