@@ -39,6 +39,40 @@ class Samples:
         return self.action_mask.size(1)
 
 
+def concat_samples(parts: list[Samples]) -> Samples:
+    """One Samples from several (dynamic filtering keeps groups from several rounds): prompts re-padded on
+    the left to the longest prompt, responses on the right to the longest response; prompt_index
+    renumbered so that groups stay distinct; precomputed rewards concatenated."""
+    p_len = max(s.sequences.size(1) - s.num_actions for s in parts)
+    t_len = max(s.num_actions for s in parts)
+
+    def pad(x: torch.Tensor, left: int, right: int, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (left, right), value=value)
+
+    seqs, attn, masks, lps, index, offset = [], [], [], [], [], 0
+    for s in parts:
+        left, right = p_len - (s.sequences.size(1) - s.num_actions), t_len - s.num_actions
+        seqs.append(pad(s.sequences, left, right, 0))  # under attention_mask 0: never attended or trained
+        attn.append(pad(s.attention_mask, left, right, 0))
+        masks.append(pad(s.action_mask, 0, right, False))
+        lps.append(pad(s.rollout_log_probs, 0, right, 0.0))
+        index.append(s.prompt_index + offset)
+        offset += int(s.prompt_index.max()) + 1 if len(s.prompt_index) else 0
+    rewards = None
+    if all(s.rewards is not None for s in parts):
+        rewards = RewardOutput(
+            torch.cat([s.rewards.rewards for s in parts]),
+            torch.cat([s.rewards.scores for s in parts]),
+            {k: torch.cat([s.rewards.extra_logs[k] for s in parts]) for k in parts[0].rewards.extra_logs},
+        )
+    return Samples(
+        torch.cat(seqs), torch.cat(attn), torch.cat(masks), torch.cat(lps),
+        [p for s in parts for p in s.prompts], [r for s in parts for r in s.responses],
+        [label for s in parts for label in s.labels], torch.cat(index), torch.cat([s.truncated for s in parts]),
+        rewards=rewards,
+    )  # fmt: skip
+
+
 @dataclass
 class Experience:
     """One micro-batch ready for training."""

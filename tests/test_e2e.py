@@ -5,7 +5,13 @@ builds its own policy / critic / reference actors through the real `build_and_fi
 policy into the shared engine before the first step.
 """
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +27,7 @@ from reinforce_pro.cli.wiring import build_and_fit  # noqa: E402
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine  # noqa: E402
+from reinforce_pro.trainer.checkpoint import find_latest, load_state  # noqa: E402
 from reinforce_pro.trainer.logger import read_metrics  # noqa: E402
 from reinforce_pro.workers.launcher import start_ray  # noqa: E402
 
@@ -289,3 +296,87 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model):
         ]
         assert specific and [k for k in specific if f"`{k}`" not in doc] == []
     assert any(row["unified_filter/num_sampled"] > 0 for row in read_metrics(plan.run_dir / "metrics.jsonl"))
+
+
+# ------------------------------------------------------------------ running it for real (issue 6)
+
+HELD_OUT = "".join(f'{{"input": "{a}+{b}=", "label": "{a + b}"}}\n' for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)])
+
+
+def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_model, digit_reward, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(HELD_OUT)
+    ckpt = tmp_path / "ckpt"
+    args, plan, history = run(
+        ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--label_key", "label",
+         "--eval_dataset", str(held_out), "--eval_steps", "2", "--eval_before_training",
+         "--eval_n_samples_per_prompt", "3", "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.05", "0.95",
+         "--use_wandb", "offline", "--wandb_project", "e2e", "--samples_log_steps", "2",
+         "--save_steps", "1", "--ckpt_path", str(ckpt), "--max_ckpt_num", "2", "--save_hf_ckpt"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before training
+    for r in (rows[0], rows[2]):
+        assert r["eval/held_out/num_prompts"] == 4 and 0.0 <= r["eval/held_out/pass@3"] <= 1.0
+        assert r["eval/held_out/pass@3"] >= r["eval/held_out/score_mean"]
+    for r in rows[1:]:
+        assert 0 < r["dynamic_filtering/pass_rate"] <= 1
+        assert (
+            r["dynamic_filtering/groups_kept"] <= 8
+            and r["rollout/num_samples"] == 4 * r["dynamic_filtering/groups_kept"]
+        )
+    consumed = [json.loads(line) for line in (plan.run_dir / "consumed.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in consumed] == [1, 2, 3]
+    assert all(len(c["prompts"]) >= 8 for c in consumed)  # top-ups consume more than a batch
+    samples = [json.loads(line) for line in (plan.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {2} and all(isinstance(s["reward"], float) for s in samples)
+    assert list((plan.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    # checkpoints: the newest two of three, each complete, latest names the last
+    assert [d.name for d in sorted(ckpt.glob("global_step*"))] == ["global_step2", "global_step3"]
+    assert (ckpt / "latest").read_text().strip() == "global_step3"
+    assert (ckpt / "global_step3" / "policy_hf" / "config.json").is_file()
+    state = json.loads((ckpt / "global_step3" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and state["loader"]["position"] == sum(len(c["prompts"]) for c in consumed)
+
+
+RESUME_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "1", "--max_samples", "40",
+               "--max_ckpt_num", "5", "--seed", "5"]  # fmt: skip
+
+
+def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine, tiny_model, digit_reward):
+    """A run killed with SIGKILL during step 3 and resumed with --load_checkpoint trains on exactly the
+    prompts of an uninterrupted run with the same seed, steps continuing and metrics appended."""
+    argv = RESUME_ARGS + ["--remote_rm_url", digit_reward]
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    _, ref_plan, _ = run(argv + ["--ckpt_path", str(tmp_path / "ref_ckpt")], reference_dir, engine, tiny_model)
+    want = (ref_plan.run_dir / "consumed.jsonl").read_text()
+
+    run_dir, ckpt = tmp_path / "killed" / "run", tmp_path / "killed_ckpt"
+    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *BASE_ARGS, *argv, "--pretrain", tiny_model,
+           "--save_path", str(run_dir), "--ckpt_path", str(ckpt)]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _rows(run_dir / "consumed.jsonl") >= 3:  # step 3 has taken its prompts: it is mid-step
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = find_latest(ckpt)
+    assert killed_at is not None and load_state(killed_at)["step"] in (2, 3)
+
+    resume_dir = tmp_path / "killed"
+    args, plan, history = run(argv + ["--ckpt_path", str(ckpt), "--load_checkpoint"], resume_dir, engine, tiny_model)
+    assert history[0]["step"] == load_state(killed_at)["step"] + 1
+    assert (plan.run_dir / "consumed.jsonl").read_text() == want
+    assert [r["step"] for r in read_metrics(plan.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0

@@ -15,9 +15,6 @@ from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
 
-PLANNED_CKPT = "checkpoints and resume are planned (issue: running it for real)"
-PLANNED_LOGGING = "wandb, evaluation and dynamic filtering are planned (issue: running it for real)"
-
 # dest -> why it is not supported. Checked only when the value differs from the default.
 UNSUPPORTED: dict[str, str] = {
     "vllm_enable_sleep": "engines are not put to sleep between phases",
@@ -26,19 +23,8 @@ UNSUPPORTED: dict[str, str] = {
     "async_train": "training is synchronous (generate, then train)",
     "partial_rollout": "needs asynchronous training",
     "async_queue_size": "needs asynchronous training",
-    "save_steps": PLANNED_CKPT,
-    "load_checkpoint": PLANNED_CKPT,
-    "save_hf_ckpt": PLANNED_CKPT,
-    "disable_ds_ckpt": PLANNED_CKPT,
-    "max_ckpt_num": PLANNED_CKPT,
-    "max_ckpt_mem": PLANNED_CKPT,
-    "best_metric_key": PLANNED_CKPT,
-    "ckpt_path": PLANNED_CKPT,
-    "use_ds_universal_ckpt": PLANNED_CKPT,
-    "eval_steps": PLANNED_LOGGING,
-    "eval_dataset": PLANNED_LOGGING,
-    "use_wandb": PLANNED_LOGGING,
-    "dynamic_filtering": PLANNED_LOGGING,
+    "best_metric_key": "checkpoints are kept by recency (--max_ckpt_num / --max_ckpt_mem), not by a metric",
+    "use_ds_universal_ckpt": "resume needs the same number of policy ranks (no universal-checkpoint conversion)",
     "deepcompile": "DeepSpeed compile is not wired in",
     "enable_ema": "no EMA copy of the policy is kept",
     "zpg": "ZeRO++ hierarchical partitioning is not wired in",
@@ -159,15 +145,42 @@ def _add_vllm(p) -> None:
 
 def _add_checkpoint_logging(p) -> None:
     g = p.add_argument_group("checkpoints, evaluation, logging")
-    g.add_argument("--eval_steps", type=int, default=-1, help="evaluate every N steps (-1: never)")
-    g.add_argument("--save_steps", type=int, default=-1, help="checkpoint every N steps (-1: never)")
-    g.add_argument("--logging_steps", type=int, default=1, help="write TensorBoard every N steps (jsonl: every step)")
-    g.add_argument("--ckpt_path", type=str, default="./ckpt/checkpoints_ppo_ray", help="checkpoint directory")
-    g.add_argument("--save_hf_ckpt", action="store_true", help="also save HF weights in checkpoints")
-    g.add_argument("--disable_ds_ckpt", action="store_true", help="skip DeepSpeed states in checkpoints")
-    g.add_argument("--max_ckpt_num", type=int, default=3, help="keep at most N checkpoints")
-    g.add_argument("--max_ckpt_mem", type=float, default=float("inf"), help="keep at most this many GB of checkpoints")
-    g.add_argument("--load_checkpoint", action="store_true", help="resume from the latest checkpoint")
+    g.add_argument("--eval_steps", type=int, default=-1, help="evaluate on --eval_dataset every N steps (-1: never)")
+    g.add_argument(
+        "--eval_before_training", action="store_true", help="[reinforce_pro] evaluate once before the first step"
+    )
+    g.add_argument("--save_steps", type=int, default=-1, help="checkpoint every N steps under --ckpt_path (-1: never)")
+    g.add_argument(
+        "--logging_steps",
+        type=int,
+        default=1,
+        help="log metrics (TensorBoard, wandb) every N steps (jsonl: every step)",
+    )
+    g.add_argument(
+        "--samples_log_steps",
+        type=int,
+        default=0,
+        help="[reinforce_pro] write a prompt / response / reward table (samples.jsonl, wandb) every N steps (0: never)",
+    )
+    g.add_argument(
+        "--ckpt_path",
+        type=str,
+        default="./ckpt/checkpoints_ppo_ray",
+        help="directory of the global_step<N> checkpoints",
+    )
+    g.add_argument("--save_hf_ckpt", action="store_true", help="also save the policy as an HF model in each checkpoint")
+    g.add_argument(
+        "--disable_ds_ckpt", action="store_true", help="skip DeepSpeed states in checkpoints (then no resume from them)"
+    )
+    g.add_argument("--max_ckpt_num", type=int, default=3, help="keep the newest N checkpoints")
+    g.add_argument(
+        "--max_ckpt_mem", type=float, default=float("inf"), help="delete the oldest checkpoints beyond this many GB"
+    )
+    g.add_argument(
+        "--load_checkpoint",
+        action="store_true",
+        help="resume from the latest complete checkpoint in --ckpt_path (none there: start from scratch)",
+    )
     g.add_argument("--best_metric_key", type=str, default="", help="metric that picks the best checkpoint")
     g.add_argument("--use_ds_universal_ckpt", action="store_true", help="DeepSpeed universal checkpoints")
     g.add_argument("--use_wandb", type=str, default=None, help="wandb API key (or 'True' with a login)")
@@ -178,9 +191,14 @@ def _add_checkpoint_logging(p) -> None:
     g.add_argument(
         "--use_tensorboard", type=str, default=None, help="TensorBoard log dir (default: <save_path>/tensorboard)"
     )
-    g.add_argument("--dynamic_filtering", action="store_true", help="drop prompt groups with no reward contrast")
     g.add_argument(
-        "--dynamic_filtering_reward_range", type=float, nargs=2, default=(0, 1), help="kept mean-score range"
+        "--dynamic_filtering",
+        action="store_true",
+        help="drop prompt groups whose mean score is not strictly inside --dynamic_filtering_reward_range and top "
+        "the batch up with new prompts",
+    )
+    g.add_argument(
+        "--dynamic_filtering_reward_range", type=float, nargs=2, default=(0, 1), help="LOW HIGH: kept mean scores"
     )
     g.add_argument("--perf", action="store_true", help="print a throughput summary")
 

@@ -126,6 +126,9 @@ def run(args, plan: RunPlan) -> int:
 
 def _summarise(history: list[dict], plan: RunPlan) -> int:
     rewards = [h["rollout/reward_mean"] for h in history]
+    if not rewards:
+        print(f"\n[done] no steps left to run. Run directory: {plan.run_dir}", flush=True)
+        return 0
     k = min(5, len(rewards))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     summary = {

@@ -77,7 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for dest, value in defaults.items():
             if dest not in given:
                 setattr(args, dest, value)
-    problem = unsupported_flag(args, parser) or invalid_combination(args) or invalid_selfplay(args)
+    problem = (
+        unsupported_flag(args, parser) or invalid_combination(args) or invalid_selfplay(args) or invalid_running(args)
+    )
     if problem:
         parser.error(problem)
     finalize(args)
@@ -138,6 +140,32 @@ def invalid_combination(args) -> str | None:
             not args.colocate_all_models
             or (args.vllm_tensor_parallel_size == 1 and (args.vllm_num_engines or 1) <= world),
             "--colocate_all_models needs --vllm_tensor_parallel_size 1 and at most one engine per policy rank",
+        ),
+    ]
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+def invalid_running(args) -> str | None:
+    """The first problem with the checkpoint, evaluation, logging and filtering flags, or None."""
+    low, high = args.dynamic_filtering_reward_range
+    checks = [
+        (args.max_ckpt_num >= 1, f"--max_ckpt_num must be >= 1, got {args.max_ckpt_num}"),
+        (args.max_ckpt_mem > 0, f"--max_ckpt_mem must be > 0, got {args.max_ckpt_mem}"),
+        (args.logging_steps >= 1, f"--logging_steps must be >= 1, got {args.logging_steps}"),
+        (args.eval_n_samples_per_prompt >= 1, "--eval_n_samples_per_prompt must be >= 1"),
+        (args.eval_temperature >= 0, f"--eval_temperature must be >= 0, got {args.eval_temperature}"),
+        (
+            args.eval_dataset or (args.eval_steps <= 0 and not args.eval_before_training),
+            "--eval_steps / --eval_before_training need --eval_dataset",
+        ),
+        (low < high, f"--dynamic_filtering_reward_range must satisfy LOW < HIGH, got {low} {high}"),
+        (
+            not args.absolute_zero or not (args.dynamic_filtering or args.eval_dataset),
+            "--absolute_zero has its own filter (learnability): drop --dynamic_filtering / --eval_dataset",
+        ),
+        (
+            not (args.save_hf_ckpt and args.disable_ds_ckpt and args.save_steps <= 0),
+            "--save_hf_ckpt needs --save_steps",
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)

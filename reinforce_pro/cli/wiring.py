@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
+from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
 from reinforce_pro.trainer.experience_maker import ExperienceMaker, RolloutConfig
-from reinforce_pro.trainer.logger import MetricsLogger
-from reinforce_pro.trainer.ppo_trainer import LoopConfig, PPOTrainer
+from reinforce_pro.trainer.logger import MetricsLogger, WandbConfig
+from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, EvalSet, LoopConfig, PPOTrainer
 from reinforce_pro.workers.base import OptimConfig
 from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.launcher import GroupSpec, create_group, gpus_available, make_placement_group, start_ray
@@ -229,6 +233,71 @@ def selfplay_maker(args, groups, maker_args: tuple, use_gpu: bool):
     return SelfPlayExperienceMaker(*maker_args, task=task, selfplay=cfg, seed=args.seed, judge_engines=judge)
 
 
+def loop_config(args) -> LoopConfig:
+    checkpoints = None
+    if args.save_steps > 0 or args.load_checkpoint:
+        checkpoints = CheckpointConfig(
+            ckpt_path=Path(args.ckpt_path).resolve(),
+            save_steps=args.save_steps,
+            max_ckpt_num=args.max_ckpt_num,
+            max_ckpt_mem=args.max_ckpt_mem,
+            save_hf_ckpt=args.save_hf_ckpt,
+            disable_ds_ckpt=args.disable_ds_ckpt,
+        )
+    return LoopConfig(
+        num_episodes=args.num_episodes,
+        rollout_batch_size=args.rollout_batch_size,
+        train_batch_size=args.train_batch_size,
+        micro_train_batch_size=args.micro_train_batch_size,
+        max_epochs=args.max_epochs,
+        freezing_actor_steps=args.freezing_actor_steps,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        sync_dtype=engine_dtype(args),
+        rollout_staleness=args.rollout_staleness,
+        dynamic_filtering_reward_range=tuple(args.dynamic_filtering_reward_range) if args.dynamic_filtering else None,
+        eval_steps=args.eval_steps,
+        eval_before_training=args.eval_before_training,
+        samples_log_steps=args.samples_log_steps,
+        checkpoints=checkpoints,
+    )
+
+
+def eval_set(args, tokenizer) -> EvalSet | None:
+    """--eval_dataset read like --prompt_data (same keys and template)."""
+    if not args.eval_dataset:
+        return None
+    records = load_records(args.eval_dataset, args.eval_split)
+    spec = PromptSpec(args.input_key, args.label_key, args.input_template, args.apply_chat_template)
+    prompts = build_prompts(records, spec, tokenizer, args.eval_dataset)
+    name = Path(args.eval_dataset).stem
+    return EvalSet(name, prompts, args.eval_n_samples_per_prompt, args.eval_temperature)
+
+
+def wandb_config(args) -> WandbConfig | None:
+    if not args.use_wandb:
+        return None
+    config = {k: v for k, v in vars(args).items() if k != "use_wandb"}  # never the API key
+    return WandbConfig(
+        args.use_wandb, args.wandb_project, args.wandb_group, args.wandb_run_name, args.wandb_org, config
+    )
+
+
+def resume_checkpoint(args, plan) -> Path | None:
+    """With --load_checkpoint: the latest complete checkpoint (None: start from scratch). The run's jsonl
+    files are cut back to its step, so the resumed run appends to them without duplicates."""
+    if not args.load_checkpoint:
+        return None
+    ckpt = find_latest(Path(args.ckpt_path).resolve())
+    if ckpt is None:
+        print(f"[resume] no complete checkpoint in {args.ckpt_path}: starting from scratch", flush=True)
+        return None
+    step = load_state(ckpt)["step"]
+    for name in ("metrics", "consumed", "samples"):
+        truncate_jsonl(plan.run_dir / f"{name}.jsonl", step)
+    return ckpt
+
+
 def build_and_fit(args, plan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
     (the end-to-end tests) share already-started rollout engines."""
@@ -247,26 +316,23 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     else:
         maker_args += (reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl)
         maker = ExperienceMaker(*maker_args)
-    logger = MetricsLogger(plan.run_dir, args.use_tensorboard)
-    loop = LoopConfig(
-        num_episodes=args.num_episodes,
-        rollout_batch_size=args.rollout_batch_size,
-        train_batch_size=args.train_batch_size,
-        micro_train_batch_size=args.micro_train_batch_size,
-        max_epochs=args.max_epochs,
-        freezing_actor_steps=args.freezing_actor_steps,
-        logging_steps=args.logging_steps,
-        seed=args.seed,
-        sync_dtype=engine_dtype(args),
-        rollout_staleness=args.rollout_staleness,
-    )
-    trainer = PPOTrainer(maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop)
+    logger = None
     try:
+        resume_from = resume_checkpoint(args, plan)  # before the logger opens the jsonl files it truncates
+        logger = MetricsLogger(plan.run_dir, args.use_tensorboard, wandb_cfg=wandb_config(args))
+        trainer = PPOTrainer(
+            maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop_config(args),
+            eval_set(args, tokenizer),
+        )  # fmt: skip
+        if resume_from is not None:
+            trainer.restore(resume_from)
+            print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
         history = trainer.fit()
         ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups["policy"]])
         if args.save_value_network and groups["critic"]:
             ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups["critic"]])
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
         release_groups(groups)
     return history

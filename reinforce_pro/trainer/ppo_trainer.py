@@ -8,14 +8,29 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 import torch
 from tqdm import tqdm
 
 from reinforce_pro.experience import Experience, split_experience
+from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
+from reinforce_pro.trainer.dynamic_filter import generate_filtered
+from reinforce_pro.trainer.evaluation import evaluate
 from reinforce_pro.trainer.experience_maker import ExperienceMaker
 from reinforce_pro.trainer.logger import MetricsLogger
+from reinforce_pro.trainer.prompt_loader import PromptLoader
+
+
+@dataclass
+class CheckpointConfig:
+    ckpt_path: Path
+    save_steps: int
+    max_ckpt_num: int = 3
+    max_ckpt_mem: float = float("inf")  # GB
+    save_hf_ckpt: bool = False
+    disable_ds_ckpt: bool = False
 
 
 @dataclass
@@ -30,6 +45,19 @@ class LoopConfig:
     seed: int = 42
     sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
     rollout_staleness: int = 0  # engines sample with the policy of this many steps ago
+    dynamic_filtering_reward_range: tuple[float, float] | None = None  # None: no dynamic filtering
+    eval_steps: int = -1  # evaluate every N steps (-1: never)
+    eval_before_training: bool = False
+    samples_log_steps: int = 0  # write a (prompt, response, reward) table every N steps (0: never)
+    checkpoints: CheckpointConfig | None = None  # None: no checkpoints
+
+
+@dataclass
+class EvalSet:
+    name: str
+    prompts: list[dict]  # [{"prompt", "label"}]
+    n_samples: int
+    temperature: float
 
 
 @contextmanager
@@ -41,54 +69,125 @@ def timed(timings: dict[str, float], phase: str):
 
 class PPOTrainer:
     def __init__(
-        self, maker: ExperienceMaker, policy, critic, engines, prompts, logger: MetricsLogger, cfg: LoopConfig
-    ):
+        self, maker: ExperienceMaker, policy, critic, engines, prompts, logger: MetricsLogger, cfg: LoopConfig,
+        eval_set: EvalSet | None = None,
+    ):  # fmt: skip
         self.maker, self.policy, self.critic, self.engines = maker, policy, critic, engines
-        self.prompts, self.logger, self.cfg = prompts, logger, cfg
+        self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
+        self.loader = PromptLoader(prompts, cfg.rollout_batch_size, cfg.num_episodes, cfg.seed)
+        self.step = 0  # completed steps (restored by resume)
         self.history: list[dict[str, float]] = []
         # Weight versions in the object store, newest last; the engines get the one `rollout_staleness` old.
         self.versions: deque = deque(maxlen=cfg.rollout_staleness + 1)
 
-    def steps_per_episode(self) -> int:
-        return len(self.prompts) // self.cfg.rollout_batch_size
-
-    def batches(self):
-        rng = random.Random(self.cfg.seed)
-        for _ in range(self.cfg.num_episodes):
-            order = list(range(len(self.prompts)))
-            rng.shuffle(order)
-            size = self.cfg.rollout_batch_size
-            for start in range(0, self.steps_per_episode() * size, size):
-                yield [self.prompts[i] for i in order[start : start + size]]
-
     def fit(self) -> list[dict[str, float]]:
-        total = self.steps_per_episode() * self.cfg.num_episodes
         self.sync_weights()  # engines start from the policy's weights even if they served another run before
-        bar = tqdm(total=total, desc="RL steps", dynamic_ncols=True)
-        for step, batch in enumerate(self.batches(), start=1):
-            timings: dict[str, float] = {}
+        if self.eval_set and self.cfg.eval_before_training and self.step == 0:
+            self.logger.log(0, self.evaluate())
+        bar = tqdm(total=self.loader.steps(), initial=self.step, desc="RL steps", dynamic_ncols=True)
+        while not self.loader.exhausted():
+            step, timings = self.step + 1, {}
             with timed(timings, "step"):
                 with timed(timings, "generate"):
-                    samples = self.maker.generate(batch)
+                    samples, metrics = self.next_samples(step)
+                if samples is None:
+                    break  # the prompt stream ran out while topping up a filtered batch
                 with timed(timings, "make_experience"):
-                    experience, metrics = self.maker.make_experience(samples)
+                    experience, exp_metrics = self.maker.make_experience(samples)
                 with timed(timings, "train"):
+                    metrics.update(exp_metrics)
                     metrics.update(self.train(experience, step))
                 with timed(timings, "weight_sync"):
                     self.sync_weights()
+            if self.eval_set and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
+                with timed(timings, "eval"):
+                    metrics.update(self.evaluate())
             metrics.update(timings)
             metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
-            self.record(step, metrics)
+            self.step = step
+            self.record(step, metrics, samples, experience.rewards)
+            self.maybe_save(step)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", step_s=f"{timings['time/step']:.1f}")
         bar.close()
         return self.history
 
-    def record(self, step: int, metrics: dict[str, float]) -> None:
+    def next_samples(self, step: int):
+        """The step's rollout: a batch from the prompt stream (topped up under dynamic filtering)."""
+        batch = self.loader.take(self.cfg.rollout_batch_size)
+        if len(batch) < self.cfg.rollout_batch_size:
+            return None, {}
+        if self.cfg.dynamic_filtering_reward_range is None:
+            samples, consumed, metrics = self.maker.generate([r for _, r in batch]), [i for i, _ in batch], {}
+        else:
+            samples, consumed, metrics = generate_filtered(
+                self.maker, batch, self.loader.take, self.cfg.rollout_batch_size,
+                self.cfg.dynamic_filtering_reward_range,
+            )  # fmt: skip
+        self.logger.write("consumed", {"step": step, "prompts": consumed})
+        return samples, metrics
+
+    def evaluate(self) -> dict[str, float]:
+        e = self.eval_set
+        return evaluate(self.maker, e.prompts, e.name, e.n_samples, e.temperature)
+
+    def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
         self.maker.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
         self.history.append({"step": step, **metrics})
         if step % self.cfg.logging_steps == 0 or step == 1:
             self.logger.log(step, metrics)
+        if self.cfg.samples_log_steps > 0 and step % self.cfg.samples_log_steps == 0:
+            self.logger.log_samples(step, samples.prompts, samples.responses, rewards)
+
+    # ------------------------------------------------------------------ checkpoints
+    def maybe_save(self, step: int) -> None:
+        ckpt = self.cfg.checkpoints
+        if ckpt is None or ckpt.save_steps <= 0 or step % ckpt.save_steps != 0:
+            return
+        start = time.perf_counter()
+        final = save_checkpoint(ckpt.ckpt_path, step, self.trainer_state(), self._write_model_states)
+        deleted = rotate(ckpt.ckpt_path, ckpt.max_ckpt_num, ckpt.max_ckpt_mem)
+        note = f"; removed {', '.join(d.name for d in deleted)}" if deleted else ""
+        tqdm.write(f"[checkpoint] {final} ({time.perf_counter() - start:.1f} s{note})")
+
+    def _write_model_states(self, tmp: Path) -> None:
+        ckpt, refs = self.cfg.checkpoints, []
+        if not ckpt.disable_ds_ckpt:
+            refs += [p.save_checkpoint.remote(str(tmp / "policy")) for p in self.policy]
+            refs += [c.save_checkpoint.remote(str(tmp / "critic")) for c in self.critic or []]
+        if ckpt.save_hf_ckpt:
+            refs += [p.save_hf.remote(str(tmp / "policy_hf")) for p in self.policy]
+        ray.get(refs)
+
+    def trainer_state(self) -> dict:
+        maker_rng = getattr(self.maker, "rng", None)  # self-play's question sampling
+        return {
+            "loader": self.loader.state_dict(),
+            "kl_coef": self.maker.kl_ctl.value,
+            "reward_moments": vars(self.maker.reward_moments),
+            "maker_rng": maker_rng.getstate() if maker_rng else None,
+            "python_random": random.getstate(),
+            "torch_rng": torch.get_rng_state().tolist(),
+        }
+
+    def restore(self, ckpt: Path) -> None:
+        """Continue from checkpoint directory `ckpt`: model states into the workers, counters and RNGs here."""
+        state = load_state(ckpt)
+        if not (ckpt / "policy").is_dir():
+            raise FileNotFoundError(f"{ckpt}: no DeepSpeed state to resume from (saved with --disable_ds_ckpt)")
+        refs = [p.load_checkpoint.remote(str(ckpt / "policy")) for p in self.policy]
+        refs += [c.load_checkpoint.remote(str(ckpt / "critic")) for c in self.critic or []]
+        ray.get(refs)
+        self.step = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        self.maker.kl_ctl.value = state["kl_coef"]
+        vars(self.maker.reward_moments).update(state["reward_moments"])
+        if state["maker_rng"] is not None:
+            version, internal, gauss = state["maker_rng"]
+            self.maker.rng.setstate((version, tuple(internal), gauss))
+        version, internal, gauss = state["python_random"]
+        random.setstate((version, tuple(internal), gauss))
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
     def train(self, exp: Experience, step: int) -> dict[str, float]:
         """`max_epochs` passes over the rollout batch in shuffled mini-batches of about train_batch_size

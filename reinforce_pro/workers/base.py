@@ -160,3 +160,20 @@ def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
     """Average each key over the micro-batches that reported it."""
     keys = {k for h in history for k in h}
     return {k: sum(h[k] for h in history if k in h) / sum(1 for h in history if k in h) for k in keys}
+
+
+DS_TAG = "state"  # one DeepSpeed tag per checkpoint directory: the directory itself names the step
+
+
+def save_engine_state(engine, path: str) -> None:
+    """Weights, optimizer and LR-scheduler states of a DeepSpeed engine under `path` (every rank calls it;
+    each writes its own shard files)."""
+    engine.save_checkpoint(path, tag=DS_TAG, save_latest=False)
+
+
+def load_engine_state(engine, path: str) -> None:
+    load_path, _ = engine.load_checkpoint(
+        path, tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True, load_module_strict=True
+    )
+    if load_path is None:
+        raise FileNotFoundError(f"{path}: no DeepSpeed state (was the checkpoint saved with --disable_ds_ckpt?)")

@@ -12,7 +12,9 @@ from reinforce_pro.workers.base import (
     OptimConfig,
     device,
     initialize_deepspeed,
+    load_engine_state,
     optimizer_step_stats,
+    save_engine_state,
     setup_distributed,
 )
 
@@ -68,6 +70,13 @@ class CriticWorker:
             metrics["critic/value_loss"] = loss.detach()
             history.append({k: float(v) for k, v in metrics.items()})
         return optimizer_step_stats(self.engine, history, "critic")
+
+    def save_checkpoint(self, path: str) -> None:
+        """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
+        save_engine_state(self.engine, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        load_engine_state(self.engine, path)
 
     def save(self, path: str) -> None:
         if self.dist.rank == 0:

@@ -20,7 +20,9 @@ from reinforce_pro.workers.base import (
     batched_log_probs,
     device,
     initialize_deepspeed,
+    load_engine_state,
     optimizer_step_stats,
+    save_engine_state,
     setup_distributed,
     use_host_threads,
 )
@@ -124,6 +126,13 @@ class PolicyWorker:
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
         return {k: float(v) for k, v in metrics.items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
+        save_engine_state(self.engine, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        load_engine_state(self.engine, path)
 
     def state_dict_bytes(self, dtype: str = "float32") -> bytes | None:
         """The HF state dict as safetensors bytes in `dtype` (the engines' dtype), from rank 0; every rank
