@@ -142,6 +142,11 @@ def _main_error(argv, capsys) -> str:
     return err
 
 
+def test_max_len_beyond_the_model(tiny_model, tmp_path, capsys):
+    argv = ["--pretrain", tiny_model, "--max_len", "4096", "--save_path", str(tmp_path / "run")]
+    assert "--max_len 4096 exceeds the model's max_position_embeddings 256" in _main_error(argv, capsys)
+
+
 def test_missing_model_path(tmp_path, capsys):
     err = _main_error(["--pretrain", str(tmp_path / "nope"), "--save_path", str(tmp_path / "run")], capsys)
     assert "nope: not a local HF model directory" in err
@@ -212,21 +217,55 @@ def test_selfplay_task_file_errors_are_one_line(tmp_path, capsys):
     assert "built-in tasks: arithmetic, code_output" in _main_error(argv, capsys)
 
 
-EXAMPLE_SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scripts").glob("*.sh"))
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "examples" / "scripts"
+ALL_SCRIPTS = sorted(SCRIPTS_DIR.glob("*.sh"))
+RECIPES = [s for s in ALL_SCRIPTS if not s.name.startswith("_")]
 
 
-@pytest.mark.parametrize("script", EXAMPLE_SCRIPTS, ids=[s.name for s in EXAMPLE_SCRIPTS])
-def test_example_scripts_parse(script, tmp_path):
-    """bash -n, then run the script with PYTHON pointing at a stub that records its arguments and give
-    those arguments to parse_args: every flag a script passes must be valid."""
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=[s.name for s in ALL_SCRIPTS])
+def test_example_scripts_are_valid_bash(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
-    stub, record = tmp_path / "python", tmp_path / "argv.txt"
-    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\n")
-    stub.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(stub), "OUT": str(tmp_path / "out")}
-    # no check: a script may verify the run's outputs afterwards, which a stub does not write
-    subprocess.run(["bash", str(script)], env=env, timeout=60, capture_output=True)
-    argv = record.read_text().splitlines()
-    assert argv[:2] == ["-m", "reinforce_pro.cli.train_ppo_ray"]
-    args = parse_args(argv[2:])
+
+
+def _stub_bin(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin directory of stubs: `python`/`ray` record their arguments (one per line, then a blank line);
+    `scontrol`/`srun` answer like a two-node SLURM allocation; `ray status` lists two nodes."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    stubs = {
+        "python": f"printf '%s\\n' \"$@\" >> {record}; echo >> {record}",
+        "ray": f'if [ "$1" = status ]; then echo node_1; echo node_2; exit 0; fi\n'
+        f"printf '%s\\n' \"$@\" >> {record}; echo >> {record}",
+        "scontrol": "echo node-a; echo node-b",
+        "srun": 'case "$*" in *hostname*) echo 10.0.0.1 ;; esac',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, record
+
+
+@pytest.mark.parametrize("script", RECIPES, ids=[s.name for s in RECIPES])
+def test_example_scripts_pass_valid_flags(script, tmp_path):
+    """Run each recipe with stub python / ray / SLURM commands that record their arguments, then give the
+    train_ppo_ray arguments to parse_args: every flag a script passes must parse and validate."""
+    bin_dir, record = _stub_bin(tmp_path)
+    env = {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
+        "RAY": str(bin_dir / "ray"), "OUT": str(tmp_path / "out"), "MODEL": str(tmp_path / "model"),
+        "DATA": str(tmp_path / "data.jsonl"), "SLURM_JOB_NODELIST": "node-[a-b]", "RAY_START_WAIT": "0",
+        "RAY_POLL_S": "0",
+    }  # fmt: skip
+    # no check: a script may verify the run's outputs afterwards, which the stubs do not write
+    subprocess.run(["bash", str(script)], env=env, timeout=60, capture_output=True, cwd=SCRIPTS_DIR.parents[1])
+    calls = [c.split("\n") for c in record.read_text().split("\n\n") if c.strip()]
+    runs = [
+        c[c.index("reinforce_pro.cli.train_ppo_ray") + 1 :] for c in calls if "reinforce_pro.cli.train_ppo_ray" in c
+    ]
+    assert len(runs) == 1, calls
+    args = parse_args(runs[0])
     assert args.save_path == str(tmp_path / "out")
+    submitted = [c for c in calls if c[:2] == ["job", "submit"]]
+    if script.name.endswith("_ray.sh") or script.name.startswith("slurm"):
+        assert submitted and "--address=http://127.0.0.1:8265" in submitted[0]
+        assert args.enable_vllm_is_correction and args.vllm_is_truncated_threshold == [0.5, 5.0]

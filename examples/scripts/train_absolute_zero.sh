@@ -20,6 +20,7 @@ TASK=${TASK:-arithmetic}
 SCOPE=${SCOPE:-group}
 MODEL=${MODEL:-}
 SEEDS=${SEEDS:-}
+GPUS=${GPUS:-1}  # policy ranks (one per GPU; on CPU, one process)
 
 DATA_ARGS=()
 if [[ -n "$MODEL" ]]; then DATA_ARGS+=(--pretrain "$MODEL"); fi
@@ -35,9 +36,11 @@ ALGO_ARGS=(
     --enable_vllm_is_correction --vllm_is_correction_type reinforce_pro --vllm_is_truncated_threshold 0.5 5.0
 )
 BATCH_ARGS=(
-    --rollout_batch_size "$PROMPTS_PER_STEP" --train_batch_size 256 --micro_train_batch_size 64
+    --rollout_batch_size "$PROMPTS_PER_STEP" --train_batch_size 256 --micro_train_batch_size 32
     --max_samples $((PROMPTS_PER_STEP * STEPS))
 )
+PLACEMENT_ARGS=(--actor_num_gpus_per_node "$GPUS" --ref_num_gpus_per_node "$GPUS" --vllm_num_engines 1)
 
 "$PYTHON" -m reinforce_pro.cli.train_ppo_ray \
-    "${DATA_ARGS[@]}" "${SELFPLAY_ARGS[@]}" "${ALGO_ARGS[@]}" "${BATCH_ARGS[@]}" --save_path "$OUT"
+    "${DATA_ARGS[@]}" "${SELFPLAY_ARGS[@]}" "${ALGO_ARGS[@]}" "${BATCH_ARGS[@]}" "${PLACEMENT_ARGS[@]}" \
+    --save_path "$OUT"

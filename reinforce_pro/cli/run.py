@@ -31,6 +31,14 @@ def _check_model_dir(flag: str, path: str | None) -> None:
         raise UserInputError(f"{flag} {path}: not a local HF model directory (no config.json)")
 
 
+def _check_max_len(max_len: int, model_dir: str) -> None:
+    """vLLM refuses a max_model_len beyond the model's positions with a long traceback: say it in one line."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    limit = config.get("max_position_embeddings")
+    if limit is not None and max_len > limit:
+        raise UserInputError(f"--max_len {max_len} exceeds the model's max_position_embeddings {limit}")
+
+
 def prepare(args) -> RunPlan:
     for flag in ("pretrain", "critic_pretrain", "reward_pretrain", "selfplay_judge_pretrain"):
         _check_model_dir(f"--{flag}", getattr(args, flag))
@@ -67,6 +75,7 @@ def prepare(args) -> RunPlan:
         source = f"model:{args.reward_pretrain}"
     else:
         source = "builtin:exact_match"
+    _check_max_len(args.max_len, pretrain)
     (run_dir / "args.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
     return RunPlan(run_dir, pretrain, prompts, source, summary)
 

@@ -1,0 +1,109 @@
+"""Checkpoints of a run under --ckpt_path: write, then rename; find the last complete one; rotate.
+
+Layout of one checkpoint, `<ckpt_path>/global_step<N>/`:
+  policy/        DeepSpeed states of the policy (weights, optimizer, scheduler; one shard file per rank)
+  critic/        the same for the critic, when there is one
+  policy_hf/     with --save_hf_ckpt: the policy as an HF model directory
+  trainer_state.json   step, prompt-stream position, KL controller, reward statistics, RNG states
+
+It is written as `global_step<N>.tmp/` and renamed when every part is on disk, then `latest` (a text file
+with the directory name) is replaced atomically. A run killed while saving leaves a `.tmp` directory
+that is never taken for a checkpoint and is removed by the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+STATE_FILE = "trainer_state.json"
+LATEST = "latest"
+PREFIX = "global_step"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: Path, step: int, state: dict, write_parts: Callable[[Path], None]) -> Path:
+    """Write checkpoint `step` under `root`: `write_parts(tmp_dir)` writes the model states, then the trainer
+    state is added and the directory renamed into place. Returns the final directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"{PREFIX}{step}", root / f"{PREFIX}{step}.tmp"
+    for stale in root.glob(f"{PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    write_parts(tmp)
+    _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
+    if final.exists():  # saved again at the same step (a resumed run): replace
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(root / LATEST, final.name + "\n")
+    return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories under `root`, oldest step first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.glob(f"{PREFIX}*"):
+        suffix = d.name[len(PREFIX) :]
+        if d.is_dir() and suffix.isdigit() and (d / STATE_FILE).is_file():
+            found.append((int(suffix), d))
+    return [d for _, d in sorted(found)]
+
+
+def find_latest(root: Path) -> Path | None:
+    """The directory `latest` names if complete, else the newest complete one, else None."""
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if (named / STATE_FILE).is_file():
+            return named
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def load_state(ckpt: Path) -> dict:
+    return json.loads((ckpt / STATE_FILE).read_text())
+
+
+def rotate(root: Path, max_num: int, max_mem_gb: float) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond `max_num`, then while the rest exceed `max_mem_gb`
+    (the newest is always kept). Returns the deleted directories."""
+    done = complete_checkpoints(root)
+    deleted = []
+    while len(done) > max(1, max_num) or (len(done) > 1 and sum(map(_size, done)) > max_mem_gb * 1024**3):
+        oldest = done.pop(0)
+        shutil.rmtree(oldest)
+        deleted.append(oldest)
+    return deleted
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows of a per-step jsonl file with step <= last_step (rows logged after the checkpoint a
+    run resumes from are logged again by the resumed run). Written to a temporary file, then renamed."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill
+            continue
+        if row.get("step", 0) <= last_step:
+            keep.append(line)
+    _write_atomic(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,69 @@
+"""--dynamic_filtering (DAPO's dynamic sampling, Yu et al. 2025): keep only prompt groups whose mean score
+lies strictly inside --dynamic_filtering_reward_range, and top the batch up with new prompts from the
+stream until it holds --rollout_batch_size groups. A group every sample of which scored the same gives a
+group-relative estimator zero advantage: it costs a training pass and teaches nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from reinforce_pro.experience import Samples, concat_samples
+
+MAX_ROUNDS = 16  # generation rounds per step before training on what was kept
+
+
+def group_pass_mask(scores: torch.Tensor, group_size: int, low: float, high: float) -> torch.Tensor:
+    """(G,) bool: groups of `group_size` consecutive scores whose mean lies strictly within (low, high)."""
+    means = scores.view(-1, group_size).mean(dim=1)
+    return (means > low) & (means < high)
+
+
+def generate_filtered(
+    maker, first: list[tuple[int, dict]], take: Callable[[int], list[tuple[int, dict]]], batch_size: int,
+    reward_range: tuple[float, float],
+) -> tuple[Samples | None, list[int], dict[str, float]]:  # fmt: skip
+    """Generate, score and filter groups until `batch_size` pass (or the stream or MAX_ROUNDS run out).
+
+    Returns the kept samples (None when no group passed), the dataset indices of every prompt consumed,
+    and `dynamic_filtering/*` metrics."""
+    n = maker.cfg.n_samples_per_prompt
+    kept: list[Samples] = []
+    consumed: list[int] = []
+    num_kept = tried = rounds = 0
+    pending = first
+    while pending and rounds < MAX_ROUNDS:
+        rounds += 1
+        consumed += [i for i, _ in pending]
+        samples = maker.generate([record for _, record in pending])
+        samples.rewards = maker.rewards(samples)
+        passed = group_pass_mask(samples.rewards.scores, n, *reward_range)
+        tried += len(pending)
+        groups = passed.nonzero().flatten()[: batch_size - num_kept]
+        if len(groups):
+            rows = (groups.unsqueeze(1) * n + torch.arange(n)).flatten()
+            kept.append(_select(samples, rows))
+            num_kept += len(groups)
+        missing = batch_size - num_kept
+        pending = take(missing) if missing > 0 else []
+    metrics = {
+        "dynamic_filtering/pass_rate": num_kept / max(1, tried),
+        "dynamic_filtering/prompts_tried": float(tried),
+        "dynamic_filtering/groups_kept": float(num_kept),
+        "dynamic_filtering/rounds": float(rounds),
+    }
+    return (concat_samples(kept) if kept else None), consumed, metrics
+
+
+def _select(s: Samples, rows: torch.Tensor) -> Samples:
+    picked = rows.tolist()
+    out = Samples(
+        s.sequences[rows], s.attention_mask[rows], s.action_mask[rows], s.rollout_log_probs[rows],
+        [s.prompts[i] for i in picked], [s.responses[i] for i in picked], [s.labels[i] for i in picked],
+        s.prompt_index[rows], s.truncated[rows],
+    )  # fmt: skip
+    r = s.rewards
+    out.rewards = type(r)(r.rewards[rows], r.scores[rows], {k: v[rows] for k, v in r.extra_logs.items()})
+    return out

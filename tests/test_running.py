@@ -1,0 +1,142 @@
+"""Checkpoint files, the prompt stream, dynamic-filtering selection and sample concatenation, without Ray."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from reinforce_pro.experience import Samples, concat_samples
+from reinforce_pro.rewards.loader import RewardOutput
+from reinforce_pro.trainer.checkpoint import (
+    complete_checkpoints,
+    find_latest,
+    load_state,
+    rotate,
+    save_checkpoint,
+    truncate_jsonl,
+)
+from reinforce_pro.trainer.dynamic_filter import group_pass_mask
+from reinforce_pro.trainer.prompt_loader import PromptLoader
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def _parts(size: int):
+    def write(tmp):
+        (tmp / "policy").mkdir()
+        (tmp / "policy" / "weights.bin").write_bytes(b"x" * size)
+
+    return write
+
+
+def test_save_is_atomic_and_latest_points_at_the_last_complete(tmp_path):
+    save_checkpoint(tmp_path, 2, {"loader": {"position": 16}}, _parts(10))
+    assert (tmp_path / "latest").read_text().strip() == "global_step2"
+    assert load_state(tmp_path / "global_step2") == {"step": 2, "loader": {"position": 16}}
+
+    def crash(tmp):  # a kill while writing step 4: the .tmp directory is left behind
+        _parts(10)(tmp)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 4, {}, crash)
+    assert (tmp_path / "global_step4.tmp").is_dir()
+    assert find_latest(tmp_path) == tmp_path / "global_step2"
+    assert complete_checkpoints(tmp_path) == [tmp_path / "global_step2"]
+    save_checkpoint(tmp_path, 6, {}, _parts(10))  # the next save sweeps the stale .tmp
+    assert not (tmp_path / "global_step4.tmp").exists()
+    assert find_latest(tmp_path) == tmp_path / "global_step6"
+
+
+def test_find_latest_ignores_a_dangling_pointer(tmp_path):
+    save_checkpoint(tmp_path, 1, {}, _parts(1))
+    save_checkpoint(tmp_path, 3, {}, _parts(1))
+    (tmp_path / "latest").write_text("global_step9\n")  # names a checkpoint that never completed
+    assert find_latest(tmp_path) == tmp_path / "global_step3"
+    assert find_latest(tmp_path / "nothing") is None
+
+
+def test_rotate_by_count_and_by_size(tmp_path):
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, step, {}, _parts(1000))
+    deleted = rotate(tmp_path, max_num=3, max_mem_gb=float("inf"))
+    assert [d.name for d in deleted] == ["global_step1"]
+    deleted = rotate(tmp_path, max_num=3, max_mem_gb=2500 / 1024**3)  # room for two of ~1 KB each
+    assert [d.name for d in deleted] == ["global_step2"]
+    assert [d.name for d in complete_checkpoints(tmp_path)] == ["global_step3", "global_step4"]
+    rotate(tmp_path, max_num=3, max_mem_gb=1e-12)  # the newest is kept whatever the limit
+    assert [d.name for d in complete_checkpoints(tmp_path)] == ["global_step4"]
+
+
+def test_truncate_jsonl_keeps_rows_up_to_the_step_and_drops_a_cut_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in range(1, 6)) + '{"step": 6, "x"')
+    truncate_jsonl(path, 3)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------- prompt stream
+
+
+def _old_batches(prompts, batch_size, episodes, seed):
+    """The trainer's order before the loader existed (kept identical on purpose)."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(episodes):
+        order = list(range(len(prompts)))
+        rng.shuffle(order)
+        for start in range(0, len(prompts) // batch_size * batch_size, batch_size):
+            yield order[start : start + batch_size]
+
+
+def test_loader_matches_the_old_order_and_resumes_mid_stream():
+    prompts = [{"i": i} for i in range(23)]
+    loader = PromptLoader(prompts, 5, num_episodes=3, seed=7)
+    assert loader.steps() == 12
+    batches = []
+    while not loader.exhausted():
+        batches.append([i for i, _ in loader.take(5)])
+    assert batches == list(_old_batches(prompts, 5, 3, 7))
+    # a fresh loader restored at position 27 continues exactly where the first was at that point
+    again = PromptLoader(prompts, 5, num_episodes=3, seed=7)
+    again.load_state_dict({"position": 27, "num_prompts": 23, "seed": 7})
+    flat = [i for b in batches for i in b]
+    assert [i for i, _ in again.take(9)] == flat[27:36]
+    with pytest.raises(ValueError, match="same data and --seed"):
+        again.load_state_dict({"position": 0, "num_prompts": 23, "seed": 8})
+
+
+# ---------------------------------------------------------------------------------------------- dynamic filtering
+
+
+def test_group_pass_mask_is_strict():
+    scores = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.5, 1.0, 1.0])
+    assert group_pass_mask(scores, 2, 0.0, 1.0).tolist() == [False, False, True, True, False]
+    assert group_pass_mask(scores, 2, -0.1, 1.0).tolist() == [True, False, True, True, False]
+
+
+def _samples(p_len: int, t_len: int, rows: int, fill: int) -> Samples:
+    seq = torch.full((rows, p_len + t_len), fill)
+    return Samples(
+        seq, torch.ones_like(seq), torch.ones(rows, t_len, dtype=torch.bool), torch.full((rows, t_len), -0.5),
+        [f"p{fill}"] * rows, [f"r{fill}"] * rows, [fill] * rows, torch.arange(rows) // 2,
+        torch.zeros(rows, dtype=torch.bool),
+        rewards=RewardOutput(torch.full((rows,), float(fill)), torch.full((rows,), float(fill)), {}),
+    )  # fmt: skip
+
+
+def test_concat_samples_repads_prompts_left_and_responses_right():
+    a, b = _samples(3, 2, 2, fill=7), _samples(5, 4, 4, fill=9)
+    out = concat_samples([a, b])
+    assert out.sequences.shape == (6, 9) and out.num_actions == 4
+    # row 0 (from a): 2 pad columns on the left, its 3 prompt and 2 response tokens, 2 pad columns on the right
+    assert out.attention_mask[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]
+    assert out.sequences[0, 2:7].tolist() == [7] * 5
+    assert out.action_mask[0].tolist() == [True, True, False, False]
+    assert out.rollout_log_probs[0].tolist() == [-0.5, -0.5, 0.0, 0.0]
+    assert out.attention_mask[2].tolist() == [1] * 9
+    assert out.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]  # b's groups renumbered after a's
+    assert out.rewards.rewards.tolist() == [7, 7, 9, 9, 9, 9] and out.labels == [7, 7, 9, 9, 9, 9]
