@@ -65,6 +65,10 @@ def ray_head(tmp_path):
         except ProcessLookupError:
             pass
         log.close()
+        # `ray start` recorded this head as the machine's current cluster; a killed head leaves the record
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.is_file() and current.read_text().strip() == f"127.0.0.1:{gcs}":
+            current.unlink()
 
 
 def test_cpu_recipe_runs_as_a_ray_job(ray_head, tmp_path):

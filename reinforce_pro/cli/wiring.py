@@ -268,7 +268,8 @@ def eval_set(args, tokenizer) -> EvalSet | None:
     if not args.eval_dataset:
         return None
     records = load_records(args.eval_dataset, args.eval_split)
-    spec = PromptSpec(args.input_key, args.label_key, args.input_template, args.apply_chat_template)
+    label_key = args.label_key or ("label" if args.prompt_data is None else None)  # built-in data has labels
+    spec = PromptSpec(args.input_key, label_key, args.input_template, args.apply_chat_template)
     prompts = build_prompts(records, spec, tokenizer, args.eval_dataset)
     name = Path(args.eval_dataset).stem
     return EvalSet(name, prompts, args.eval_n_samples_per_prompt, args.eval_temperature)

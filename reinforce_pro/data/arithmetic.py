@@ -7,6 +7,8 @@ a short supervised warm start gets it partly right, and RL has room to improve i
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
 
 DEFAULT_MAX_A = 19
@@ -21,3 +23,18 @@ def arithmetic_records(n: int, seed: int, max_a: int = DEFAULT_MAX_A, max_b: int
         a, b = rng.randint(0, max_a), rng.randint(0, max_b)
         out.append({"input": f"{a}+{b}=", "label": str(a + b)})
     return out
+
+
+def main() -> None:
+    """`python -m reinforce_pro.data.arithmetic --n 64 --seed 1234 > held_out.jsonl`: records as jsonl, e.g.
+    a held-out set for --eval_dataset (the embedded default draws its training prompts with --seed 42)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--n", type=int, default=64, help="number of records")
+    parser.add_argument("--seed", type=int, default=1234, help="random seed")
+    args = parser.parse_args()
+    for record in arithmetic_records(args.n, args.seed):
+        print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

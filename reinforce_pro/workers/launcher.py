@@ -32,7 +32,10 @@ def start_ray(logical_cpus: int) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
+    # address="local": always a new cluster. Without it ray.init() joins whatever `ray start` last wrote
+    # to /tmp/ray/ray_current_cluster, and fails (or joins a stranger's cluster) when that file is stale.
     ray.init(
+        address="local",
         num_cpus=max(logical_cpus, os.cpu_count() or 1),
         num_gpus=None,
         include_dashboard=False,
