@@ -56,7 +56,7 @@ def ray_head(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the head's own session: the processes this fixture started
         try:
-            head.wait(timeout=30)
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
