@@ -33,6 +33,11 @@ class Samples:
     # group size; None: the whole batch with --n_samples_per_prompt.
     advantage_segments: list[tuple[int, int, int]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # produced while generating, logged with the step
+    # (B, T) extra token rewards (multi-turn agents, --agent_reward_mode per_turn); None: none
+    turn_rewards: torch.Tensor | None = None
+    # Per-row sidecars of agent episodes (docs/agents.md); exported with the experience, never in the loss.
+    step_meta: list[dict] | None = None
+    step_rewards_ext: list[dict] | None = None
 
     @property
     def num_actions(self) -> int:
@@ -88,6 +93,8 @@ class Experience:
     ref_log_probs: torch.Tensor | None = None  # (B, T) float32, reference model (when a KL term is used)
     values: torch.Tensor | None = None  # (B, T) float32, critic values (gae only)
     info: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample (B,) values for logging
+    step_meta: list[dict] | None = None  # (B,) agent sidecars, see Samples
+    step_rewards_ext: list[dict] | None = None  # (B,)
 
     @property
     def num_actions(self) -> int:
@@ -102,6 +109,9 @@ class Experience:
                 kwargs[f.name] = value[index]
             elif isinstance(value, dict):
                 kwargs[f.name] = {k: v[index] for k, v in value.items()}
+            elif isinstance(value, list):
+                rows = range(len(value))[index] if isinstance(index, slice) else index.tolist()
+                kwargs[f.name] = [value[i] for i in rows]
             else:
                 kwargs[f.name] = value
         return Experience(**kwargs)

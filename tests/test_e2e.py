@@ -389,3 +389,28 @@ def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine
 
 def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+# ------------------------------------------------------------------ multi-turn agents (issue 7)
+
+
+def test_calculator_agent_run(tmp_path, engine, tiny_model):
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
+    args, plan, history = run(
+        ["--agent_func_path", str(calculator), "--agent_max_turns", "3", "--advantage_estimator", "reinforce_baseline",
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--max_samples", "16",
+         "--label_key", "label"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        assert 1 <= row["agent/turns_mean"] <= 3
+        assert 0 < row["agent/env_token_frac"] < 1  # the untrained model writes non-answers: the tool replies
+        assert "is/token_masked_frac" in row and "policy/grad_norm" in row
+        assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
+    steps = [json.loads(line) for line in (plan.run_dir / "agent_steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 * 8 * 4  # one row per episode: 8 prompts x 4 samples per step
+    spans = steps[0]["step_meta"]["turn_spans"]
+    assert spans[0][2] == "model" and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))

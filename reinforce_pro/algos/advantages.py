@@ -48,6 +48,9 @@ class AdvantageInputs:
     lambd: float = 1.0
     std_norm: bool = True  # False with --no_advantage_std_norm
     reward_clip_range: tuple[float, float] | None = None  # --reward_clip_range
+    # (N, T) extra token rewards, e.g. a multi-turn episode's per-turn rewards on each turn's last model
+    # token (--agent_reward_mode per_turn). Added after clipping; reinforce and gae only.
+    turn_rewards: torch.Tensor | None = None
 
 
 Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -116,6 +119,9 @@ def whiten(advantages: torch.Tensor, action_mask: torch.Tensor, std_norm: bool =
 def _groups(inp: AdvantageInputs, name: str) -> torch.Tensor:
     """(N,) rewards -> (N / group_size, group_size), checking what the group estimators need."""
     n = inp.group_size
+    if inp.turn_rewards is not None:
+        raise ValueError(f"advantage_estimator {name!r} shapes one reward per sample: per-turn token rewards need "
+                         "reinforce or gae")  # fmt: skip
     if n < 2:
         raise ValueError(f"advantage_estimator {name!r} needs n_samples_per_prompt >= 2, got {n}")
     if inp.rewards.numel() % n != 0:
@@ -127,14 +133,21 @@ def _groups(inp: AdvantageInputs, name: str) -> torch.Tensor:
 
 def _returns_from(shaped: torch.Tensor, inp: AdvantageInputs) -> torch.Tensor:
     rewards = token_level_rewards(shaped.reshape(-1), inp.action_mask, inp.kl, inp.kl_coef, inp.reward_clip_range)
-    return discounted_returns(rewards, inp.action_mask, inp.gamma)
+    return discounted_returns(_with_turn_rewards(rewards, inp), inp.action_mask, inp.gamma)
+
+
+def _with_turn_rewards(token_rewards: torch.Tensor, inp: AdvantageInputs) -> torch.Tensor:
+    if inp.turn_rewards is None:
+        return token_rewards
+    mask = inp.action_mask.bool()
+    return token_rewards + torch.where(mask, inp.turn_rewards.to(token_rewards.dtype), torch.zeros_like(token_rewards))
 
 
 def _gae(inp: AdvantageInputs):
     if inp.values is None:
         raise ValueError("advantage_estimator 'gae' needs critic values (set --critic_pretrain)")
     rewards = token_level_rewards(inp.rewards, inp.action_mask, inp.kl, inp.kl_coef, inp.reward_clip_range)
-    advantages, returns = gae(inp.values, rewards, inp.action_mask, inp.gamma, inp.lambd)
+    advantages, returns = gae(inp.values, _with_turn_rewards(rewards, inp), inp.action_mask, inp.gamma, inp.lambd)
     return whiten(advantages, inp.action_mask, inp.std_norm), returns
 
 
@@ -188,7 +201,7 @@ def compute_advantages(estimator: str, inp: AdvantageInputs) -> tuple[torch.Tens
             f"rewards must be (N,) with N = action_mask.size(0); got rewards={tuple(inp.rewards.shape)}, "
             f"action_mask={tuple(inp.action_mask.shape)}"
         )
-    for name in ("kl", "values"):
+    for name in ("kl", "values", "turn_rewards"):
         t = getattr(inp, name)
         if t is not None and t.shape != inp.action_mask.shape:
             raise ValueError(f"{name}={tuple(t.shape)} must match action_mask={tuple(inp.action_mask.shape)}")

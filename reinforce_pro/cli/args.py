@@ -43,7 +43,6 @@ UNSUPPORTED: dict[str, str] = {
     "ring_attn_size": "no ring attention (sequence parallelism)",
     "ring_head_stride": "no ring attention (sequence parallelism)",
     "ref_reward_offload": "reference / reward models are not offloaded",
-    "agent_func_path": "multi-turn agents are planned (issue: multi-turn rollouts)",
     "prompt_data_probs": "one prompt dataset at a time",
     "dataloader_num_workers": "prompts are held in memory",
     "perf": "use the time/* and perf/* metrics instead",
@@ -328,7 +327,25 @@ def _add_models_data(p) -> None:
     g.add_argument("--critic_pretrain", type=str, default=None, help="critic HF dir (gae; unset: --pretrain)")
     g.add_argument("--value_head_prefix", type=str, default="score", help="name of the critic's value head")
     g.add_argument("--ref_reward_offload", action="store_true", help="offload reference / reward models")
-    g.add_argument("--agent_func_path", type=str, default=None, help="multi-turn agent file")
+    g.add_argument(
+        "--agent_func_path",
+        type=str,
+        default=None,
+        help="a .py file defining AgentInstance (async reset / step): multi-turn rollouts whose environment "
+        "tokens are never trained (docs/agents.md); the environment gives the rewards",
+    )
+    g.add_argument(
+        "--agent_max_turns", type=int, default=4, help="[reinforce_pro] with --agent_func_path: model turns per episode"
+    )
+    g.add_argument(
+        "--agent_reward_mode",
+        type=str,
+        default="sum",
+        choices=["sum", "last", "per_turn"],
+        help="[reinforce_pro] with --agent_func_path: the episode reward is the sum or the last of the turn "
+        "rewards (on the last model token), or per_turn: each turn's reward on its own last model token "
+        "(reinforce / gae only)",
+    )
     g.add_argument("--prompt_data", type=str, default=None, help="jsonl file or local HF dataset dir (unset: built-in)")
     g.add_argument("--prompt_data_probs", type=str, default=None, help="mixing probabilities of several datasets")
     g.add_argument("--prompt_split", type=str, default="train", help="split of a dataset dir")

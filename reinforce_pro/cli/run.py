@@ -50,6 +50,13 @@ def prepare(args) -> RunPlan:
             task = load_task(args.selfplay_task, args.selfplay_task_path)
         except ValueError as e:
             raise UserInputError(str(e)) from None
+    if args.agent_func_path:
+        from reinforce_pro.agents.contract import AgentFileError, load_agent_class
+
+        try:
+            load_agent_class(args.agent_func_path)
+        except AgentFileError as e:
+            raise UserInputError(str(e)) from None
     if args.remote_rm_url:
         try:
             load_reward_func(args.remote_rm_url)
@@ -69,6 +76,8 @@ def prepare(args) -> RunPlan:
         raise UserInputError(f"{len(prompts)} prompts, fewer than --rollout_batch_size {args.rollout_batch_size}")
     if task is not None:
         source = f"selfplay:{task.name}"
+    elif args.agent_func_path:
+        source = f"agent:{Path(args.agent_func_path).resolve()}"
     elif args.remote_rm_url:
         source = str(Path(args.remote_rm_url).resolve())
     elif args.reward_pretrain:

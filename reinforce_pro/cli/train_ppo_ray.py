@@ -78,7 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if dest not in given:
                 setattr(args, dest, value)
     problem = (
-        unsupported_flag(args, parser) or invalid_combination(args) or invalid_selfplay(args) or invalid_running(args)
+        unsupported_flag(args, parser)
+        or invalid_combination(args)
+        or invalid_selfplay(args)
+        or invalid_running(args)
+        or invalid_agent(args)
     )
     if problem:
         parser.error(problem)
@@ -132,7 +136,11 @@ def invalid_combination(args) -> str | None:
             f"{args.micro_train_batch_size} x {world} policy ranks",
         ),
         (
-            args.prompt_data is None or args.remote_rm_url or args.reward_pretrain or args.absolute_zero,
+            args.prompt_data is None
+            or args.remote_rm_url
+            or args.reward_pretrain
+            or args.absolute_zero
+            or args.agent_func_path,
             "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR",
         ),
         (not (args.remote_rm_url and args.reward_pretrain), "give --remote_rm_url or --reward_pretrain, not both"),
@@ -166,6 +174,30 @@ def invalid_running(args) -> str | None:
         (
             not (args.save_hf_ckpt and args.disable_ds_ckpt and args.save_steps <= 0),
             "--save_hf_ckpt needs --save_steps",
+        ),
+    ]
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+def invalid_agent(args) -> str | None:
+    """The first problem with the multi-turn agent flags, or None."""
+    if not args.agent_func_path:
+        return None
+    checks = [
+        (args.agent_max_turns >= 1, f"--agent_max_turns must be >= 1, got {args.agent_max_turns}"),
+        (
+            not (args.absolute_zero or args.dynamic_filtering or args.eval_dataset),
+            "--agent_func_path: the environment scores episodes; --absolute_zero, --dynamic_filtering and "
+            "--eval_dataset are not supported with it",
+        ),
+        (
+            not (args.remote_rm_url or args.reward_pretrain),
+            "--agent_func_path: the environment gives the rewards; drop --remote_rm_url / --reward_pretrain",
+        ),
+        (
+            args.agent_reward_mode != "per_turn" or args.advantage_estimator in ("reinforce", "gae"),
+            f"--agent_reward_mode per_turn puts rewards on several tokens: --advantage_estimator must be reinforce "
+            f"or gae, got {args.advantage_estimator}",
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)

@@ -294,9 +294,24 @@ def resume_checkpoint(args, plan) -> Path | None:
         print(f"[resume] no complete checkpoint in {args.ckpt_path}: starting from scratch", flush=True)
         return None
     step = load_state(ckpt)["step"]
-    for name in ("metrics", "consumed", "samples"):
+    for name in ("metrics", "consumed", "samples", "agent_steps"):
         truncate_jsonl(plan.run_dir / f"{name}.jsonl", step)
     return ckpt
+
+
+def agent_maker(args, maker_args: tuple):
+    """Multi-turn rollouts with the user's AgentInstance (--agent_func_path)."""
+    from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.agents.experience_maker import AgentExperienceMaker
+    from reinforce_pro.agents.runner import AgentConfig
+
+    cfg = AgentConfig(
+        max_turns=args.agent_max_turns,
+        max_len=args.max_len,
+        prompt_max_len=args.prompt_max_len,
+        reward_mode=args.agent_reward_mode,
+    )
+    return AgentExperienceMaker(*maker_args, agent_cls=load_agent_class(args.agent_func_path), agent_cfg=cfg)
 
 
 def build_and_fit(args, plan, engines=None) -> list[dict]:
@@ -314,6 +329,9 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     if args.absolute_zero:
         maker_args += (None, tokenizer, rollout_config(args), kl_ctl)
         maker = selfplay_maker(args, groups, maker_args, use_gpu)
+    elif args.agent_func_path:
+        maker_args += (None, tokenizer, rollout_config(args), kl_ctl)
+        maker = agent_maker(args, maker_args)
     else:
         maker_args += (reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl)
         maker = ExperienceMaker(*maker_args)

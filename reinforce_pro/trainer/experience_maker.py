@@ -155,6 +155,8 @@ class ExperienceMaker:
             ref_log_probs=ref_lp,
             values=values,
             info={"score": reward.scores},
+            step_meta=samples.step_meta,
+            step_rewards_ext=samples.step_rewards_ext,
         )
         return exp, {**self._metrics(samples, reward, old_lp, kl), **samples.metrics}
 
@@ -177,6 +179,7 @@ class ExperienceMaker:
                 lambd=self.cfg.lambd,
                 std_norm=self.cfg.std_norm,
                 reward_clip_range=self.cfg.reward_clip_range,
+                turn_rewards=samples.turn_rewards[rows] if samples.turn_rewards is not None else None,
             )
             advantages[rows], returns[rows] = compute_advantages(self.cfg.advantage_estimator, inp)
         return advantages, returns

@@ -106,6 +106,7 @@ class PPOTrainer:
             metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
             self.step = step
             self.record(step, metrics, samples, experience.rewards)
+            self.export_sidecars(step, experience)
             self.maybe_save(step)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", step_s=f"{timings['time/step']:.1f}")
@@ -138,6 +139,13 @@ class PPOTrainer:
             self.logger.log(step, metrics)
         if self.cfg.samples_log_steps > 0 and step % self.cfg.samples_log_steps == 0:
             self.logger.log_samples(step, samples.prompts, samples.responses, rewards)
+
+    def export_sidecars(self, step: int, exp: Experience) -> None:
+        """Agent episodes' step_meta / step_rewards_ext, one row per trained sequence, to agent_steps.jsonl."""
+        if exp.step_meta is None:
+            return
+        for row, (meta, ext) in enumerate(zip(exp.step_meta, exp.step_rewards_ext, strict=True)):
+            self.logger.write("agent_steps", {"step": step, "row": row, "step_meta": meta, "step_rewards_ext": ext})
 
     # ------------------------------------------------------------------ checkpoints
     def maybe_save(self, step: int) -> None:

@@ -1,0 +1,45 @@
+"""The experience maker of `--agent_func_path`: the rollout is the multi-turn loop of agents/runner.py; the
+rest (log-probs, KL, advantages, the loss) is the ordinary pipeline, which trains only action_mask tokens."""
+
+from __future__ import annotations
+
+from reinforce_pro.agents.episode import Episode, episodes_to_samples
+from reinforce_pro.agents.runner import AgentConfig, AgentRunner
+from reinforce_pro.experience import Samples
+from reinforce_pro.trainer.experience_maker import ExperienceMaker, sampling_params
+
+
+class AgentExperienceMaker(ExperienceMaker):
+    def __init__(self, *args, agent_cls: type, agent_cfg: AgentConfig):
+        super().__init__(*args)
+        self.agent_cfg = agent_cfg
+        self.runner = AgentRunner(agent_cls, self.tokenizer, self.sample, sampling_params(self.cfg), agent_cfg)
+
+    def generate(self, batch: list[dict]) -> Samples:
+        n = self.cfg.n_samples_per_prompt
+        dialogue = [isinstance(item["prompt"], list) for item in batch]
+        if any(dialogue) and not all(dialogue):
+            raise ValueError("a batch mixes dialogue records (a list of turns) with plain prompts: use one kind")
+        episodes = self.runner.run_dialogues(batch, n) if all(dialogue) else self.runner.run_episodes(batch, n)
+        responses = [self.tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+        samples = episodes_to_samples(episodes, self.tokenizer.pad_token_id, responses, self.agent_cfg.reward_mode)
+        samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
+        return samples
+
+
+def agent_metrics(episodes: list[Episode], dialogues: bool) -> dict[str, float]:
+    tokens = sum(len(e.tokens) for e in episodes)
+    env_tokens = sum(a is False for e in episodes for a in e.action)
+    turns = [len(e.turn_ends) for e in episodes]
+    rewards = [r for e in episodes for r in e.step_rewards_ext.get("turn_rewards", [])]
+    m = {
+        "agent/turns_mean": sum(turns) / len(turns),
+        "agent/env_token_frac": env_tokens / max(1, tokens),
+        "agent/episode_tokens_mean": tokens / len(episodes),
+        "agent/truncated_frac": sum(e.truncated for e in episodes) / len(episodes),
+        "agent/turn_reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+    }
+    if dialogues:
+        m["agent/target_rows"] = float(len(episodes))
+        m["agent/history_ops"] = float(sum(len(e.step_meta.get("op_log", [])) for e in episodes))
+    return m
