@@ -110,9 +110,9 @@ def test_reward_file_loading(tmp_path):
     broken.write_text("import not_a_module_xyz\n")
     with pytest.raises(RewardFileError, match="broken.py: importing it failed: ModuleNotFoundError"):
         load_reward_func(broken)
-    with pytest.raises(RewardFileError, match="must be an existing .py file"):
+    with pytest.raises(RewardFileError, match="not an existing .py file"):
         load_reward_func(tmp_path / "missing.py")
     json_file = tmp_path / "x.json"
     json_file.write_text(json.dumps({}))
-    with pytest.raises(RewardFileError, match="must be an existing .py file"):
+    with pytest.raises(RewardFileError, match="not an existing .py file"):
         load_reward_func(json_file)

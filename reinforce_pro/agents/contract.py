@@ -23,10 +23,11 @@ An `AgentExecutor` class, if the file has one (OpenRLHF files do), is ignored: t
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reinforce_pro.userfile import import_user_file
 
 
 class AgentFileError(ValueError):
@@ -45,15 +46,7 @@ class StepOutput:
 
 
 def load_agent_class(path: str | Path) -> type:
-    path = Path(path)
-    if not path.is_file() or path.suffix != ".py":
-        raise AgentFileError(f"--agent_func_path {path}: not an existing .py file")
-    spec = importlib.util.spec_from_file_location(f"reinforce_pro_agent_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: name it and the error in one line
-        raise AgentFileError(f"--agent_func_path {path}: importing it failed: {type(e).__name__}: {e}") from e
+    module = import_user_file(path, "--agent_func_path", AgentFileError, "class AgentInstance")
     cls = getattr(module, "AgentInstance", None)
     if not inspect.isclass(cls):
         raise AgentFileError(f"--agent_func_path {path}: defines no class AgentInstance")

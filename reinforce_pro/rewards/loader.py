@@ -8,12 +8,13 @@ with `rewards` (used for the advantages), optionally `scores` (logged; used by d
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from reinforce_pro.userfile import import_user_file
 
 
 class RewardFileError(ValueError):
@@ -28,18 +29,10 @@ class RewardOutput:
 
 
 def load_reward_func(path: str | Path) -> Callable:
-    path = Path(path)
-    if not path.is_file() or path.suffix != ".py":
-        raise RewardFileError(f"{path}: --remote_rm_url must be an existing .py file defining reward_func")
-    spec = importlib.util.spec_from_file_location(f"reinforce_pro_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: say which file broke and how, not a bare traceback
-        raise RewardFileError(f"{path}: importing it failed: {type(e).__name__}: {e}") from e
+    module = import_user_file(path, "--remote_rm_url", RewardFileError, "reward_func")
     func = getattr(module, "reward_func", None)
     if not callable(func):
-        raise RewardFileError(f"{path}: defines no callable reward_func(queries, prompts, labels)")
+        raise RewardFileError(f"--remote_rm_url {path}: defines no callable reward_func(queries, prompts, labels)")
     return func
 
 

@@ -8,10 +8,10 @@ See docs/selfplay.md, "Writing a task".
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from reinforce_pro.userfile import import_user_file
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,7 @@ def load_task(name: str | None, path: str | None) -> SelfPlayTask:
         if name not in BUILTIN_TASKS:
             raise ValueError(f"unknown --selfplay_task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
         return BUILTIN_TASKS[name]()
-    file = Path(path)
-    if not file.is_file() or file.suffix != ".py":
-        raise ValueError(f"--selfplay_task_path {path}: not an existing .py file")
-    spec = importlib.util.spec_from_file_location(f"reinforce_pro_task_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: name it and the error in one line
-        raise ValueError(f"--selfplay_task_path {path}: importing it failed: {type(e).__name__}: {e}") from e
+    module = import_user_file(path, "--selfplay_task_path", ValueError, "TASK")
     task = getattr(module, "TASK", None)
     missing = [m for m in ("proposer_prompt", "parse_question", "solver_prompt", "score") if not hasattr(task, m)]
     if task is None or missing:
