@@ -170,6 +170,7 @@ class PPOTrainer:
     def trainer_state(self) -> dict:
         maker_rng = getattr(self.maker, "rng", None)  # self-play's question sampling
         return {
+            "episode": self.loader.position // max(1, self.loader.per_episode),  # for readers; derived on resume
             "loader": self.loader.state_dict(),
             "kl_coef": self.maker.kl_ctl.value,
             "reward_moments": vars(self.maker.reward_moments),
