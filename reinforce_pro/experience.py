@@ -44,6 +44,29 @@ class Samples:
         return self.action_mask.size(1)
 
 
+def pad_rows(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], action: list[list[bool]],
+    log_probs: list[list[float]], pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Token lists -> the layout above: (sequences, attention_mask, action_mask, rollout_log_probs) with
+    prompts left-padded to the longest and responses right-padded to the longest (at least 1).
+    `action` / `log_probs` give, per response token, whether it is trained and its rollout log-prob."""
+    p_len = max(len(p) for p in prompt_ids)
+    t_len = max(1, max(len(r) for r in response_ids))
+    b = len(prompt_ids)
+    sequences = torch.full((b, p_len + t_len), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, p_len + t_len), dtype=torch.long)
+    action_mask = torch.zeros((b, t_len), dtype=torch.bool)
+    rollout_lp = torch.zeros((b, t_len), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
+        sequences[i, p_len - len(p) : p_len] = torch.tensor(p, dtype=torch.long)
+        sequences[i, p_len : p_len + len(r)] = torch.tensor(r, dtype=torch.long)
+        attention[i, p_len - len(p) : p_len + len(r)] = 1
+        action_mask[i, : len(r)] = torch.tensor(action[i], dtype=torch.bool)
+        rollout_lp[i, : len(r)] = torch.tensor(log_probs[i], dtype=torch.float32)
+    return sequences, attention, action_mask, rollout_lp
+
+
 def concat_samples(parts: list[Samples]) -> Samples:
     """One Samples from several (dynamic filtering keeps groups from several rounds): prompts re-padded on
     the left to the longest prompt, responses on the right to the longest response; prompt_index

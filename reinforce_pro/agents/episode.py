@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reinforce_pro.experience import Samples
+from reinforce_pro.experience import Samples, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput
 
 REWARD_MODES = ("sum", "last", "per_turn")
@@ -58,22 +58,14 @@ def episodes_to_samples(episodes: list[Episode], pad_id: int, responses: list[st
     model token, or per_turn: each turn's reward on its own last model token)."""
     if reward_mode not in REWARD_MODES:
         raise ValueError(f"unknown agent reward mode {reward_mode!r}; valid: {', '.join(REWARD_MODES)}")
-    p_len = max(len(e.prompt_ids) for e in episodes)
-    t_len = max(1, max(len(e.tokens) for e in episodes))
-    b = len(episodes)
-    sequences = torch.full((b, p_len + t_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, p_len + t_len), dtype=torch.long)
-    action_mask = torch.zeros((b, t_len), dtype=torch.bool)
-    rollout_lp = torch.zeros((b, t_len), dtype=torch.float32)
-    turn_rewards = torch.zeros((b, t_len), dtype=torch.float32) if reward_mode == "per_turn" else None
-    for i, e in enumerate(episodes):
-        p, r = len(e.prompt_ids), len(e.tokens)
-        sequences[i, p_len - p : p_len] = torch.tensor(e.prompt_ids, dtype=torch.long)
-        sequences[i, p_len : p_len + r] = torch.tensor(e.tokens, dtype=torch.long)
-        attention[i, p_len - p : p_len + r] = 1
-        action_mask[i, :r] = torch.tensor(e.action, dtype=torch.bool)
-        rollout_lp[i, :r] = torch.tensor(e.log_probs, dtype=torch.float32)
-        if turn_rewards is not None:
+    sequences, attention, action_mask, rollout_lp = pad_rows(
+        [e.prompt_ids for e in episodes], [e.tokens for e in episodes], [e.action for e in episodes],
+        [e.log_probs for e in episodes], pad_id,
+    )  # fmt: skip
+    turn_rewards = None
+    if reward_mode == "per_turn":
+        turn_rewards = torch.zeros(action_mask.shape, dtype=torch.float32)
+        for i, e in enumerate(episodes):
             for end, reward in zip(e.turn_ends, e.turn_rewards, strict=False):
                 turn_rewards[i, end] += reward
     rewards = torch.tensor([_episode_reward(e, reward_mode) for e in episodes], dtype=torch.float32)

@@ -12,7 +12,7 @@ import torch
 from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.masked import masked_mean
-from reinforce_pro.experience import Experience, Samples
+from reinforce_pro.experience import Experience, Samples, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput, normalize_reward_output
 from reinforce_pro.rollout.vllm_engine import Generation
 
@@ -100,21 +100,11 @@ class ExperienceMaker:
         return [g for part in ray.get(refs) for g in part]
 
     def _to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
-        pad = self.tokenizer.pad_token_id
-        p_len = max(len(p) for p in prompt_ids)
-        t_len = max(1, max(len(g.token_ids) for g in generations))
-        b = len(prompt_ids)
-        sequences = torch.full((b, p_len + t_len), pad, dtype=torch.long)
-        attention = torch.zeros((b, p_len + t_len), dtype=torch.long)
-        action_mask = torch.zeros((b, t_len), dtype=torch.bool)
-        rollout_lp = torch.zeros((b, t_len), dtype=torch.float32)
-        for i, (p, g) in enumerate(zip(prompt_ids, generations, strict=True)):
-            r = len(g.token_ids)
-            sequences[i, p_len - len(p) : p_len] = torch.tensor(p)
-            sequences[i, p_len : p_len + r] = torch.tensor(g.token_ids, dtype=torch.long)
-            attention[i, p_len - len(p) : p_len + r] = 1
-            action_mask[i, :r] = True
-            rollout_lp[i, :r] = torch.tensor(g.log_probs, dtype=torch.float32)
+        ids = [list(g.token_ids) for g in generations]
+        sequences, attention, action_mask, rollout_lp = pad_rows(
+            prompt_ids, ids, [[True] * len(r) for r in ids], [g.log_probs for g in generations],
+            self.tokenizer.pad_token_id,
+        )  # fmt: skip
         responses = self.tokenizer.batch_decode(
             [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
