@@ -15,7 +15,7 @@ from reinforce_pro.experience import Samples
 from reinforce_pro.rewards.loader import RewardOutput
 from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
 from reinforce_pro.selfplay.tasks import SelfPlayTask
-from reinforce_pro.trainer.experience_maker import ExperienceMaker, encode_prompt
+from reinforce_pro.trainer.experience_maker import ExperienceMaker
 
 JUDGE_MAX_TOKENS = 8
 
@@ -32,11 +32,7 @@ class SelfPlayExperienceMaker(ExperienceMaker):
 
     def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
         """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation)."""
-        ids = [encode_prompt(self.tokenizer, p, self.cfg.prompt_max_len) for p in prompts]
-        generations = self.sample(ids, sampling, engines)
-        texts = self.tokenizer.batch_decode(
-            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
+        ids, generations, texts = self.sample_texts(prompts, sampling, engines)
         return [Rollout(p, t, (i, g)) for p, t, i, g in zip(prompts, texts, ids, generations, strict=True)]
 
     def judge(self, prompts: list[str]) -> list[str]:

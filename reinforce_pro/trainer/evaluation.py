@@ -6,23 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from reinforce_pro.rewards.loader import normalize_reward_output
-from reinforce_pro.trainer.experience_maker import encode_prompt, sampling_params
+from reinforce_pro.trainer.experience_maker import sampling_params
 
 
 def evaluate(maker, prompts: list[dict], name: str, n: int, temperature: float) -> dict[str, float]:
     """`prompts`: [{"prompt", "label"}]. Returns eval/<name>/{pass@n, reward_mean, ...}."""
-    ids = [encode_prompt(maker.tokenizer, p["prompt"], maker.cfg.prompt_max_len) for p in prompts]
-    sampling = {**sampling_params(maker.cfg), "temperature": temperature}
-    generations = maker.sample([x for x in ids for _ in range(n)], sampling)
-    responses = maker.tokenizer.batch_decode(
-        [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
-    )
     texts = [p["prompt"] for p in prompts for _ in range(n)]
     labels = [p["label"] for p in prompts for _ in range(n)]
-    out = normalize_reward_output(
-        maker.reward_fn([t + r for t, r in zip(texts, responses, strict=True)], texts, labels), len(texts)
-    )
+    sampling = {**sampling_params(maker.cfg), "temperature": temperature}
+    _, generations, responses = maker.sample_texts(texts, sampling)
+    out = maker.score(texts, responses, labels)
     scores = out.scores.view(len(prompts), n)
     lengths = torch.tensor([float(len(g.token_ids)) for g in generations])
     return {

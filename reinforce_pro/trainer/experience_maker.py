@@ -99,23 +99,38 @@ class ExperienceMaker:
         ]
         return [g for part in ray.get(refs) for g in part]
 
+    def sample_texts(
+        self, prompts: list[str], sampling: dict | None = None, engines=None
+    ) -> tuple[list[list[int]], list[Generation], list[str]]:
+        """Encode prompt texts, sample one response each (see sample), decode: (prompt ids, generations,
+        response texts), in order."""
+        ids = [encode_prompt(self.tokenizer, p, self.cfg.prompt_max_len) for p in prompts]
+        generations = self.sample(ids, sampling, engines)
+        return ids, generations, self._decode(generations)
+
+    def _decode(self, generations: list[Generation]) -> list[str]:
+        return self.tokenizer.batch_decode(
+            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
     def _to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
         ids = [list(g.token_ids) for g in generations]
         sequences, attention, action_mask, rollout_lp = pad_rows(
             prompt_ids, ids, [[True] * len(r) for r in ids], [g.log_probs for g in generations],
             self.tokenizer.pad_token_id,
         )  # fmt: skip
-        responses = self.tokenizer.batch_decode(
-            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
         truncated = torch.tensor([g.finish_reason == "length" for g in generations])
+        responses = self._decode(generations)
         return Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
 
     # ------------------------------------------------------------------ experience
     def rewards(self, samples: Samples) -> RewardOutput:
-        queries = [p + r for p, r in zip(samples.prompts, samples.responses, strict=True)]
-        out = self.reward_fn(queries, samples.prompts, samples.labels)
-        return normalize_reward_output(out, len(queries))
+        return self.score(samples.prompts, samples.responses, samples.labels)
+
+    def score(self, prompts: list[str], responses: list[str], labels: list) -> RewardOutput:
+        """The reward function on prompt + response texts (OpenRLHF's queries), normalised."""
+        queries = [p + r for p, r in zip(prompts, responses, strict=True)]
+        return normalize_reward_output(self.reward_fn(queries, prompts, labels), len(queries))
 
     def make_experience(self, samples: Samples) -> tuple[Experience, dict[str, float]]:
         seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
