@@ -24,6 +24,8 @@ class RunPlan:
     prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
     reward_source: str  # "builtin:exact_match" | path of a reward file | "model:<dir>" | "selfplay:<task>"
     summary: dict
+    task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
+    agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
 
 
 def _check_model_dir(flag: str, path: str | None) -> None:
@@ -50,11 +52,12 @@ def prepare(args) -> RunPlan:
             task = load_task(args.selfplay_task, args.selfplay_task_path)
         except ValueError as e:
             raise UserInputError(str(e)) from None
+    agent_cls = None
     if args.agent_func_path:
         from reinforce_pro.agents.contract import AgentFileError, load_agent_class
 
         try:
-            load_agent_class(args.agent_func_path)
+            agent_cls = load_agent_class(args.agent_func_path)
         except AgentFileError as e:
             raise UserInputError(str(e)) from None
     if args.remote_rm_url:
@@ -86,7 +89,7 @@ def prepare(args) -> RunPlan:
         source = "builtin:exact_match"
     _check_max_len(args.max_len, pretrain)
     (run_dir / "args.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
-    return RunPlan(run_dir, pretrain, prompts, source, summary)
+    return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls)
 
 
 def _tiny_model(args, run_dir: Path, summary: dict, task=None) -> str:

@@ -203,13 +203,11 @@ def reward_function(args, plan, use_gpu: bool):
     return load_reward_func(plan.reward_source)
 
 
-def selfplay_maker(args, groups, maker_args: tuple, use_gpu: bool):
+def selfplay_maker(args, task, groups, maker_args: tuple, use_gpu: bool):
     """The Absolute-Zero experience maker, with its task, weights and (optionally) a judge engine."""
     from reinforce_pro.selfplay.controller import SelfPlayConfig
     from reinforce_pro.selfplay.experience_maker import SelfPlayExperienceMaker
-    from reinforce_pro.selfplay.tasks import load_task
 
-    task = load_task(args.selfplay_task, args.selfplay_task_path)
     flag_weights = {"safety": args.safety_reward_weight, "completion": args.task_completion_weight}
     cfg = SelfPlayConfig(
         n_questions_per_prompt=args.n_questions_per_prompt,
@@ -294,14 +292,13 @@ def resume_checkpoint(args, plan) -> Path | None:
         print(f"[resume] no complete checkpoint in {args.ckpt_path}: starting from scratch", flush=True)
         return None
     step = load_state(ckpt)["step"]
-    for name in ("metrics", "consumed", "samples", "agent_steps"):
-        truncate_jsonl(plan.run_dir / f"{name}.jsonl", step)
+    for path in plan.run_dir.glob("*.jsonl"):  # every per-step file the run writes (MetricsLogger.write)
+        truncate_jsonl(path, step)
     return ckpt
 
 
-def agent_maker(args, maker_args: tuple):
+def agent_maker(args, agent_cls: type, maker_args: tuple):
     """Multi-turn rollouts with the user's AgentInstance (--agent_func_path)."""
-    from reinforce_pro.agents.contract import load_agent_class
     from reinforce_pro.agents.experience_maker import AgentExperienceMaker
     from reinforce_pro.agents.runner import AgentConfig
 
@@ -311,7 +308,7 @@ def agent_maker(args, maker_args: tuple):
         prompt_max_len=args.prompt_max_len,
         reward_mode=args.agent_reward_mode,
     )
-    return AgentExperienceMaker(*maker_args, agent_cls=load_agent_class(args.agent_func_path), agent_cfg=cfg)
+    return AgentExperienceMaker(*maker_args, agent_cls=agent_cls, agent_cfg=cfg)
 
 
 def build_and_fit(args, plan, engines=None) -> list[dict]:
@@ -325,15 +322,17 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     groups = build_groups(args, plan, use_gpu, total_steps, engines)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
-    maker_args = (groups["engines"], groups["policy"], groups["reference"], groups["critic"])
-    if args.absolute_zero:
-        maker_args += (None, tokenizer, rollout_config(args), kl_ctl)
-        maker = selfplay_maker(args, groups, maker_args, use_gpu)
-    elif args.agent_func_path:
-        maker_args += (None, tokenizer, rollout_config(args), kl_ctl)
-        maker = agent_maker(args, maker_args)
+    # self-play tasks and agent environments score their own rollouts: no reward function
+    reward_fn = None if plan.task or plan.agent_cls else reward_function(args, plan, use_gpu)
+    maker_args = (
+        groups["engines"], groups["policy"], groups["reference"], groups["critic"], reward_fn, tokenizer,
+        rollout_config(args), kl_ctl,
+    )  # fmt: skip
+    if plan.task is not None:
+        maker = selfplay_maker(args, plan.task, groups, maker_args, use_gpu)
+    elif plan.agent_cls is not None:
+        maker = agent_maker(args, plan.agent_cls, maker_args)
     else:
-        maker_args += (reward_function(args, plan, use_gpu), tokenizer, rollout_config(args), kl_ctl)
         maker = ExperienceMaker(*maker_args)
     logger = None
     try:
