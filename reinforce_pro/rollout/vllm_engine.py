@@ -50,8 +50,11 @@ class VLLMEngine:
 
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
+            from reinforce_pro.workers.base import use_host_threads
+
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            use_host_threads()  # before vLLM binds its threads
         from vllm import LLM
 
         kwargs = dict(
