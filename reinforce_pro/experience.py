@@ -108,7 +108,9 @@ class Experience:
     sequences: torch.Tensor  # (B, S) long
     attention_mask: torch.Tensor  # (B, S) long
     action_mask: torch.Tensor  # (B, T) bool
-    old_log_probs: torch.Tensor  # (B, T) float32, trainer's log-probs before this update
+    # (B, T) float32, trainer's log-probs before this update. None: the step trains once on one mini-batch,
+    # so they equal the training forward's own (detached) log-probs and the policy fills them in there.
+    old_log_probs: torch.Tensor | None
     rollout_log_probs: torch.Tensor  # (B, T) float32, engine's log-probs
     advantages: torch.Tensor  # (B, T) float32
     returns: torch.Tensor  # (B, T) float32

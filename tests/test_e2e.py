@@ -414,3 +414,60 @@ def test_calculator_agent_run(tmp_path, engine, tiny_model):
     spans = steps[0]["step_meta"]["turn_spans"]
     assert spans[0][2] == "model" and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))
+
+
+def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
+    """One epoch on one mini-batch: the policy's detached training log-probs replace the separate old-log-prob
+    forward (PPOTrainer.old_log_probs_needed). Two identical policies, one given the old log-probs from that
+    forward and one given none, must return the same numbers and make the same update."""
+    import tempfile
+    import uuid
+    from dataclasses import replace
+
+    from safetensors.torch import load
+
+    from reinforce_pro.experience import Experience, split_experience
+    from reinforce_pro.workers.base import DistInfo, OptimConfig
+    from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
+
+    start_ray(logical_cpus=8)
+    opt = OptimConfig(learning_rate=1e-2, lr_scheduler="constant", zero_stage=0, param_dtype="fp32",
+                      micro_batch_size=8, grad_accum_steps=2)  # fmt: skip
+    loss = PolicyLossConfig(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+
+    def policy():
+        dist = DistInfo(init_method=f"file://{tempfile.gettempdir()}/rp_test_{uuid.uuid4().hex}")
+        args = (tiny_model, opt, loss, dist, 0, {"attn_implementation": "sdpa"})
+        return ray.remote(PolicyWorker).options(num_cpus=0).remote(*args)
+
+    gen = torch.Generator().manual_seed(0)
+    b, p, t = 16, 7, 9
+    seq = torch.randint(4, 99, (b, p + t), generator=gen)
+    attn = torch.ones(b, p + t, dtype=torch.long)
+    for i in range(b):
+        attn[i, : i % 3] = 0  # left padding of the prompt
+        attn[i, p + t - i % 4 :] = 0  # right padding of the response
+    action_mask = attn[:, p:].bool()
+    exp = Experience(
+        sequences=seq, attention_mask=attn, action_mask=action_mask, old_log_probs=None,
+        rollout_log_probs=-torch.rand(b, t, generator=gen) * 5, advantages=torch.randn(b, t, generator=gen),
+        returns=torch.zeros(b, t), rewards=torch.zeros(b),
+    )  # fmt: skip
+    separate, reusing = policy(), policy()
+    old = ray.get(separate.log_probs.remote(seq, attn, t))
+    tokens, seqs = float(action_mask.sum()), float(b)
+    stats_a, none = ray.get(
+        separate.train_minibatch.remote(split_experience(replace(exp, old_log_probs=old), 2), tokens, seqs)
+    )
+    stats_b, reused = ray.get(reusing.train_minibatch.remote(split_experience(exp, 2), tokens, seqs))
+    assert none is None
+    torch.testing.assert_close(reused[action_mask], old[action_mask], atol=1e-6, rtol=0)
+    for key in ("policy/pg_loss", "is/vllm_kl", "is/token_masked_frac", "policy/clip_frac"):
+        assert stats_b[key] == pytest.approx(stats_a[key], abs=1e-6), key
+    after_a, after_b = (load(ray.get(w.state_dict_bytes.remote())) for w in (separate, reusing))
+    for name, weight in after_a.items():
+        torch.testing.assert_close(after_b[name], weight, atol=1e-6, rtol=0)
+    before = load((Path(tiny_model) / "model.safetensors").read_bytes())
+    assert not torch.equal(before["model.norm.weight"], after_a["model.norm.weight"])  # the step moved weights
+    for w in (separate, reusing):
+        ray.kill(w)

@@ -140,3 +140,38 @@ def test_concat_samples_repads_prompts_left_and_responses_right():
     assert out.attention_mask[2].tolist() == [1] * 9
     assert out.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]  # b's groups renumbered after a's
     assert out.rewards.rewards.tolist() == [7, 7, 9, 9, 9, 9] and out.labels == [7, 7, 9, 9, 9, 9]
+
+
+# ---------------------------------------------------------------------------------------------- old log-probs
+
+
+class _Maker:
+    def __init__(self, kl_in_reward: bool):
+        self.kl_in_reward = kl_in_reward
+
+    def needs_old_log_probs(self) -> bool:
+        return self.kl_in_reward
+
+
+@pytest.mark.parametrize(
+    "overrides, kl_in_reward, step, needed",
+    [
+        pytest.param({}, False, 0, False, id="one-epoch-one-minibatch-reuses"),
+        pytest.param({"max_epochs": 2}, False, 0, True, id="second-epoch-sees-moved-weights"),
+        pytest.param({"train_batch_size": 8}, False, 0, True, id="second-minibatch-sees-moved-weights"),
+        pytest.param({}, True, 0, True, id="kl-penalty-in-reward-needs-them-first"),
+        pytest.param({"recompute_old_log_probs": True}, False, 0, True, id="flag-forces-the-forward"),
+        pytest.param({"freezing_actor_steps": 3}, False, 2, True, id="frozen-policy-has-no-training-forward"),
+        pytest.param({"freezing_actor_steps": 3}, False, 3, False, id="first-trained-step-reuses"),
+    ],
+)
+def test_old_log_prob_forward_is_skipped_only_when_it_equals_the_training_forward(
+    overrides, kl_in_reward, step, needed
+):
+    from reinforce_pro.trainer.ppo_trainer import LoopConfig, PPOTrainer
+
+    cfg = LoopConfig(**{"rollout_batch_size": 4, "train_batch_size": 16, **overrides})
+    trainer = PPOTrainer(_Maker(kl_in_reward), [], None, [], [{"prompt": "p", "label": None}] * 8, None, cfg)
+    trainer.step = step
+    samples = Samples(*[None] * 4, prompts=["p"] * 16, responses=[], labels=[], prompt_index=None, truncated=None)
+    assert trainer.old_log_probs_needed(samples) is needed

@@ -310,6 +310,14 @@ def _add_training(p) -> None:
     g.add_argument("--ring_attn_size", type=int, default=1, help="ring attention group size")
     g.add_argument("--ring_head_stride", type=int, default=1, help="ring attention head stride")
     g.add_argument(
+        "--recompute_old_log_probs",
+        action="store_true",
+        help="[reinforce_pro] always compute the old log-probs in a forward pass before training. By default "
+        "that pass is skipped when a step trains the policy once on one mini-batch (--max_epochs 1, samples "
+        "per step <= --train_batch_size, no KL penalty in the reward): the training forward's own log-probs, "
+        "detached, are then the same numbers",
+    )
+    g.add_argument(
         "--sft_warmup_steps",
         type=int,
         default=200,

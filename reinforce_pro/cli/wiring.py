@@ -257,6 +257,7 @@ def loop_config(args) -> LoopConfig:
         eval_steps=args.eval_steps,
         eval_before_training=args.eval_before_training,
         samples_log_steps=args.samples_log_steps,
+        recompute_old_log_probs=args.recompute_old_log_probs,
         checkpoints=checkpoints,
     )
 

@@ -132,9 +132,16 @@ class ExperienceMaker:
         queries = [p + r for p, r in zip(prompts, responses, strict=True)]
         return normalize_reward_output(self.reward_fn(queries, prompts, labels), len(queries))
 
-    def make_experience(self, samples: Samples) -> tuple[Experience, dict[str, float]]:
+    def needs_old_log_probs(self) -> bool:
+        """Whether the experience needs the policy's log-probs before training: the KL penalty in the
+        reward is computed from them. Otherwise the trainer may skip that forward (see PPOTrainer)."""
+        return self.reference is not None and not self.cfg.use_kl_loss
+
+    def make_experience(self, samples: Samples, old_log_probs: bool = True) -> tuple[Experience, dict[str, float]]:
+        """`old_log_probs=False`: leave Experience.old_log_probs None (the policy's training forward
+        supplies them; the trainer then logs `old_log_prob_metrics` after training)."""
         seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
-        old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t)
+        old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t) if old_log_probs else None
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
         reward = samples.rewards or self.rewards(samples)
@@ -142,11 +149,9 @@ class ExperienceMaker:
         if self.cfg.normalize_reward:
             self.reward_moments.update(rewards)
             rewards = self.reward_moments.normalize(rewards)
-        kl = (
-            compute_approx_kl(self.cfg.kl_estimator, old_lp, ref_lp, samples.action_mask)
-            if ref_lp is not None
-            else None
-        )
+        kl = None  # only the reward penalty needs it before training (needs_old_log_probs)
+        if ref_lp is not None and old_lp is not None:
+            kl = compute_approx_kl(self.cfg.kl_estimator, old_lp, ref_lp, samples.action_mask)
         advantages, returns = self.advantages(samples, rewards, kl, values)
         exp = Experience(
             sequences=seq,
@@ -163,7 +168,24 @@ class ExperienceMaker:
             step_meta=samples.step_meta,
             step_rewards_ext=samples.step_rewards_ext,
         )
-        return exp, {**self._metrics(samples, reward, old_lp, kl), **samples.metrics}
+        metrics = {**self._metrics(samples, reward), **samples.metrics}
+        if old_lp is not None:
+            metrics.update(self.old_log_prob_metrics(exp))
+        return exp, metrics
+
+    def old_log_prob_metrics(self, exp: Experience) -> dict[str, float]:
+        """What is read off the old log-probs: the rollout/trainer mismatch before any update of this step
+        (the quantity IS correction fights) and, with a reference model, the KL to it."""
+        diff = (exp.old_log_probs - exp.rollout_log_probs).abs()
+        m = {
+            "rollout/logprob_abs_diff_mean": float(masked_mean(diff, exp.action_mask)),
+            "rollout/logprob_abs_diff_max": float((diff * exp.action_mask).max()),
+        }
+        if exp.ref_log_probs is not None:
+            kl = compute_approx_kl(self.cfg.kl_estimator, exp.old_log_probs, exp.ref_log_probs, exp.action_mask)
+            m["kl/ref_kl_mean"] = float(masked_mean(kl, exp.action_mask))
+            m["kl/coef"] = float(self.kl_ctl.value)
+        return m
 
     def advantages(self, samples: Samples, rewards, kl, values) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) advantages and returns, computed separately for each of samples.advantage_segments (self-play
@@ -189,7 +211,7 @@ class ExperienceMaker:
             advantages[rows], returns[rows] = compute_advantages(self.cfg.advantage_estimator, inp)
         return advantages, returns
 
-    def _metrics(self, samples: Samples, reward: RewardOutput, old_lp, kl) -> dict[str, float]:
+    def _metrics(self, samples: Samples, reward: RewardOutput) -> dict[str, float]:
         lengths = samples.action_mask.sum(-1).float()
         m = {
             "rollout/reward_mean": float(reward.rewards.mean()),
@@ -198,17 +220,7 @@ class ExperienceMaker:
             "rollout/response_length_mean": float(lengths.mean()),
             "rollout/truncated_frac": float(samples.truncated.float().mean()),
             "rollout/num_samples": float(len(lengths)),
-            # rollout/trainer mismatch before any update of this step: the quantity IS correction fights
-            "rollout/logprob_abs_diff_mean": float(
-                masked_mean((old_lp - samples.rollout_log_probs).abs(), samples.action_mask)
-            ),
-            "rollout/logprob_abs_diff_max": float(
-                ((old_lp - samples.rollout_log_probs).abs() * samples.action_mask).max()
-            ),
         }
-        if kl is not None:
-            m["kl/ref_kl_mean"] = float(masked_mean(kl, samples.action_mask))
-            m["kl/coef"] = float(self.kl_ctl.value)
         for k, v in reward.extra_logs.items():
             m[f"reward/{k}"] = float(v.mean())
         return m

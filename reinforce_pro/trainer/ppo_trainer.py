@@ -49,6 +49,7 @@ class LoopConfig:
     eval_steps: int = -1  # evaluate every N steps (-1: never)
     eval_before_training: bool = False
     samples_log_steps: int = 0  # write a (prompt, response, reward) table every N steps (0: never)
+    recompute_old_log_probs: bool = False  # always run the separate old-log-prob forward (see old_log_probs_needed)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
 
 
@@ -93,7 +94,7 @@ class PPOTrainer:
                 if samples is None:
                     break  # the prompt stream ran out while topping up a filtered batch
                 with timed(timings, "make_experience"):
-                    experience, exp_metrics = self.maker.make_experience(samples)
+                    experience, exp_metrics = self.maker.make_experience(samples, self.old_log_probs_needed(samples))
                 with timed(timings, "train"):
                     metrics.update(exp_metrics)
                     metrics.update(self.train(experience, step))
@@ -127,6 +128,15 @@ class PPOTrainer:
             )  # fmt: skip
         self.logger.write("consumed", {"step": step, "prompts": consumed})
         return samples, metrics
+
+    def old_log_probs_needed(self, samples) -> bool:
+        """Whether make_experience must run the policy's forward for the old log-probs. Not when the step
+        trains the policy once on one mini-batch: the weights are then those that computed the old log-probs,
+        so the training forward's own log-probs (detached) are the same numbers and the policy uses those
+        (TRL does the same with num_iterations=1). Saves one forward pass over the batch per step."""
+        one_pass = self.cfg.max_epochs == 1 and len(samples.prompts) <= self.cfg.train_batch_size
+        trains_policy = self.step + 1 > self.cfg.freezing_actor_steps
+        return self.cfg.recompute_old_log_probs or self.maker.needs_old_log_probs() or not (one_pass and trains_policy)
 
     def evaluate(self) -> dict[str, float]:
         e = self.eval_set
@@ -204,31 +214,45 @@ class PPOTrainer:
         gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + step)
         train_policy = step > self.cfg.freezing_actor_steps
         history = []
+        old_log_probs = torch.zeros(exp.action_mask.shape) if exp.old_log_probs is None else None
         for _ in range(self.cfg.max_epochs):
             order = torch.randperm(len(exp), generator=gen)
             for rows in torch.tensor_split(order, math.ceil(len(exp) / self.cfg.train_batch_size)):
-                history.append(self._train_minibatch(exp.select(rows), train_policy))
-        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+                stats, trained_log_probs = self._train_minibatch(exp.select(rows), train_policy)
+                history.append(stats)
+                if old_log_probs is not None:
+                    old_log_probs[rows] = trained_log_probs
+        metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        if old_log_probs is not None:  # filled by the policy's training forward (old_log_probs_needed)
+            exp.old_log_probs = old_log_probs
+            metrics.update(self.maker.old_log_prob_metrics(exp))
+        return metrics
 
-    def _train_minibatch(self, mini: Experience, train_policy: bool) -> dict[str, float]:
+    def _train_minibatch(self, mini: Experience, train_policy: bool) -> tuple[dict[str, float], torch.Tensor | None]:
+        """One optimizer step of the policy (and critic) on `mini`: (rank 0's stats, the policy's detached
+        training log-probs (B, T) when mini.old_log_probs is None, else None)."""
         tokens = float(mini.action_mask.sum())
         seqs = float((mini.action_mask.sum(-1) > 0).sum())
-        groups = ([self.policy] if train_policy else []) + ([self.critic] if self.critic else [])
-        refs = []
-        for group in groups:
-            shards = torch.tensor_split(torch.arange(len(mini)), len(group))
-            # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
-            num_micro = math.ceil(len(shards[0]) / self.cfg.micro_train_batch_size)
-            refs.append(
-                [
-                    actor.train_minibatch.remote(split_experience(mini.select(idx), num_micro), tokens, seqs)
-                    for actor, idx in zip(group, shards, strict=True)
-                ]
-            )
+        critic_refs = self._shard_train(self.critic, mini, tokens, seqs) if self.critic else None
+        policy_refs = self._shard_train(self.policy, mini, tokens, seqs) if train_policy else None
         stats: dict[str, float] = {}
-        for group_refs in refs:
-            stats.update(ray.get(group_refs)[0])  # rank 0 speaks for the group (DP ranks hold the same model)
-        return stats
+        if critic_refs:
+            stats.update(ray.get(critic_refs)[0])  # rank 0 speaks for the group (DP ranks hold the same model)
+        if not policy_refs:
+            return stats, None
+        results = ray.get(policy_refs)
+        stats.update(results[0][0])
+        log_probs = torch.cat([r[1] for r in results]) if mini.old_log_probs is None else None
+        return stats, log_probs
+
+    def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float) -> list:
+        shards = torch.tensor_split(torch.arange(len(mini)), len(group))
+        # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
+        num_micro = math.ceil(len(shards[0]) / self.cfg.micro_train_batch_size)
+        return [
+            actor.train_minibatch.remote(split_experience(mini.select(idx), num_micro), tokens, seqs)
+            for actor, idx in zip(group, shards, strict=True)
+        ]
 
     def sync_weights(self) -> None:
         """Push policy weights to every rollout engine (safetensors bytes through the object store): the

@@ -80,30 +80,39 @@ class PolicyWorker:
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro
         )
 
-    def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
-        """One optimizer step over this rank's micro-batches of a global mini-batch.
+    def train_minibatch(
+        self, micro_batches: list[Experience], global_tokens: float, global_seqs: float
+    ) -> tuple[dict, torch.Tensor | None]:
+        """One optimizer step over this rank's micro-batches of a global mini-batch: (stats, the detached
+        training log-probs (B, T) of these rows when the micro-batches carry no old log-probs, else None).
 
         `global_tokens` / `global_seqs` count the action tokens / sequences of the whole mini-batch over
-        all ranks, so that aggregate_loss gives the same gradient however the batch is sharded.
+        all ranks, so that aggregate_loss gives the same gradient however the batch is sharded. Without old
+        log-probs (one epoch, one mini-batch: PPOTrainer.old_log_probs_needed) the training forward's own
+        log-probs, detached, are the old ones: the weights have not moved since the rollout was scored.
         """
         self.engine.train()
-        history = []
+        history, log_probs = [], []
         for i, exp in enumerate(micro_batches):
             # the optimizer steps after the last micro-batch, however many there are (self-play varies it)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
-            history.append(self._micro_step(exp, global_tokens, global_seqs))
-        return optimizer_step_stats(self.engine, history, "policy")
+            stats, lp = self._micro_step(exp, global_tokens, global_seqs)
+            history.append(stats)
+            log_probs.append(lp)
+        old = torch.cat(log_probs).float().cpu() if micro_batches[0].old_log_probs is None else None
+        return optimizer_step_stats(self.engine, history, "policy"), old
 
-    def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> dict:
+    def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> tuple[dict, torch.Tensor]:
         dev, cfg = device(), self.loss_cfg
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         logits = forward_logits(self.engine, seq, mask)
         want_entropy = cfg.entropy_loss_coef is not None
         log_probs, entropy = action_log_probs(logits, seq, exp.num_actions, cfg.temperature, want_entropy)
+        old_log_probs = log_probs.detach() if exp.old_log_probs is None else exp.old_log_probs.to(dev)
         agg = dict(dp_size=self.dist.world_size, batch_num_tokens=global_tokens, global_batch_size=global_seqs)
         loss, metrics = self.loss_fn(
             log_probs,
-            exp.old_log_probs.to(dev),
+            old_log_probs,
             exp.advantages.to(dev),
             action_mask=action_mask,
             rollout_log_probs=exp.rollout_log_probs.to(dev),
@@ -125,7 +134,7 @@ class PolicyWorker:
         # number of accumulation steps.
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
-        return {k: float(v) for k, v in metrics.items()}
+        return {k: float(v) for k, v in metrics.items()}, log_probs.detach()
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
