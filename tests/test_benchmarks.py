@@ -20,3 +20,43 @@ def test_bench_is_correction_writes_json_table_and_plot(tmp_path):
     table = (tmp_path / "bench_is_correction.md").read_text()
     assert "| reinforce_pro |" in table and "B=3, T=8" in table
     assert (tmp_path / "bench_is_correction.png").stat().st_size > 1000
+
+
+def test_bench_peers_our_command_parses_and_means_the_same_work(tmp_path):
+    from benchmarks import bench_peers
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    w = bench_peers.WORKLOADS["W1"]
+    spec = {**bench_peers.asdict(w), "model": str(tmp_path / "m"), "prompts": str(tmp_path / "p.jsonl"),
+            "samples_per_step": 64, "warmup_steps": 2}  # fmt: skip
+    cmd = bench_peers.ours_command(spec, tmp_path / "run")
+    assert cmd[1:3] == ["-m", "reinforce_pro.cli.train_ppo_ray"]
+    args = parse_args(cmd[3:])
+    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.train_batch_size) == (8, 8, 64)
+    assert (args.max_new_tokens, args.micro_train_batch_size, args.zero_stage) == (32, 16, 0)
+    assert (args.init_kl_coef, args.param_dtype, args.vllm_dtype, args.advantage_estimator) == (
+        0.0, "fp32", "float32", "group_norm"
+    )  # fmt: skip
+    assert args.num_episodes * 64 // 8 >= 2 + w.steps  # enough steps for warm-up plus the measured ones
+
+
+def test_bench_peers_summary_and_render(tmp_path):
+    from benchmarks import bench_peers
+
+    ours = {"steps": [{"seconds": 9.0, "tokens": 10, "generate": 1, "make_experience": 0, "train": 8,
+                       "weight_sync": 0}] + [{"seconds": s, "tokens": 100, "generate": 0.5, "make_experience": 0.0,
+                                              "train": 0.4, "weight_sync": 0.1} for s in (1.0, 1.0, 2.0)],
+            "process_wall_s": 30.0}  # fmt: skip
+    versions = {"trl": "1.16.0", "transformers": "5.19.0", "torch": "2.13.0"}
+    trl = {"steps": [{"seconds": 5.0, "tokens": 1}] + [{"seconds": 2.0, "tokens": 100}] * 3,
+           "process_wall_s": 20.0, "versions": versions}  # fmt: skip
+    s_ours, s_trl = bench_peers.summarise(ours, 1), bench_peers.summarise(trl, 1)
+    assert s_ours["tokens_per_s"] == 300 / 4.0 and s_ours["median_step_s"] == 1.0
+    assert s_ours["median_phase_s"]["train"] == 0.4
+    assert s_trl["tokens_per_s"] == 300 / 6.0 and "median_phase_s" not in s_trl
+    results = {"W1": {"trl": s_trl, "ours": s_ours, "throughput_ratio": 1.5, "raw": {"trl": trl, "ours": ours}}}
+    payload = {"results": results, "machine": {"cpu": "cpu", "cpu_count": 2, "torch": "2.13.0+cpu"}, "commit": "abc",
+               "config": {"warmup_steps": 1}}  # fmt: skip
+    table = bench_peers.render(payload, tmp_path)
+    assert "| W1 | train_ppo_ray | 1.00 | 75 |" in table and "**1.50x**" in table
+    assert (tmp_path / "bench_peers.png").stat().st_size > 1000

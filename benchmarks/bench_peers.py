@@ -1,0 +1,245 @@
+"""train_ppo_ray against TRL's GRPOTrainer on the same RL work, one after the other, on this machine.
+
+Runs on: CPU (both sides use torch 2.13.0+cpu and transformers 5.19; TRL lives in .venv-trl).
+Set-up:  bash scripts/setup_env.sh && bash benchmarks/peers/setup_trl.sh
+Takes:   W1 ~3 min, W2 ~8 min on 2 cores.
+
+    .venv/bin/python benchmarks/bench_peers.py                   # W1 and W2: measure, write JSON, render
+    .venv/bin/python benchmarks/bench_peers.py --workloads W1    # one workload
+    .venv/bin/python benchmarks/bench_peers.py --render FILE     # re-render the table and plot from a JSON
+
+The work, identical on both sides: a randomly initialised Qwen2 model with the project's character
+tokenizer and chat template, 64 prompts "What is a + b?", 8 prompts x 8 samples = 64 completions of at
+most `max_new_tokens` per step, fp32, AdamW lr 1e-4 (constant), no KL and no reference model, group-
+normalised advantages, token-level loss, one optimizer step per batch in micro-batches of 16, reward 1
+when the sum appears in the response. TRL generates with HF `generate` (its default without vLLM); ours
+with a vLLM CPU engine, a DeepSpeed policy and Ray. Each side runs alone on the cores, in its own process;
+the first `--warmup_steps` steps of each are left out. Reported: median seconds per optimizer step,
+response tokens per second over the measured steps (tokens generated / wall time of those steps), and
+the whole process's wall time including start-up (Ray, engine and DeepSpeed start for ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+
+PEERS = Path(__file__).resolve().parent / "peers"
+PHASES = ["generate", "make_experience", "train", "weight_sync"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    max_new_tokens: int
+    steps: int  # measured optimizer steps (after the warm-up steps)
+    num_prompts: int = 64
+    prompts_per_step: int = 8
+    n_samples_per_prompt: int = 8
+    micro_batch_size: int = 16
+    learning_rate: float = 1e-4
+    seed: int = 42
+
+
+WORKLOADS = {
+    "W1": Workload(256, 4, 768, 4, 2, max_new_tokens=32, steps=12),  # ~3.2M parameters, trainer-bound
+    "W2": Workload(512, 8, 1536, 8, 4, max_new_tokens=128, steps=5),  # ~25M parameters, generation-bound
+}
+
+
+def prepare(workdir: Path, w: Workload, warmup_steps: int) -> dict:
+    """The model, the prompts and workload.json (read by the TRL side) under `workdir`."""
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    model = build_tiny_model(
+        workdir / "model", hidden_size=w.hidden_size, num_layers=w.num_layers, num_heads=w.num_heads,
+        num_kv_heads=w.num_kv_heads, intermediate_size=w.intermediate_size, seed=w.seed,
+    )  # fmt: skip
+    rng = random.Random(w.seed)
+    lines = []
+    for _ in range(w.num_prompts):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        lines.append(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}))
+    prompts = workdir / "prompts.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    spec = {
+        **asdict(w),
+        "model": str(model),
+        "prompts": str(prompts),
+        "samples_per_step": w.prompts_per_step * w.n_samples_per_prompt,
+        "warmup_steps": warmup_steps,
+    }
+    (workdir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
+    return spec
+
+
+def run_trl(workdir: Path, trl_python: str) -> dict:
+    start = time.perf_counter()
+    subprocess.run([trl_python, str(PEERS / "trl_grpo.py"), str(workdir)], check=True, cwd=workdir)
+    wall = time.perf_counter() - start
+    r = json.loads((workdir / "trl_result.json").read_text())
+    steps = [{"seconds": s, "tokens": t} for s, t in zip(r["step_seconds"], r["response_tokens"], strict=True)]
+    return {"steps": steps, "process_wall_s": wall, "versions": {k: r[k] for k in ("trl", "transformers", "torch")}}
+
+
+def ours_command(spec: dict, run_dir: Path) -> list[str]:
+    per_episode = spec["num_prompts"] // spec["prompts_per_step"]
+    total = spec["warmup_steps"] + spec["steps"]
+    return [
+        sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray",
+        "--pretrain", spec["model"], "--prompt_data", spec["prompts"], "--input_key", "question",
+        "--label_key", "answer", "--apply_chat_template", "--remote_rm_url", str(PEERS / "reward_contains_sum.py"),
+        "--advantage_estimator", "group_norm", "--n_samples_per_prompt", str(spec["n_samples_per_prompt"]),
+        "--rollout_batch_size", str(spec["prompts_per_step"]), "--train_batch_size", str(spec["samples_per_step"]),
+        "--micro_train_batch_size", str(spec["micro_batch_size"]),
+        "--micro_rollout_batch_size", str(spec["micro_batch_size"]),
+        "--max_new_tokens", str(spec["max_new_tokens"]), "--max_len", "256", "--temperature", "1.0",
+        "--actor_learning_rate", str(spec["learning_rate"]), "--lr_scheduler", "constant", "--lr_warmup_ratio", "0",
+        "--init_kl_coef", "0", "--param_dtype", "fp32", "--vllm_dtype", "float32", "--zero_stage", "0",
+        "--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "1",
+        "--num_episodes", str(-(-total // per_episode)), "--max_samples", str(spec["num_prompts"]),
+        "--seed", str(spec["seed"]), "--save_path", str(run_dir),
+    ]  # fmt: skip
+
+
+def run_ours(workdir: Path, spec: dict) -> dict:
+    run_dir = workdir / "ours"
+    start = time.perf_counter()
+    subprocess.run(ours_command(spec, run_dir), check=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step" in r][: spec["warmup_steps"] + spec["steps"]]
+    steps = [
+        {"seconds": r["time/step"], "tokens": r["rollout/num_samples"] * r["rollout/response_length_mean"],
+         **{p: r[f"time/{p}"] for p in PHASES}}
+        for r in rows
+    ]  # fmt: skip
+    return {"steps": steps, "process_wall_s": wall}
+
+
+def summarise(side: dict, warmup_steps: int) -> dict:
+    measured = side["steps"][warmup_steps:]
+    out = {
+        "steps_measured": len(measured),
+        "median_step_s": statistics.median(s["seconds"] for s in measured),
+        "tokens_per_s": sum(s["tokens"] for s in measured) / sum(s["seconds"] for s in measured),
+        "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
+        "process_wall_s": side["process_wall_s"],
+    }
+    if all(p in measured[0] for p in PHASES):
+        out["median_phase_s"] = {p: statistics.median(s[p] for s in measured) for p in PHASES}
+    return out
+
+
+def measure(names: list[str], warmup_steps: int, trl_python: str) -> dict:
+    results = {}
+    for name in names:
+        w = WORKLOADS[name]
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench_peers_{name}_"))
+        spec = prepare(workdir, w, warmup_steps)
+        print(f"[bench_peers] {name}: TRL GRPOTrainer ({workdir})", flush=True)
+        trl = run_trl(workdir, trl_python)
+        print(f"[bench_peers] {name}: train_ppo_ray", flush=True)
+        ours = run_ours(workdir, spec)
+        summary = {"trl": summarise(trl, warmup_steps), "ours": summarise(ours, warmup_steps)}
+        summary["throughput_ratio"] = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
+        results[name] = {"workload": asdict(w), "raw": {"trl": trl, "ours": ours}, **summary}
+        print(f"[bench_peers] {name}: ours / TRL tokens/s = {summary['throughput_ratio']:.2f}", flush=True)
+    return results
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    r, m = payload["results"], payload["machine"]
+    lines = [
+        "| workload | system | median s / step | response tokens / s | tokens / step | process wall s | ours / TRL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, res in r.items():
+        for side, label in (("trl", "TRL GRPOTrainer"), ("ours", "train_ppo_ray")):
+            s = res[side]
+            ratio = f"**{res['throughput_ratio']:.2f}x**" if side == "ours" else ""
+            lines.append(f"| {name} | {label} | {s['median_step_s']:.2f} | {s['tokens_per_s']:.0f} | "
+                         f"{s['tokens_per_step']:.0f} | {s['process_wall_s']:.0f} | {ratio} |")  # fmt: skip
+    lines += ["", "| workload | generate | make_experience | train | weight_sync (median s, train_ppo_ray) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for name, res in r.items():
+        ph = res["ours"]["median_phase_s"]
+        lines.append(f"| {name} | " + " | ".join(f"{ph[p]:.3f}" for p in PHASES) + " |")
+    versions = next(iter(r.values()))["raw"]["trl"]["versions"]
+    lines += [
+        "",
+        f"{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, TRL {versions['trl']}, "
+        f"transformers {versions['transformers']}, commit {payload['commit'][:12]}; "
+        f"{payload['config']['warmup_steps']} warm-up steps left out per side.",
+    ]
+    table = "\n".join(lines)
+    (out_dir / "bench_peers.md").write_text(table + "\n")
+    _plot(r, out_dir / "bench_peers.png")
+    return table
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.38
+    for i, (side, label) in enumerate((("trl", "TRL GRPOTrainer"), ("ours", "train_ppo_ray"))):
+        xs = [j + (i - 0.5) * width for j in range(len(names))]
+        ys = [results[n][side]["tokens_per_s"] for n in names]
+        ax.bar(xs, ys, width, label=label)
+    for j, n in enumerate(names):
+        top = max(results[n]["trl"]["tokens_per_s"], results[n]["ours"]["tokens_per_s"])
+        ax.text(j, top * 1.02, f"{results[n]['throughput_ratio']:.2f}x", ha="center")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("response tokens / s (whole RL step)")
+    ax.set_title("Same RL work on 2 CPU cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--warmup_steps", type=int, default=2, help="leading steps of each side left out")
+    p.add_argument("--trl_python", default=str(ROOT / ".venv-trl" / "bin" / "python"),
+                   help="python of the TRL virtualenv (benchmarks/peers/setup_trl.sh)")  # fmt: skip
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
+    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text()), args.render.parent))
+        return 0
+    if not Path(args.trl_python).exists():
+        p.error(f"--trl_python {args.trl_python}: not found; create it with bash benchmarks/peers/setup_trl.sh")
+    results = measure(args.workloads, args.warmup_steps, args.trl_python)
+    config = {"warmup_steps": args.warmup_steps, "workloads": args.workloads}
+    path = write_result("bench_peers", config, results, args.output)
+    print(render(json.loads(path.read_text()), args.output))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
