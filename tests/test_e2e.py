@@ -210,6 +210,32 @@ def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_r
     assert abs(history[-1]["is/vllm_kl"]) > 1e-5
 
 
+IS_ARGS = ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction", "--vllm_is_correction_type",
+           "reinforce_pro", "--lr_warmup_ratio", "0"]  # fmt: skip
+ASYNC = {"sync": [], "async": ["--async_train", "--async_queue_size", "2"]}
+
+
+def test_async_training_bounds_staleness_and_the_is_correction_sees_the_lag(tmp_path, engine, tiny_model, digit_reward):
+    """--async_train --async_queue_size 2: the producer runs ahead, so rows are up to 2 policy versions stale
+    (read off each row's sampling version); where they are, the trainer's and the engine's log-probs
+    differ (fp32 both sides: they agree to 1e-4 when fresh) and is/vllm_kl is far above the synchronous run's."""
+    argv = IS_ARGS + ["--remote_rm_url", digit_reward, "--max_samples", "48"]
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "async").mkdir()
+    _, _, sync = run(argv, tmp_path / "sync", engine, tiny_model)
+    _, _, hist = run(argv + ASYNC["async"], tmp_path / "async", engine, tiny_model)
+    assert len(hist) == len(sync) == 6
+    assert all(h["async/staleness_max"] == 0 and "async/trainer_wait_s" not in h for h in sync)
+    stale = [h["async/staleness_max"] for h in hist]
+    assert stale[0] == 0 and 1 <= max(stale) <= 2, stale  # batch 1 is sampled by the initial weights
+    for h in hist:
+        assert h["async/staleness_mean"] == h["async/staleness_max"]  # a batch is sampled by one version
+        assert (h["rollout/logprob_abs_diff_max"] > 1e-3) == (h["async/staleness_max"] > 0), h
+        assert 0 <= h["async/overlap_frac"] <= 1 and h["async/trainer_wait_s"] >= 0
+    kl = lambda rows: sum(abs(h["is/vllm_kl"]) for h in rows[1:]) / (len(rows) - 1)  # noqa: E731
+    assert kl(hist) > 100 * max(kl(sync), 1e-7), (kl(hist), kl(sync))
+
+
 def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
     """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
     with an engine and a two-rank DeepSpeed policy group alive."""
@@ -265,7 +291,8 @@ TASK = DigitTask()
 """
 
 
-def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model):
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model, mode):
     task = tmp_path / "digit_task.py"
     task.write_text(DIGIT_TASK)
     seeds = tmp_path / "seeds.jsonl"
@@ -273,12 +300,13 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model):
     args, plan, history = run(
         ["--absolute_zero", "--selfplay_task_path", str(task), "--prompt_data", str(seeds), "--max_samples", "8",
          "--rollout_batch_size", "4", "--n_questions_per_prompt", "3", "--advantage_estimator", "reinforce_baseline",
-         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro"],
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", *ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert len(history) == 2
     doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        assert row["async/staleness_max"] <= (0 if mode == "sync" or row["step"] == 1 else 2)
         sampled, integrated = row["unified_filter/num_sampled"], row["proposer/num_integrated"]
         assert integrated == 4  # sampled scope: one proposer trajectory per seed prompt
         assert row["rollout/num_samples"] == sampled * 4 + integrated  # 4 solver samples per kept question
@@ -303,7 +331,8 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model):
 HELD_OUT = "".join(f'{{"input": "{a}+{b}=", "label": "{a + b}"}}\n' for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)])
 
 
-def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_model, digit_reward, monkeypatch):
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_model, digit_reward, monkeypatch, mode):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     held_out = tmp_path / "held_out.jsonl"
@@ -315,7 +344,7 @@ def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_mod
          "--eval_n_samples_per_prompt", "3", "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.05", "0.95",
          "--use_wandb", "offline", "--wandb_project", "e2e", "--samples_log_steps", "2",
          "--save_steps", "1", "--ckpt_path", str(ckpt), "--max_ckpt_num", "2", "--save_hf_ckpt",
-         "--max_samples", "40"],
+         "--max_samples", "40", *ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     rows = read_metrics(plan.run_dir / "metrics.jsonl")
@@ -351,10 +380,13 @@ RESUME_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "1
                "--max_ckpt_num", "5", "--seed", "5"]  # fmt: skip
 
 
-def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine, tiny_model, digit_reward):
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine, tiny_model, digit_reward, mode):
     """A run killed with SIGKILL during step 3 and resumed with --load_checkpoint trains on exactly the
-    prompts of an uninterrupted run with the same seed, steps continuing and metrics appended."""
-    argv = RESUME_ARGS + ["--remote_rm_url", digit_reward]
+    prompts of an uninterrupted run with the same seed, steps continuing and metrics appended. Under
+    --async_train the producer has taken prompts for later batches when the run dies: they are regenerated
+    (the checkpoint keeps the prompt stream as it was after the last trained batch), none trained twice."""
+    argv = RESUME_ARGS + ["--remote_rm_url", digit_reward, *ASYNC[mode]]
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
     _, ref_plan, _ = run(argv + ["--ckpt_path", str(tmp_path / "ref_ckpt")], reference_dir, engine, tiny_model)
@@ -394,12 +426,13 @@ def _rows(path: Path) -> int:
 # ------------------------------------------------------------------ multi-turn agents (issue 7)
 
 
-def test_calculator_agent_run(tmp_path, engine, tiny_model):
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
     args, plan, history = run(
         ["--agent_func_path", str(calculator), "--agent_max_turns", "3", "--advantage_estimator", "reinforce_baseline",
          "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--max_samples", "16",
-         "--label_key", "label"],
+         "--label_key", "label", *ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert len(history) == 2

@@ -142,6 +142,35 @@ def test_concat_samples_repads_prompts_left_and_responses_right():
     assert out.rewards.rewards.tolist() == [7, 7, 9, 9, 9, 9] and out.labels == [7, 7, 9, 9, 9, 9]
 
 
+def test_pad_rows_left_pads_prompts_and_right_pads_responses():
+    from reinforce_pro.experience import pad_rows
+
+    seq, attn, act, lp = pad_rows([[5], [6, 7]], [[8, 9], []], [[True, False], []], [[-0.5, -1.0], []], pad_id=0)
+    assert seq.tolist() == [[0, 5, 8, 9], [6, 7, 0, 0]]
+    assert attn.tolist() == [[0, 1, 1, 1], [1, 1, 0, 0]]
+    assert act.tolist() == [[True, False], [False, False]] and act.dtype == torch.bool
+    assert lp.tolist() == [[-0.5, -1.0], [0.0, 0.0]] and lp.dtype == torch.float32
+
+
+def test_select_and_concat_keep_every_optional_per_row_field():
+    a, b = _samples(3, 2, 2, fill=7), _samples(5, 4, 4, fill=9)
+    for s, fill in ((a, 7), (b, 9)):
+        s.turn_rewards = torch.full(s.action_mask.shape, float(fill))
+        s.policy_version = torch.full((len(s.prompts),), fill)
+        s.step_meta = [{"row": fill}] * len(s.prompts)
+        s.step_rewards_ext = [{"ext": fill}] * len(s.prompts)
+    out = concat_samples([a, b])
+    assert out.turn_rewards.tolist()[0] == [7.0, 7.0, 0.0, 0.0] and out.turn_rewards.tolist()[2] == [9.0] * 4
+    assert out.policy_version.tolist() == [7, 7, 9, 9, 9, 9]
+    assert out.step_meta == [{"row": 7}] * 2 + [{"row": 9}] * 4 and out.step_rewards_ext[3] == {"ext": 9}
+    picked = out.select(torch.tensor([4, 0]))
+    assert picked.policy_version.tolist() == [9, 7] and picked.labels == [9, 7]
+    assert picked.turn_rewards[1].tolist() == [7.0, 7.0, 0.0, 0.0] and picked.step_meta == [{"row": 9}, {"row": 7}]
+    assert picked.rewards.scores.tolist() == [9.0, 7.0] and torch.equal(picked.sequences[1], out.sequences[0])
+    a.policy_version = None  # a field only some parts have is dropped, not half-filled
+    assert concat_samples([a, b]).policy_version is None
+
+
 # ---------------------------------------------------------------------------------------------- old log-probs
 
 

@@ -20,9 +20,8 @@ UNSUPPORTED: dict[str, str] = {
     "vllm_enable_sleep": "engines are not put to sleep between phases",
     "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
     "deepspeed_enable_sleep": "DeepSpeed states are not offloaded between phases",
-    "async_train": "training is synchronous (generate, then train)",
-    "partial_rollout": "needs asynchronous training",
-    "async_queue_size": "needs asynchronous training",
+    "partial_rollout": "not yet: under --async_train a batch in flight finishes with the weights it started "
+    "with, and a weight sync waits for it",
     "best_metric_key": "checkpoints are kept by recency (--max_ckpt_num / --max_ckpt_mem), not by a metric",
     "use_ds_universal_ckpt": "resume needs the same number of policy ranks (no universal-checkpoint conversion)",
     "deepcompile": "DeepSpeed compile is not wired in",
@@ -137,8 +136,19 @@ def _add_vllm(p) -> None:
         help="[reinforce_pro] engines sample with the policy of K steps ago (K weight versions are kept in the "
         "object store): the off-policy lag of asynchronous RL, reproduced for studying IS correction",
     )
-    g.add_argument("--async_train", action="store_true", help="overlap generation and training")
-    g.add_argument("--async_queue_size", type=int, default=1, help="rollout queue depth with --async_train")
+    g.add_argument(
+        "--async_train",
+        action="store_true",
+        help="generate the next rollout batches in a producer thread while the policy trains on this one; "
+        "rollouts are then up to --async_queue_size policy versions stale (logged as async/staleness_*)",
+    )
+    g.add_argument(
+        "--async_queue_size",
+        type=int,
+        default=1,
+        help="with --async_train: how many batches (= policy versions) the producer may run ahead of the "
+        "trainer; the bound on a trained sample's staleness (>= 1)",
+    )
     g.add_argument("--partial_rollout", action="store_true", help="continue unfinished rollouts after a sync")
 
 

@@ -109,6 +109,10 @@ def invalid_combination(args) -> str | None:
             return f"--{name} must be >= 1, got {getattr(args, name)}"
     if args.rollout_staleness < 0:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
+    if args.async_queue_size < 1:
+        return f"--async_queue_size must be >= 1, got {args.async_queue_size}"
+    if args.async_train and args.rollout_staleness > 0:
+        return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [
         (0 <= low < high, f"--vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got {low} {high}"),
         (args.dual_clip is None or args.dual_clip > 1, f"--dual_clip must be > 1, got {args.dual_clip}"),

@@ -113,6 +113,23 @@ def logical_cpus(args) -> int:
     return n + 2
 
 
+def cpu_threads(args, use_gpu: bool, cores: int | None = None) -> tuple[dict | None, dict | None]:
+    """(engine env, trainer env): the thread count of each CPU actor under --async_train, where engines and
+    trainer ranks run at the same time. The cores are split in two halves, the engines' split over the
+    engines, the trainer's over the policy ranks (reference and critic ranks run when the policy's do not,
+    and take the same count). None: the default, every core for each actor (synchronous: phases alternate)."""
+    if use_gpu or not args.async_train:
+        return None, None
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    engine_cores = max(1, cores // 2)
+    ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
+    per_engine = max(1, engine_cores // (args.vllm_num_engines * args.vllm_tensor_parallel_size))
+    per_rank = max(1, (cores - engine_cores) // ranks)
+    return {"REINFORCE_PRO_CPU_THREADS": str(per_engine)}, {"REINFORCE_PRO_CPU_THREADS": str(per_rank)}
+
+
 def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> dict:
     """Placement groups and actors for every role the flags ask for; `engines` reuses existing engines."""
     groups: dict = {"owned_engines": engines is None, "pgs": []}
@@ -124,6 +141,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
 
     actor_spec = GroupSpec("actor", args.actor_num_nodes, args.actor_num_gpus_per_node)
     actor_pg = new_pg(actor_spec)
+    engine_env, trainer_env = cpu_threads(args, use_gpu)
     colocate_all = args.colocate_all_models
     colocate_ref = args.colocate_actor_ref or colocate_all
     share = 0.4 if colocate_all else (0.5 if colocate_ref and args.needs_reference else 1.0)
@@ -132,7 +150,13 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     attn = {"attn_implementation": attn_implementation(args)}
     fwd = {**attn, "forward_micro_batch_size": args.micro_rollout_batch_size}
     groups["policy"] = create_group(
-        PolicyWorker, actor_spec, actor_pg, use_gpu, share, lambda d: (plan.pretrain, opt, loss, d, args.seed, fwd)
+        PolicyWorker,
+        actor_spec,
+        actor_pg,
+        use_gpu,
+        share,
+        lambda d: (plan.pretrain, opt, loss, d, args.seed, fwd),
+        trainer_env,
     )
     groups["reference"] = None
     if args.needs_reference:
@@ -140,7 +164,9 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
         ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype, attn)
         ref_share = 0.3 if colocate_all else share
-        groups["reference"] = create_group(ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args)
+        groups["reference"] = create_group(
+            ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
+        )
     groups["critic"] = None
     if args.needs_critic:
         spec = GroupSpec("critic", args.critic_num_nodes, args.critic_num_gpus_per_node)
@@ -149,7 +175,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         head = args.value_head_prefix
         groups["critic"] = create_group(
             CriticWorker, spec, new_pg(spec), use_gpu, 1.0,
-            lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head, fwd),
+            lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head, fwd), trainer_env,
         )  # fmt: skip
     engine_cfg = EngineConfig(
         model_path=plan.pretrain,
@@ -163,21 +189,23 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
     )
     groups["engines"] = engines or [
-        ray.remote(VLLMEngine).options(**engine_options(args, use_gpu, actor_pg, i)).remote(engine_cfg, i)
+        ray.remote(VLLMEngine).options(**engine_options(args, use_gpu, actor_pg, i, engine_env)).remote(engine_cfg, i)
         for i in range(args.vllm_num_engines)
     ]
     return groups
 
 
-def engine_options(args, use_gpu: bool, actor_pg, index: int) -> dict:
-    """A whole GPU per tensor-parallel rank, or with --colocate_all_models 0.3 of a policy bundle."""
+def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None = None) -> dict:
+    """A whole GPU per tensor-parallel rank, or with --colocate_all_models 0.3 of a policy bundle; `env`:
+    environment variables of the engine's process (cpu_threads)."""
+    extra = {"runtime_env": {"env_vars": env}} if env else {}
     if not args.colocate_all_models:
-        return {"num_cpus": 1, "num_gpus": args.vllm_tensor_parallel_size if use_gpu else 0}
+        return {"num_cpus": 1, "num_gpus": args.vllm_tensor_parallel_size if use_gpu else 0, **extra}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = index % (args.actor_num_nodes * args.actor_num_gpus_per_node)
     strategy = PlacementGroupSchedulingStrategy(placement_group=actor_pg, placement_group_bundle_index=bundle)
-    return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy}
+    return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy, **extra}
 
 
 def release_groups(groups: dict) -> None:
@@ -258,6 +286,8 @@ def loop_config(args) -> LoopConfig:
         eval_before_training=args.eval_before_training,
         samples_log_steps=args.samples_log_steps,
         recompute_old_log_probs=args.recompute_old_log_probs,
+        async_train=args.async_train,
+        async_queue_size=args.async_queue_size,
         checkpoints=checkpoints,
     )
 

@@ -44,7 +44,7 @@ def generate_filtered(
         groups = passed.nonzero().flatten()[: batch_size - num_kept]
         if len(groups):
             rows = (groups.unsqueeze(1) * n + torch.arange(n)).flatten()
-            kept.append(_select(samples, rows))
+            kept.append(samples.select(rows))
             num_kept += len(groups)
         missing = batch_size - num_kept
         pending = take(missing) if missing > 0 else []
@@ -55,15 +55,3 @@ def generate_filtered(
         "dynamic_filtering/rounds": float(rounds),
     }
     return (concat_samples(kept) if kept else None), consumed, metrics
-
-
-def _select(s: Samples, rows: torch.Tensor) -> Samples:
-    picked = rows.tolist()
-    out = Samples(
-        s.sequences[rows], s.attention_mask[rows], s.action_mask[rows], s.rollout_log_probs[rows],
-        [s.prompts[i] for i in picked], [s.responses[i] for i in picked], [s.labels[i] for i in picked],
-        s.prompt_index[rows], s.truncated[rows],
-    )  # fmt: skip
-    r = s.rewards
-    out.rewards = type(r)(r.rewards[rows], r.scores[rows], {k: v[rows] for k, v in r.extra_logs.items()})
-    return out

@@ -1,4 +1,7 @@
-"""The RL loop: generate -> make_experience -> train -> weight_sync, one named, timed phase each."""
+"""The RL loop: generate -> make_experience -> train -> weight_sync, one named, timed phase each.
+
+With --async_train the generate phase runs in a producer thread, up to --async_queue_size policy versions
+ahead of the trainer (trainer/rollout_stream.py); the rest of the loop is the same code."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from reinforce_pro.trainer.evaluation import evaluate
 from reinforce_pro.trainer.experience_maker import ExperienceMaker
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
+from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
 
 
 @dataclass
@@ -50,6 +54,8 @@ class LoopConfig:
     eval_before_training: bool = False
     samples_log_steps: int = 0  # write a (prompt, response, reward) table every N steps (0: never)
     recompute_old_log_probs: bool = False  # always run the separate old-log-prob forward (see old_log_probs_needed)
+    async_train: bool = False  # generate in a producer thread while the policy trains (rollout_stream.py)
+    async_queue_size: int = 1  # with async_train: batches (= policy versions) the producer may run ahead
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
 
 
@@ -76,58 +82,90 @@ class PPOTrainer:
         self.maker, self.policy, self.critic, self.engines = maker, policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
         self.loader = PromptLoader(prompts, cfg.rollout_batch_size, cfg.num_episodes, cfg.seed)
-        self.step = 0  # completed steps (restored by resume)
+        self.step = 0  # completed steps (restored by resume) = the policy's weight version
         self.history: list[dict[str, float]] = []
-        # Weight versions in the object store, newest last; the engines get the one `rollout_staleness` old.
+        # (version, weights) in the object store, newest last; the engines get the one `rollout_staleness` old.
         self.versions: deque = deque(maxlen=cfg.rollout_staleness + 1)
+        self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
+        self.trained_source = self.source_state()  # the resume point: after the last trained batch
 
     def fit(self) -> list[dict[str, float]]:
-        self.sync_weights()  # engines start from the policy's weights even if they served another run before
+        self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
         if self.eval_set and self.cfg.eval_before_training and self.step == 0:
             self.logger.log(0, self.evaluate())
         bar = tqdm(total=self.loader.steps(), initial=self.step, desc="RL steps", dynamic_ncols=True)
-        while not self.loader.exhausted():
-            step, timings = self.step + 1, {}
-            with timed(timings, "step"):
-                with timed(timings, "generate"):
-                    samples, metrics = self.next_samples(step)
-                if samples is None:
-                    break  # the prompt stream ran out while topping up a filtered batch
+        with self.rollout_stream() as stream:
+            while True:
+                step, timings, start = self.step + 1, {}, time.perf_counter()
+                batch, waited = stream.get()  # synchronous: generates it now
+                if batch is None:
+                    break  # the prompt stream ran out (possibly while topping up a filtered batch)
+                self.logger.write("consumed", {"step": step, "prompts": batch.consumed})
+                samples, metrics, busy_from = batch.samples, dict(batch.metrics), time.perf_counter()
                 with timed(timings, "make_experience"):
                     experience, exp_metrics = self.maker.make_experience(samples, self.old_log_probs_needed(samples))
                 with timed(timings, "train"):
                     metrics.update(exp_metrics)
                     metrics.update(self.train(experience, step))
                 with timed(timings, "weight_sync"):
-                    self.sync_weights()
-            if self.eval_set and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
-                with timed(timings, "eval"):
-                    metrics.update(self.evaluate())
-            metrics.update(timings)
-            metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
-            self.step = step
-            self.record(step, metrics, samples, experience.rewards)
-            self.export_sidecars(step, experience)
-            self.maybe_save(step)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", step_s=f"{timings['time/step']:.1f}")
+                    self.sync_weights(step)
+                if self.eval_set and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
+                    with timed(timings, "eval"):
+                        metrics.update(self.evaluate())
+                timings["time/step"] = time.perf_counter() - start
+                timings["time/generate"] = batch.generate_s
+                metrics.update(timings)
+                metrics.update(self.rollout_metrics(batch, stream, waited, busy_from, timings["time/step"]))
+                metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
+                self.step, self.trained_source = step, batch.source_state
+                self.record(step, metrics, samples, experience.rewards)
+                self.export_sidecars(step, experience)
+                self.maybe_save(step)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", step_s=f"{timings['time/step']:.1f}")
         bar.close()
         return self.history
 
-    def next_samples(self, step: int):
-        """The step's rollout: a batch from the prompt stream (topped up under dynamic filtering)."""
+    def rollout_stream(self) -> SyncRollouts | AsyncRollouts:
+        if not self.cfg.async_train:
+            return SyncRollouts(self.produce, self.step + 1)
+        return AsyncRollouts(self.produce, self.step + 1, self.gate, self.cfg.async_queue_size)
+
+    def produce(self, batch_number: int) -> RolloutBatch | None:
+        """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread
+        under --async_train). Called with the engines held (EngineGate), so their version is fixed."""
+        start = time.perf_counter()
+        samples, consumed, metrics = self.next_samples()
+        if samples is None:
+            return None
+        if samples.rewards is None:
+            samples.rewards = self.maker.rewards(samples)
+        samples.policy_version = torch.full((len(samples.prompts),), self.gate.version, dtype=torch.long)
+        end = time.perf_counter()
+        return RolloutBatch(samples, metrics, consumed, self.source_state(), self.gate.version, (start, end))
+
+    def next_samples(self):
+        """(samples, dataset indices consumed, metrics): a batch from the prompt stream (topped up under
+        dynamic filtering); samples None when the stream has run out."""
         batch = self.loader.take(self.cfg.rollout_batch_size)
         if len(batch) < self.cfg.rollout_batch_size:
-            return None, {}
+            return None, [], {}
         if self.cfg.dynamic_filtering_reward_range is None:
-            samples, consumed, metrics = self.maker.generate([r for _, r in batch]), [i for i, _ in batch], {}
-        else:
-            samples, consumed, metrics = generate_filtered(
-                self.maker, batch, self.loader.take, self.cfg.rollout_batch_size,
-                self.cfg.dynamic_filtering_reward_range,
-            )  # fmt: skip
-        self.logger.write("consumed", {"step": step, "prompts": consumed})
-        return samples, metrics
+            return self.maker.generate([r for _, r in batch]), [i for i, _ in batch], {}
+        return generate_filtered(
+            self.maker, batch, self.loader.take, self.cfg.rollout_batch_size, self.cfg.dynamic_filtering_reward_range
+        )
+
+    def rollout_metrics(self, batch: RolloutBatch, stream, waited: float, busy_from: float, step_s: float) -> dict:
+        """Staleness of the trained rows (policy versions between the weights that sampled them and the
+        weights that train on them: 0 when synchronous) and, under --async_train, who waited for whom."""
+        staleness = (self.step - batch.samples.policy_version).float()
+        m = {"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max())}
+        if self.cfg.async_train:
+            m["async/trainer_wait_s"] = waited
+            m["async/producer_wait_s"] = batch.gate_wait_s
+            m["async/overlap_frac"] = stream.busy_seconds(busy_from, time.perf_counter()) / step_s
+        return m
 
     def old_log_probs_needed(self, samples) -> bool:
         """Whether make_experience must run the policy's forward for the old log-probs. Not when the step
@@ -139,8 +177,10 @@ class PPOTrainer:
         return self.cfg.recompute_old_log_probs or self.maker.needs_old_log_probs() or not (one_pass and trains_policy)
 
     def evaluate(self) -> dict[str, float]:
+        """Between steps, with the engines held: under --async_train no rollout is generated meanwhile."""
         e = self.eval_set
-        return evaluate(self.maker, e.prompts, e.name, e.n_samples, e.temperature)
+        with self.gate.exclusive():
+            return evaluate(self.maker, e.prompts, e.name, e.n_samples, e.temperature)
 
     def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
         self.maker.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
@@ -177,14 +217,19 @@ class PPOTrainer:
             refs += [p.save_hf.remote(str(tmp / "policy_hf")) for p in self.policy]
         ray.get(refs)
 
+    def source_state(self) -> dict:
+        """Where the rollout source stands: the prompt stream and self-play's question sampler."""
+        maker_rng = getattr(self.maker, "rng", None)
+        return {"loader": self.loader.state_dict(), "maker_rng": maker_rng.getstate() if maker_rng else None}
+
     def trainer_state(self) -> dict:
-        maker_rng = getattr(self.maker, "rng", None)  # self-play's question sampling
+        """The source is saved as it was after the last *trained* batch: under --async_train the producer has
+        taken prompts further, and those batches are regenerated after a resume (rollout_stream.py)."""
         return {
-            "episode": self.loader.position // max(1, self.loader.per_episode),  # for readers; derived on resume
-            "loader": self.loader.state_dict(),
+            "episode": self.trained_source["loader"]["position"] // max(1, self.loader.per_episode),  # for readers
+            **self.trained_source,
             "kl_coef": self.maker.kl_ctl.value,
             "reward_moments": vars(self.maker.reward_moments),
-            "maker_rng": maker_rng.getstate() if maker_rng else None,
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
@@ -198,6 +243,7 @@ class PPOTrainer:
         refs += [c.load_checkpoint.remote(str(ckpt / "critic")) for c in self.critic or []]
         ray.get(refs)
         self.step = state["step"]
+        self.gate = EngineGate(self.step)
         self.loader.load_state_dict(state["loader"])
         self.maker.kl_ctl.value = state["kl_coef"]
         vars(self.maker.reward_moments).update(state["reward_moments"])
@@ -207,6 +253,7 @@ class PPOTrainer:
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        self.trained_source = self.source_state()
 
     def train(self, exp: Experience, step: int) -> dict[str, float]:
         """`max_epochs` passes over the rollout batch in shuffled mini-batches of about train_batch_size
@@ -254,10 +301,14 @@ class PPOTrainer:
             for actor, idx in zip(group, shards, strict=True)
         ]
 
-    def sync_weights(self) -> None:
-        """Push policy weights to every rollout engine (safetensors bytes through the object store): the
-        current ones, or with rollout_staleness K those of K steps ago (the oldest kept until K exist)."""
+    def sync_weights(self, version: int = 0) -> None:
+        """Push the policy's weights (version = optimizer steps taken) to every rollout engine, as safetensors
+        bytes through the object store: the current ones, or with rollout_staleness K those of K steps ago
+        (the oldest kept until K exist). The policy serialises them while the engines may still be generating;
+        the push waits for the batch in flight (EngineGate)."""
         refs = [p.state_dict_bytes.remote(self.cfg.sync_dtype) for p in self.policy]
         ray.get(refs[1:])  # the other ranks take part in gathering ZeRO-3 shards
-        self.versions.append(refs[0])
-        ray.get([engine.update_weights.remote(self.versions[0]) for engine in self.engines])
+        self.versions.append((version, refs[0]))
+        engine_version, blob = self.versions[0]
+        with self.gate.syncing(engine_version):
+            ray.get([engine.update_weights.remote(blob) for engine in self.engines])

@@ -47,9 +47,11 @@ class OptimConfig:
 
 
 def use_host_threads() -> None:
-    """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); the pipeline is synchronous, so on a CPU host
-    each phase may use every core while the others wait. OMP_NUM_THREADS is raised too: vLLM's CPU
-    worker reads it when it binds its threads (left at 1, generation ran at 0.57x the 2-thread speed)."""
+    """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); in the synchronous pipeline each phase may use
+    every core of a CPU host while the others wait. Under --async_train engines and trainer run at once, and
+    the launcher gives each actor its share in REINFORCE_PRO_CPU_THREADS (cli/wiring.py: cpu_threads).
+    OMP_NUM_THREADS is set too: vLLM's CPU worker reads it when it binds its threads (left at 1 in the
+    synchronous loop, generation ran at 0.57x the 2-thread speed)."""
     if not torch.cuda.is_available():
         threads = int(os.environ.get("REINFORCE_PRO_CPU_THREADS", os.cpu_count() or 1))
         os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -3,8 +3,9 @@
 Each group (policy, reference, critic, reward model, rollout engines) gets a Ray placement group of
 `num_nodes * per_node` bundles. A bundle is one GPU (+1 CPU) on a GPU cluster and one logical CPU
 without GPUs. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local cluster
-declares as many as the bundles need, which is safe because the pipeline is synchronous (the engine
-generates, then the policy trains; they do not compete for the cores at the same time).
+declares as many as the bundles need. That is safe in the synchronous pipeline (the engine generates, then
+the policy trains; they do not compete for the cores); under --async_train they do, and each actor is given
+its share of the cores as a thread count (cli/wiring.py: cpu_threads).
 Colocated groups (`--colocate_actor_ref`, `--colocate_critic_reward`, `--colocate_all_models`) share
 bundles, each actor taking a fraction of the bundle.
 """
@@ -80,9 +81,12 @@ def master_address(pg: PlacementGroup) -> tuple[str, int]:
     return ray.get(probe.options(scheduling_strategy=strategy).remote())
 
 
-def create_group(cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args) -> list:
+def create_group(
+    cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None
+) -> list:
     """One actor per bundle of `pg`; `make_args(dist)` gives the constructor arguments of each rank.
-    `share` is the fraction of a bundle this group takes (1.0, or less when colocated)."""
+    `share` is the fraction of a bundle this group takes (1.0, or less when colocated); `env`: environment
+    variables of the actors' processes."""
     addr, port = master_address(pg)
     # One host: rendezvous through a file, so no rank opens a TCP listener on every interface.
     store = f"file://{tempfile.gettempdir()}/reinforce_pro_store_{uuid.uuid4().hex}" if spec.num_nodes == 1 else None
@@ -95,5 +99,7 @@ def create_group(cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share:
             num_gpus=share if use_gpu else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
         )
+        if env:
+            options["runtime_env"] = {"env_vars": env}
         actors.append(actor_cls.options(**options).remote(*make_args(dist)))
     return actors
