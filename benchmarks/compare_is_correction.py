@@ -13,7 +13,10 @@ Part 2 (`training`): the embedded default task (tiny Qwen2 warm-started on addit
 one run per correction (none = IS off) under each condition, same seeds:
 - control: fp32 engine and fp32 trainer, fresh weights (no mismatch beyond ~1e-6);
 - bf16: a bf16 engine sampling for the fp32 trainer (real numeric mismatch);
-- stale1 / stale2 / stale4: fp32 engine whose weights are 1, 2, 4 steps old (--rollout_staleness).
+- stale1 / stale2 / stale4: fp32 engine whose weights are 1, 2, 4 steps old (--rollout_staleness), the
+  synchronous imitation of asynchronous RL's lag;
+- async1 / async2: real asynchronous training (--async_train, --async_queue_size 1 / 2), fp32 engine: the
+  lag is whatever the producer achieves, at most the queue size (async/staleness_mean is recorded).
 Per run: final reward (mean of the last 10 steps), area under the reward curve (mean reward over the run),
 steps until the 10-step moving average first gains +0.10 over the start, the is/* metrics over time,
 gradient-norm spikes (steps above 3x the run's median), and wall time. One Ray cluster and one engine per
@@ -45,6 +48,8 @@ CONDITIONS = {  # name -> extra train_ppo_ray flags
     "stale1": ["--vllm_dtype", "float32", "--rollout_staleness", "1"],
     "stale2": ["--vllm_dtype", "float32", "--rollout_staleness", "2"],
     "stale4": ["--vllm_dtype", "float32", "--rollout_staleness", "4"],
+    "async1": ["--vllm_dtype", "float32", "--async_train", "--async_queue_size", "1"],
+    "async2": ["--vllm_dtype", "float32", "--async_train", "--async_queue_size", "2"],
 }
 TRAIN_CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
 SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl", "rollout/logprob_abs_diff_mean",
@@ -110,6 +115,8 @@ def summarise_run(history: list[dict], wall: float) -> dict:
         "series_step_every": every,
         # None where the run logs no such metric (no IS correction -> no is/*)
         **{f"mean_{k}": statistics.mean(h[k] for h in history) if k in history[0] else None for k in SERIES[1:5]},
+        # the lag the run actually had (0 control / bf16, K stale<K>, what the producer achieved async<Q>)
+        "mean_staleness": statistics.mean(h.get("async/staleness_mean", 0.0) for h in history),
     }
 
 
@@ -229,8 +236,8 @@ def _training_table(tr: dict) -> str:
     lines = [
         f"### Part 2: training under mismatch ({cfg['steps']} steps, seeds {cfg['seeds']}; mean ± std [min, max])",
         "",
-        "| condition | correction | final reward | reward AUC | steps to +0.10 | mean abs dlogp | masked frac | ESS | vllm_kl | grad-norm spikes | wall s |",  # noqa: E501
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| condition | correction | final reward | reward AUC | steps to +0.10 | staleness | mean abs dlogp | masked frac | ESS | vllm_kl | grad-norm spikes | wall s |",  # noqa: E501
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for condition, correction in itertools.product(cfg["conditions"], cfg["corrections"]):
         sel = [x for x in runs if x["condition"] == condition and x["correction"] == correction]
@@ -240,7 +247,7 @@ def _training_table(tr: dict) -> str:
         reached_txt = ", ".join("-" if v is None else str(v) for v in reached)
         lines.append(
             f"| {condition} | {correction} | {_spread([x['final_reward'] for x in sel])} | "
-            f"{_spread([x['auc_reward'] for x in sel])} | {reached_txt} | "
+            f"{_spread([x['auc_reward'] for x in sel])} | {reached_txt} | {_mean(sel, 'mean_staleness', '.2f')} | "
             f"{_mean(sel, 'mean_rollout/logprob_abs_diff_mean', '.2e')} | {_mean(sel, 'mean_is/token_masked_frac', '.4f')} | "  # noqa: E501
             f"{_mean(sel, 'mean_is/ess', '.3f')} | {_mean(sel, 'mean_is/vllm_kl', '.2e')} | "
             f"{sum(x['grad_norm_spikes'] for x in sel)} | {statistics.mean(x['wall_s'] for x in sel):.0f} |"

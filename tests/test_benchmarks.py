@@ -60,3 +60,34 @@ def test_bench_peers_summary_and_render(tmp_path):
     table = bench_peers.render(payload, tmp_path)
     assert "| W1 | train_ppo_ray | 1.00 | 75 |" in table and "**1.50x**" in table
     assert (tmp_path / "bench_peers.png").stat().st_size > 1000
+
+
+def test_bench_async_conditions_parse_and_summaries_render(tmp_path):
+    from benchmarks import bench_async
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    for name, flags in bench_async.CONDITIONS.items():
+        args = parse_args(["--save_path", str(tmp_path / name), *flags])
+        assert args.async_train == (name != "sync") and args.embedded_default
+    assert parse_args(bench_async.CONDITIONS["async_q2"]).async_queue_size == 2
+
+    def history(step_s: float, rewards: list[float], stale: float) -> list[dict]:
+        phases = {"time/generate": step_s, "time/make_experience": 0.0, "time/train": 0.1, "time/weight_sync": 0.0}
+        rollout = {"rollout/num_samples": 256.0, "async/staleness_mean": stale, "rollout/logprob_abs_diff_mean": 0.01}
+        return [{"time/step": step_s, "rollout/reward_mean": r, **rollout, **phases} for r in rewards]
+
+    runs = {
+        "sync": {"1": bench_async.summarise(history(0.5, [0.1, 0.2, 0.3, 0.5], 0.0), warmup=1, final_window=2)},
+        "async_q1": {"1": bench_async.summarise(history(0.25, [0.1, 0.2, 0.4, 0.4], 1.0), warmup=1, final_window=2)},
+    }
+    sync, q1 = runs["sync"]["1"], runs["async_q1"]["1"]
+    assert sync["samples_per_s"] == 512 and q1["samples_per_s"] == 1024
+    assert sync["final_reward"] == 0.4 and sync["train_wall_s"] == 2.0 and q1["curve"][-1] == [1.0, 0.4]
+    summary = bench_async.summary_table(runs)
+    assert summary["async_q1"]["speedup_vs_sync"] == 2.0 and summary["async_q1"]["staleness_mean"] == 1.0
+    payload = {"results": {"runs": runs, "summary": summary}, "commit": "abc",
+               "machine": {"cpu": "cpu", "cpu_count": 2, "torch": "2.13.0+cpu"},
+               "config": {"steps": 4, "seeds": [1], "warmup_steps": 1, "final_window": 2}}  # fmt: skip
+    table = bench_async.render(payload, tmp_path)
+    assert "| async_q1 | 1024 | 2.00x | 0.400 (0.400-0.400) | 1 | 1.00 |" in table
+    assert (tmp_path / "bench_async.png").stat().st_size > 1000

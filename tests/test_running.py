@@ -204,3 +204,18 @@ def test_old_log_prob_forward_is_skipped_only_when_it_equals_the_training_forwar
     trainer.step = step
     samples = Samples(*[None] * 4, prompts=["p"] * 16, responses=[], labels=[], prompt_index=None, truncated=None)
     assert trainer.old_log_probs_needed(samples) is needed
+
+
+def test_actor_group_shards_rows_and_calls_every_rank_with_its_own():
+    from reinforce_pro.workers.group import ActorGroup
+
+    class Rank:
+        def __init__(self, k):
+            self.log_probs = type("Method", (), {"remote": staticmethod(lambda rows, k=k: (k, rows.tolist()))})
+
+    group = ActorGroup([Rank(0), Rank(1), Rank(2)])
+    assert [s.tolist() for s in group.shards(7)] == [[0, 1, 2], [3, 4], [5, 6]]
+    data = torch.arange(70).view(7, 10)
+    out = group.call_sharded("log_probs", 7, lambda idx: (data[idx, 0],))
+    assert out == [(0, [0, 10, 20]), (1, [30, 40]), (2, [50, 60])]
+    assert group[0] is not None and len(group) == 3 and isinstance(group, list)

@@ -9,6 +9,7 @@
 #            ray start --head --node-ip-address 127.0.0.1 --dashboard-host 127.0.0.1
 #            RAY_JOB_ADDRESS=http://127.0.0.1:8265 bash examples/scripts/train_reinforce_pro_cpu.sh
 #          Kill it at any moment and run it again with RESUME=1 to continue from the last checkpoint.
+#          ASYNC=1 generates the next batch while the policy trains (--async_train, queue ASYNC_QUEUE=1).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -19,6 +20,8 @@ OUT=${OUT:-"$ROOT/runs/reinforce_pro_cpu"}
 STEPS=${STEPS:-700}
 SAVE_STEPS=${SAVE_STEPS:-50}
 RESUME=${RESUME:-0}
+ASYNC=${ASYNC:-0}
+ASYNC_QUEUE=${ASYNC_QUEUE:-1}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 ALGO_ARGS=(
@@ -28,7 +31,10 @@ ALGO_ARGS=(
 BATCH_ARGS=(--rollout_batch_size 32 --train_batch_size 256 --max_samples $((32 * STEPS)))
 CKPT_ARGS=(--save_path "$OUT" --ckpt_path "$OUT/ckpt" --save_steps "$SAVE_STEPS" --max_ckpt_num 2)
 if [[ "$RESUME" == 1 ]]; then CKPT_ARGS+=(--load_checkpoint); fi
-TRAIN=(-m reinforce_pro.cli.train_ppo_ray "${ALGO_ARGS[@]}" "${BATCH_ARGS[@]}" "${CKPT_ARGS[@]}" "${EXTRA[@]}")
+LOOP_ARGS=()
+if [[ "$ASYNC" == 1 ]]; then LOOP_ARGS+=(--async_train --async_queue_size "$ASYNC_QUEUE"); fi
+TRAIN=(-m reinforce_pro.cli.train_ppo_ray "${ALGO_ARGS[@]}" "${BATCH_ARGS[@]}" "${CKPT_ARGS[@]}" "${LOOP_ARGS[@]}"
+       "${EXTRA[@]}")
 
 if [[ -z "$RAY_JOB_ADDRESS" ]]; then
     exec "$PYTHON" "${TRAIN[@]}"

@@ -15,6 +15,7 @@ from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput, normalize_reward_output
 from reinforce_pro.rollout.vllm_engine import Generation
+from reinforce_pro.workers.group import ActorGroup
 
 
 @dataclass
@@ -73,6 +74,15 @@ class ExperienceMaker:
         self.engines, self.policy, self.reference, self.critic = engines, policy, reference, critic
         self.reward_fn, self.tokenizer, self.cfg, self.kl_ctl = reward_fn, tokenizer, cfg, kl_ctl
         self.reward_moments = RunningMoments()
+
+    def state_dict(self) -> dict:
+        """What a resume must restore of the experience side: the adaptive KL coefficient and the running
+        reward statistics (--normalize_reward)."""
+        return {"kl_coef": self.kl_ctl.value, "reward_moments": vars(self.reward_moments).copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl_ctl.value = state["kl_coef"]
+        vars(self.reward_moments).update(state["reward_moments"])
 
     # ------------------------------------------------------------------ generation
     def generate(self, batch: list[dict]) -> Samples:
@@ -228,9 +238,7 @@ class ExperienceMaker:
 
 def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions) -> torch.Tensor:
     """Split rows across the data-parallel ranks of `group`, call `method` on each, concatenate."""
-    shards = torch.tensor_split(torch.arange(sequences.size(0)), len(group))
-    refs = [
-        getattr(actor, method).remote(sequences[idx], attention_mask[idx], num_actions)
-        for actor, idx in zip(group, shards, strict=True)
-    ]
+    refs = ActorGroup(group).call_sharded(
+        method, sequences.size(0), lambda idx: (sequences[idx], attention_mask[idx], num_actions)
+    )
     return torch.cat(ray.get(refs), dim=0)

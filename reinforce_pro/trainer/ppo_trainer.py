@@ -25,6 +25,7 @@ from reinforce_pro.trainer.experience_maker import ExperienceMaker
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
 from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
+from reinforce_pro.workers.group import ActorGroup
 
 
 @dataclass
@@ -228,8 +229,7 @@ class PPOTrainer:
         return {
             "episode": self.trained_source["loader"]["position"] // max(1, self.loader.per_episode),  # for readers
             **self.trained_source,
-            "kl_coef": self.maker.kl_ctl.value,
-            "reward_moments": vars(self.maker.reward_moments),
+            **self.maker.state_dict(),  # kl_coef, reward_moments
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
@@ -245,8 +245,7 @@ class PPOTrainer:
         self.step = state["step"]
         self.gate = EngineGate(self.step)
         self.loader.load_state_dict(state["loader"])
-        self.maker.kl_ctl.value = state["kl_coef"]
-        vars(self.maker.reward_moments).update(state["reward_moments"])
+        self.maker.load_state_dict(state)
         if state["maker_rng"] is not None:
             version, internal, gauss = state["maker_rng"]
             self.maker.rng.setstate((version, tuple(internal), gauss))
@@ -293,13 +292,12 @@ class PPOTrainer:
         return stats, log_probs
 
     def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float) -> list:
-        shards = torch.tensor_split(torch.arange(len(mini)), len(group))
+        group = ActorGroup(group)
         # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
-        num_micro = math.ceil(len(shards[0]) / self.cfg.micro_train_batch_size)
-        return [
-            actor.train_minibatch.remote(split_experience(mini.select(idx), num_micro), tokens, seqs)
-            for actor, idx in zip(group, shards, strict=True)
-        ]
+        num_micro = math.ceil(len(group.shards(len(mini))[0]) / self.cfg.micro_train_batch_size)
+        return group.call_sharded(
+            "train_minibatch", len(mini), lambda idx: (split_experience(mini.select(idx), num_micro), tokens, seqs)
+        )
 
     def sync_weights(self, version: int = 0) -> None:
         """Push the policy's weights (version = optimizer steps taken) to every rollout engine, as safetensors

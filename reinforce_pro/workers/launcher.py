@@ -23,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from reinforce_pro.workers.base import DistInfo
+from reinforce_pro.workers.group import ActorGroup
 
 
 def start_ray(logical_cpus: int) -> None:
@@ -83,7 +84,7 @@ def master_address(pg: PlacementGroup) -> tuple[str, int]:
 
 def create_group(
     cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None
-) -> list:
+) -> ActorGroup:
     """One actor per bundle of `pg`; `make_args(dist)` gives the constructor arguments of each rank.
     `share` is the fraction of a bundle this group takes (1.0, or less when colocated); `env`: environment
     variables of the actors' processes."""
@@ -102,4 +103,4 @@ def create_group(
         if env:
             options["runtime_env"] = {"env_vars": env}
         actors.append(actor_cls.options(**options).remote(*make_args(dist)))
-    return actors
+    return ActorGroup(actors)
