@@ -438,6 +438,7 @@ def _add_selfplay(p) -> None:
 def build_parser() -> OneLineParser:
     p = OneLineParser(
         prog="train_ppo_ray",
+        allow_abbrev=False,  # `--rollout_batch` is an error naming the real flag, not a silent match
         description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default.",
     )
     for add in (
@@ -450,7 +451,7 @@ def build_parser() -> OneLineParser:
 
 def given_dests(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     """The dests the user set explicitly (parse again with every default suppressed)."""
-    quiet = argparse.ArgumentParser(add_help=False)
+    quiet = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             kwargs = {"dest": action.dest, "default": argparse.SUPPRESS}

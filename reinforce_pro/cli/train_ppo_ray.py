@@ -13,6 +13,7 @@ and exit status 2.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from datetime import datetime
@@ -97,16 +98,36 @@ def unsupported_flag(args, parser) -> str | None:
     return None
 
 
+def template_problem(template: str) -> str | None:
+    """What is wrong with an --input_template (filled with str.format, as in OpenRLHF), or None."""
+    try:
+        filled = template.format("\0")
+    except (IndexError, KeyError, ValueError) as e:
+        return f"needs exactly one {{}} placeholder (write literal braces as {{{{ }}}}): {type(e).__name__}: {e}"
+    if filled.count("\0") != 1:
+        return "needs exactly one {} placeholder, where the prompt text goes"
+    return None
+
+
 def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
     low, high = args.vllm_is_truncated_threshold
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
                 "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
-                "vllm_tensor_parallel_size", "max_len", "prompt_max_len")  # fmt: skip
+                "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens")  # fmt: skip
     for name in positive:
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # None: filled in later (max_new_tokens)
             return f"--{name} must be >= 1, got {getattr(args, name)}"
+    for name in ("actor_learning_rate", "critic_learning_rate"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"--{name} must be a finite number >= 0, got {value}"
+    clip_low, clip_high = args.reward_clip_range
+    if not clip_low < clip_high:
+        return f"--reward_clip_range must satisfy LOW < HIGH, got {clip_low} {clip_high}"
+    if args.input_template is not None and (problem := template_problem(args.input_template)):
+        return f"--input_template {args.input_template!r}: {problem}"
     if args.rollout_staleness < 0:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.async_queue_size < 1:
