@@ -163,6 +163,29 @@ def test_missing_model_path(tmp_path, capsys):
     assert "nope: not a local HF model directory" in err
 
 
+@pytest.mark.parametrize("where", ["is-a-file", "under-a-file"])
+def test_save_path_that_cannot_be_a_directory(tmp_path, capsys, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    save = blocker if where == "is-a-file" else blocker / "run"
+    err = _main_error(["--save_path", str(save)], capsys)
+    assert f"--save_path {save}: {blocker} is a file, not a directory" in err
+
+
+def test_ckpt_path_under_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    argv = ["--save_path", str(tmp_path / "run"), "--save_steps", "5", "--ckpt_path", str(tmp_path / "f" / "ckpt")]
+    assert "--ckpt_path" in _main_error(argv, capsys) and not (tmp_path / "run").exists()
+
+
+def test_pretrain_with_a_garbage_config(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_bytes(b"\xff{not json")
+    err = _main_error(["--pretrain", str(model), "--save_path", str(tmp_path / "run")], capsys)
+    assert f"--pretrain {model}: config.json is not valid JSON" in err
+
+
 GOOD_REWARD = "def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n"
 
 

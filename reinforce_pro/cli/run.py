@@ -29,8 +29,26 @@ class RunPlan:
 
 
 def _check_model_dir(flag: str, path: str | None) -> None:
-    if path is not None and not (Path(path) / "config.json").is_file():
+    if path is None:
+        return
+    config = Path(path) / "config.json"
+    if not config.is_file():
         raise UserInputError(f"{flag} {path}: not a local HF model directory (no config.json)")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UserInputError(f"{flag} {path}: config.json is not valid JSON ({e})") from None
+
+
+def _check_output_dir(flag: str, path: str) -> None:
+    """`path` must be (or be creatable as) a directory we can write: checked before any model is built."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserInputError(f"{flag} {path}: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag} {path}: {probe} is not writable")
 
 
 def _check_max_len(max_len: int, model_dir: str) -> None:
@@ -44,6 +62,10 @@ def _check_max_len(max_len: int, model_dir: str) -> None:
 def prepare(args) -> RunPlan:
     for flag in ("pretrain", "critic_pretrain", "reward_pretrain", "selfplay_judge_pretrain"):
         _check_model_dir(f"--{flag}", getattr(args, flag))
+    if args.save_path:
+        _check_output_dir("--save_path", args.save_path)
+    if args.save_steps > 0 or args.load_checkpoint:
+        _check_output_dir("--ckpt_path", args.ckpt_path)
     task = None
     if args.absolute_zero:
         from reinforce_pro.selfplay.tasks import load_task
