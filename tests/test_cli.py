@@ -203,6 +203,25 @@ def test_malformed_jsonl_names_the_line(tiny_model, tmp_path, capsys):
     assert f"{data}:2: not valid JSON" in err
 
 
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        pytest.param("p.json", b'[{"input": "1+1="},', ":1: not valid JSON", id="json-malformed"),
+        pytest.param("p.json", b"[1, 2, 3]", "item 0 is a int, expected a JSON object", id="json-list-of-ints"),
+        pytest.param("p.json", b'{"input": "1+1="}', "expected a JSON list of objects, got dict", id="json-object"),
+        pytest.param("p.jsonl", b'{"input": "caf\xe9"}\n', "not UTF-8 text (byte 14", id="jsonl-latin1"),
+        pytest.param("p.json", b"\xff\xfe[]", "not UTF-8 text (byte 0", id="json-utf16-bom"),
+    ],
+)
+def test_bad_prompt_files_are_one_line(tiny_model, tmp_path, capsys, name, content, message):
+    data, reward_file = tmp_path / name, tmp_path / "reward.py"
+    data.write_bytes(content)
+    reward_file.write_text(GOOD_REWARD)
+    argv = ["--pretrain", tiny_model, "--prompt_data", str(data), "--remote_rm_url", str(reward_file)]
+    assert f"{data}" in (err := _main_error(argv + ["--save_path", str(tmp_path / "run")], capsys))
+    assert message in err
+
+
 def test_reward_file_without_reward_func(tiny_model, tmp_path, capsys):
     err, _ = _run_with_files(tiny_model, tmp_path, capsys, '{"input": "1+1="}\n', "def score(x):\n    return 1\n")
     assert "defines no callable reward_func" in err

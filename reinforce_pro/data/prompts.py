@@ -14,20 +14,40 @@ class DataError(ValueError):
     """Bad prompt data; the message names the file (and line) and what is wrong."""
 
 
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
 def read_jsonl(path: Path) -> list[dict]:
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
+    for lineno, line in enumerate(_text(path).split("\n"), start=1):  # not splitlines: U+2028 is valid in JSON
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        records.append(record)
     return records
+
+
+def read_json(path: Path) -> list[dict]:
+    """A .json file holding one list of objects."""
+    try:
+        data = json.loads(_text(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+    for i, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
+    return data
 
 
 def load_records(path: str | Path, split: str = "train") -> list[dict]:
@@ -36,12 +56,7 @@ def load_records(path: str | Path, split: str = "train") -> list[dict]:
     if not path.exists():
         raise DataError(f"{path}: no such file or directory (datasets are read from local paths only)")
     if path.is_file():
-        if path.suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(data, list):
-                raise DataError(f"{path}: expected a JSON list of objects")
-            return data
-        return read_jsonl(path)
+        return read_json(path) if path.suffix == ".json" else read_jsonl(path)
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         import datasets
 
