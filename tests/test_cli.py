@@ -158,6 +158,12 @@ def test_max_len_beyond_the_model(tiny_model, tmp_path, capsys):
     assert "--max_len 4096 exceeds the model's max_position_embeddings 256" in _main_error(argv, capsys)
 
 
+def test_max_len_shorter_than_the_prompts(tiny_model, tmp_path, capsys):
+    argv = ["--pretrain", tiny_model, "--max_len", "4", "--prompt_max_len", "64", "--save_path", str(tmp_path / "r")]
+    err = _main_error(argv, capsys)
+    assert "tokens (after --prompt_max_len 64), leaving no room for a response in --max_len 4" in err
+
+
 def test_missing_model_path(tmp_path, capsys):
     err = _main_error(["--pretrain", str(tmp_path / "nope"), "--save_path", str(tmp_path / "run")], capsys)
     assert "nope: not a local HF model directory" in err

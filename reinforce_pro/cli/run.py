@@ -149,7 +149,26 @@ def _prompts(args, pretrain: str) -> list[dict]:
         records = load_records(args.prompt_data, args.prompt_split)[: args.max_samples]
         spec = PromptSpec(args.input_key, args.label_key, args.input_template, args.apply_chat_template)
         source = args.prompt_data
-    return build_prompts(records, spec, tokenizer, source)
+    prompts = build_prompts(records, spec, tokenizer, source)
+    _check_prompts_fit(prompts, tokenizer, args)
+    return prompts
+
+
+def _check_prompts_fit(prompts: list[dict], tokenizer, args) -> None:
+    """A prompt (after --prompt_max_len keeps its end) must leave room for one response token in --max_len:
+    otherwise vLLM rejects it inside Ray a minute later. Only possible when prompt_max_len >= max_len, so
+    only then is every prompt tokenised."""
+    if args.prompt_max_len < args.max_len:
+        return
+    from reinforce_pro.trainer.experience_maker import encode_prompt
+
+    for i, p in enumerate(prompts):
+        n = len(encode_prompt(tokenizer, p["prompt"], args.prompt_max_len))
+        if n >= args.max_len:
+            raise UserInputError(
+                f"prompt {i} is {n} tokens (after --prompt_max_len {args.prompt_max_len}), leaving no room for a "
+                f"response in --max_len {args.max_len}: raise --max_len or lower --prompt_max_len"
+            )
 
 
 def _seed_records(args, task) -> list[dict]:
