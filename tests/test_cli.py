@@ -164,6 +164,24 @@ def test_max_len_shorter_than_the_prompts(tiny_model, tmp_path, capsys):
     assert "tokens (after --prompt_max_len 64), leaving no room for a response in --max_len 4" in err
 
 
+def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    from reinforce_pro.cli import run as run_mod
+    from reinforce_pro.cli import wiring
+    from reinforce_pro.rewards.loader import RewardFileError
+
+    def failing(args, plan):
+        raise RewardFileError("step 3: reward_func raised ZeroDivisionError: division by zero")
+
+    monkeypatch.setattr(wiring, "build_and_fit", failing)
+    args = parse_args(["--remote_rm_url", "r.py", "--pretrain", "m", "--save_path", str(tmp_path)])
+    assert run_mod.run(args, plan=None) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "train_ppo_ray: error: --remote_rm_url r.py: step 3: reward_func raised ZeroDivisionError: "
+        "division by zero\n"
+    )
+
+
 def test_missing_model_path(tmp_path, capsys):
     err = _main_error(["--pretrain", str(tmp_path / "nope"), "--save_path", str(tmp_path / "run")], capsys)
     assert "nope: not a local HF model directory" in err

@@ -93,13 +93,22 @@ def test_reward_output_forms(value, rewards, scores, extra):
     "value, match",
     [
         pytest.param([1.0], "returned 1 rewards for 2 queries", id="length"),
-        pytest.param([1.0, float("nan")], "non-finite rewards", id="nan"),
+        pytest.param([1.0, float("nan")], r"non-finite rewards at 1 of 2 queries: \[1\]=nan$", id="nan"),
+        pytest.param({"rewards": [1.0, 2.0], "scores": [float("inf")] * 2}, "scores at 2 of 2", id="inf-scores"),
+        pytest.param(["good", "bad"], r"rewards that are not numbers \(\['good', 'bad'\]", id="strings"),
+        pytest.param(None, "rewards that are not numbers", id="none"),
         pytest.param({"scores": [1, 2]}, "without 'rewards'", id="no-rewards"),
     ],
 )
 def test_reward_output_errors(value, match):
     with pytest.raises(RewardFileError, match=match):
         normalize_reward_output(value, 2)
+
+
+def test_non_finite_extra_logs_are_dropped_not_fatal(capsys):
+    out = normalize_reward_output({"rewards": [1, 0], "extra_logs": {"len": [1, 2], "ratio": [0.5, float("nan")]}}, 2)
+    assert out.rewards.tolist() == [1.0, 0.0] and list(out.extra_logs) == ["len"]
+    assert "extra_logs['ratio'] has non-finite values" in capsys.readouterr().out
 
 
 def test_reward_file_loading(tmp_path):

@@ -236,6 +236,30 @@ def test_async_training_bounds_staleness_and_the_is_correction_sees_the_lag(tmp_
     assert kl(hist) > 100 * max(kl(sync), 1e-7), (kl(hist), kl(sync))
 
 
+NAN_AT_SECOND_CALL = """
+import torch
+calls = 0
+
+def reward_func(queries, prompts, labels):
+    global calls
+    calls += 1
+    return torch.full((len(queries),), float("nan") if calls == 2 else 0.5)
+"""
+
+
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_a_failing_reward_function_names_the_step_after_the_done_steps_are_logged(tmp_path, engine, tiny_model, mode):
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(NAN_AT_SECOND_CALL)
+    from reinforce_pro.rewards.loader import RewardFileError
+
+    with pytest.raises(RewardFileError, match=r"^step 2: reward_func returned non-finite rewards at 32 of 32"):
+        run(["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", str(reward), *ASYNC[mode]],
+            tmp_path, engine, tiny_model)  # fmt: skip
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1] and rows[0]["rollout/reward_mean"] == 0.5
+
+
 def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
     """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
     with an engine and a two-rank DeepSpeed policy group alive."""

@@ -182,7 +182,12 @@ def run(args, plan: RunPlan) -> int:
     from reinforce_pro.cli.wiring import build_and_fit
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    history = build_and_fit(args, plan)
+    try:
+        history = build_and_fit(args, plan)
+    except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
+        where = f"--remote_rm_url {args.remote_rm_url}: " if args.remote_rm_url else ""
+        print(f"train_ppo_ray: error: {where}{e}", file=sys.stderr)
+        return 2
     return _summarise(history, plan)
 
 

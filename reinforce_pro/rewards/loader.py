@@ -36,23 +36,43 @@ def load_reward_func(path: str | Path) -> Callable:
     return func
 
 
-def _as_tensor(value, n: int, what: str) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=torch.float32).flatten()
+SHOWN = 3  # offending values quoted in an error: enough to recognise the bug, short enough for one line
+
+
+def _as_tensor(value, n: int, what: str, finite: bool = True) -> torch.Tensor:
+    try:
+        t = torch.as_tensor(value, dtype=torch.float32).flatten()
+    except (TypeError, ValueError, RuntimeError) as e:
+        sample = list(value)[:SHOWN] if isinstance(value, list | tuple) else type(value).__name__
+        raise RewardFileError(f"reward_func returned {what} that are not numbers ({sample!r}: {e})") from None
     if t.numel() != n:
         raise RewardFileError(f"reward_func returned {t.numel()} {what} for {n} queries")
-    if not torch.isfinite(t).all():
-        raise RewardFileError(f"reward_func returned non-finite {what}: {t.tolist()}")
+    bad = (~torch.isfinite(t)).nonzero().flatten()
+    if finite and len(bad):
+        first = ", ".join(f"[{i}]={t[i].item()}" for i in bad[:SHOWN].tolist())
+        raise RewardFileError(f"reward_func returned non-finite {what} at {len(bad)} of {n} queries: {first}")
     return t
 
 
 def normalize_reward_output(out, n: int) -> RewardOutput:
-    """Accept a tensor / list, or a dict with rewards, scores, extra_logs."""
+    """Accept a tensor / list, or a dict with rewards, scores, extra_logs. Non-finite rewards or scores are
+    an error; an extra_logs entry with non-finite values is only logged, so it is dropped with a warning."""
     if isinstance(out, dict):
         if "rewards" not in out:
             raise RewardFileError(f"reward_func returned a dict without 'rewards' (keys: {sorted(out)})")
         rewards = _as_tensor(out["rewards"], n, "rewards")
         scores = _as_tensor(out["scores"], n, "scores") if out.get("scores") is not None else rewards.clone()
-        extra = {k: _as_tensor(v, n, f"extra_logs[{k!r}]") for k, v in (out.get("extra_logs") or {}).items()}
+        extra = {}
+        for k, v in (out.get("extra_logs") or {}).items():
+            t = _as_tensor(v, n, f"extra_logs[{k!r}]", finite=False)
+            if torch.isfinite(t).all():
+                extra[k] = t
+            elif k not in _warned:
+                _warned.add(k)
+                print(f"[warning] reward_func extra_logs[{k!r}] has non-finite values: not logged", flush=True)
         return RewardOutput(rewards, scores, extra)
     rewards = _as_tensor(out, n, "rewards")
     return RewardOutput(rewards, rewards.clone())
+
+
+_warned: set[str] = set()  # extra_logs keys already warned about (once per key and process)

@@ -13,7 +13,7 @@ from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples, pad_rows
-from reinforce_pro.rewards.loader import RewardOutput, normalize_reward_output
+from reinforce_pro.rewards.loader import RewardFileError, RewardOutput, normalize_reward_output
 from reinforce_pro.rollout.vllm_engine import Generation
 from reinforce_pro.workers.group import ActorGroup
 
@@ -140,7 +140,11 @@ class ExperienceMaker:
     def score(self, prompts: list[str], responses: list[str], labels: list) -> RewardOutput:
         """The reward function on prompt + response texts (OpenRLHF's queries), normalised."""
         queries = [p + r for p, r in zip(prompts, responses, strict=True)]
-        return normalize_reward_output(self.reward_fn(queries, prompts, labels), len(queries))
+        try:
+            out = self.reward_fn(queries, prompts, labels)
+        except Exception as e:  # user code: reported as a one-line error by the CLI (cli/run.py)
+            raise RewardFileError(f"reward_func raised {type(e).__name__}: {e}") from e
+        return normalize_reward_output(out, len(queries))
 
     def needs_old_log_probs(self) -> bool:
         """Whether the experience needs the policy's log-probs before training: the KL penalty in the

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from reinforce_pro.experience import Experience, split_experience
+from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.evaluation import evaluate
@@ -136,11 +137,14 @@ class PPOTrainer:
         """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread
         under --async_train). Called with the engines held (EngineGate), so their version is fixed."""
         start = time.perf_counter()
-        samples, consumed, metrics = self.next_samples()
+        try:
+            samples, consumed, metrics = self.next_samples()
+            if samples is not None and samples.rewards is None:
+                samples.rewards = self.maker.rewards(samples)
+        except RewardFileError as e:
+            raise RewardFileError(f"step {batch_number}: {e}") from e.__cause__
         if samples is None:
             return None
-        if samples.rewards is None:
-            samples.rewards = self.maker.rewards(samples)
         samples.policy_version = torch.full((len(samples.prompts),), self.gate.version, dtype=torch.long)
         end = time.perf_counter()
         return RolloutBatch(samples, metrics, consumed, self.source_state(), self.gate.version, (start, end))

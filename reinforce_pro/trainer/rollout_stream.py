@@ -167,7 +167,7 @@ class AsyncRollouts:
         waited = time.perf_counter() - start
         if isinstance(item, _End):
             if item.error is not None:
-                raise RuntimeError("the rollout producer failed (its traceback is chained below)") from item.error
+                raise item.error  # as if produced here: its traceback still shows the producer's frames
             return None, waited
         return item, waited
 
