@@ -16,7 +16,6 @@ supervised warm start are the same for every condition and left out). Targets (i
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 CONDITIONS = {
     "sync": [],
@@ -161,14 +160,11 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
     args = p.parse_args(argv)
     if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
+        return render_saved(args.render, render)
     config = {k: getattr(args, k) for k in ("steps", "seeds", "conditions", "warmup_steps", "final_window")}
     results = measure(args.conditions, args.seeds, args.steps, args.warmup_steps, args.final_window)
-    path = write_result("bench_async", {**config, "job": "embedded default of train_ppo_ray"}, results, args.output)
-    print(render(json.loads(path.read_text()), args.output))
-    print(f"wrote {path}")
-    return 0
+    config["job"] = "embedded default of train_ppo_ray"
+    return save_and_render("bench_async", config, results, args.output, render)
 
 
 if __name__ == "__main__":

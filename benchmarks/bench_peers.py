@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 PEERS = Path(__file__).resolve().parent / "peers"
 PHASES = ["generate", "make_experience", "train", "weight_sync"]
@@ -229,16 +229,12 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
     args = p.parse_args(argv)
     if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
+        return render_saved(args.render, render)
     if not Path(args.trl_python).exists():
         p.error(f"--trl_python {args.trl_python}: not found; create it with bash benchmarks/peers/setup_trl.sh")
     results = measure(args.workloads, args.warmup_steps, args.trl_python)
     config = {"warmup_steps": args.warmup_steps, "workloads": args.workloads}
-    path = write_result("bench_peers", config, results, args.output)
-    print(render(json.loads(path.read_text()), args.output))
-    print(f"wrote {path}")
-    return 0
+    return save_and_render("bench_peers", config, results, args.output, render)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ train, weight_sync), response tokens per second, and two targets:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
 TARGETS = {"rollout_efficiency": 0.8, "weight_sync_share": 0.10}
@@ -146,14 +145,10 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
     args = p.parse_args(argv)
     if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
+        return render_saved(args.render, render)
     results = measure(args.steps, args.warmup_steps)
     config = {"steps": args.steps, "warmup_steps": args.warmup_steps, "job": "embedded default of train_ppo_ray"}
-    path = write_result("bench_step", config, results, args.output)
-    print(render(json.loads(path.read_text()), args.output))
-    print(f"wrote {path}")
-    return 0
+    return save_and_render("bench_step", config, results, args.output, render)
 
 
 if __name__ == "__main__":

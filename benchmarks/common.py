@@ -60,3 +60,18 @@ def write_result(name: str, config: dict, results, output_dir: Path = RESULTS_DI
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def render_saved(path: Path, render) -> int:
+    """`--render FILE`: re-render the table (and plot) next to FILE from its JSON and print the table."""
+    print(render(json.loads(path.read_text()), path.parent))
+    return 0
+
+
+def save_and_render(name: str, config: dict, results, output_dir: Path, render) -> int:
+    """Write the result JSON, then render the table and plot from what was written (a later `--render` of
+    the file gives the same output) and print the table."""
+    path = write_result(name, config, results, output_dir)
+    print(render(json.loads(path.read_text()), output_dir))
+    print(f"wrote {path}")
+    return 0
