@@ -9,7 +9,7 @@ from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, Roll
 
 
 def fake_producer(gate: EngineGate, last: int, seconds: float = 0.0, fail_at: int | None = None):
-    """produce(k): a one-row batch stamped with the engines' version; None after batch `last`."""
+    """produce(k): a batch whose samples are (k, the engines' version); None after batch `last`."""
 
     def produce(k: int) -> RolloutBatch | None:
         if k == fail_at:
@@ -17,9 +17,7 @@ def fake_producer(gate: EngineGate, last: int, seconds: float = 0.0, fail_at: in
         if k > last:
             return None
         time.sleep(seconds)
-        start = time.perf_counter()
-        return RolloutBatch(samples=k, metrics={}, consumed=[k], source_state={"k": k}, version=gate.version,
-                            busy=(start, start))  # fmt: skip
+        return RolloutBatch(samples=(k, gate.version), metrics={}, consumed=[k], source_state={"k": k})
 
     return produce
 
@@ -33,8 +31,10 @@ def drive(stream, gate: EngineGate, train_s: float) -> list[tuple[int, int]]:
             if batch is None:
                 return out
             step += 1
-            assert batch.samples == step, "batches arrive in order"
-            out.append((step, (step - 1) - batch.version))
+            k, version = batch.samples
+            assert k == step, "batches arrive in order"
+            assert batch.busy[1] >= batch.busy[0] > 0  # the stream timed its production
+            out.append((step, (step - 1) - version))
             time.sleep(train_s)
             with gate.syncing(step):
                 pass
@@ -75,7 +75,7 @@ def test_leaving_early_stops_a_producer_waiting_for_weights():
     with stream:
         batch, _ = stream.get()  # batch 1; batch 2 follows, batch 3 waits for version 1, which never comes
         time.sleep(0.05)
-    assert not stream._thread.is_alive() and batch.samples == 1
+    assert not stream._thread.is_alive() and batch.samples[0] == 1
     assert stream._queue.qsize() <= 2  # batch 2 and the end marker: nothing past the bound was produced
 
 
@@ -84,7 +84,7 @@ def test_evaluation_holds_the_engines_off_the_producer():
 
     def produce(k):
         produced.append(k)
-        return None if k > 2 else RolloutBatch(k, {}, [], {}, gate.version)
+        return None if k > 2 else RolloutBatch(k, {}, [], {})
 
     stream = AsyncRollouts(produce, 1, gate, 1)
     with gate.exclusive():  # what PPOTrainer.evaluate holds

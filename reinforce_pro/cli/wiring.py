@@ -113,7 +113,7 @@ def logical_cpus(args) -> int:
     return n + 2
 
 
-def cpu_threads(args, use_gpu: bool, cores: int | None = None) -> tuple[dict | None, dict | None]:
+def cpu_threads(args, use_gpu: bool) -> tuple[dict | None, dict | None]:
     """(engine env, trainer env): the thread count of each CPU actor under --async_train, where engines and
     trainer ranks run at the same time. The cores are split in two halves, the engines' split over the
     engines, the trainer's over the policy ranks (reference and critic ranks run when the policy's do not,
@@ -122,7 +122,7 @@ def cpu_threads(args, use_gpu: bool, cores: int | None = None) -> tuple[dict | N
         return None, None
     import os
 
-    cores = cores or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
     engine_cores = max(1, cores // 2)
     ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
     per_engine = max(1, engine_cores // (args.vllm_num_engines * args.vllm_tensor_parallel_size))

@@ -136,7 +136,6 @@ class PPOTrainer:
     def produce(self, batch_number: int) -> RolloutBatch | None:
         """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread
         under --async_train). Called with the engines held (EngineGate), so their version is fixed."""
-        start = time.perf_counter()
         try:
             samples, consumed, metrics = self.next_samples()
             if samples is not None and samples.rewards is None:
@@ -146,8 +145,7 @@ class PPOTrainer:
         if samples is None:
             return None
         samples.policy_version = torch.full((len(samples.prompts),), self.gate.version, dtype=torch.long)
-        end = time.perf_counter()
-        return RolloutBatch(samples, metrics, consumed, self.source_state(), self.gate.version, (start, end))
+        return RolloutBatch(samples, metrics, consumed, self.source_state())
 
     def next_samples(self):
         """(samples, dataset indices consumed, metrics): a batch from the prompt stream (topped up under
@@ -303,7 +301,7 @@ class PPOTrainer:
             "train_minibatch", len(mini), lambda idx: (split_experience(mini.select(idx), num_micro), tokens, seqs)
         )
 
-    def sync_weights(self, version: int = 0) -> None:
+    def sync_weights(self, version: int) -> None:
         """Push the policy's weights (version = optimizer steps taken) to every rollout engine, as safetensors
         bytes through the object store: the current ones, or with rollout_staleness K those of K steps ago
         (the oldest kept until K exist). The policy serialises them while the engines may still be generating;

@@ -33,8 +33,7 @@ class RolloutBatch:
     metrics: dict[str, float]  # produced while generating (dynamic filtering, self-play, agents)
     consumed: list[int]  # dataset indices of every prompt taken for this batch
     source_state: dict  # the prompt stream (and maker RNG) after this batch was taken: the resume point
-    version: int  # the engines' weight version while the batch was generated
-    busy: tuple[float, float] = (0.0, 0.0)  # perf_counter start / end of its production
+    busy: tuple[float, float] = (0.0, 0.0)  # perf_counter start / end of its production (set by the stream)
     gate_wait_s: float = 0.0  # how long the producer waited for fresh enough weights before starting it
 
     @property
@@ -124,8 +123,11 @@ class SyncRollouts:
         """(the next batch or None at the end, seconds the trainer waited for it)."""
         start = time.perf_counter()
         batch = self.produce(self.next_batch)
+        end = time.perf_counter()
         self.next_batch += 1
-        return batch, time.perf_counter() - start
+        if batch is not None:
+            batch.busy = (start, end)
+        return batch, end - start
 
     def busy_seconds(self, t0: float, t1: float) -> float:
         """Seconds of [t0, t1] during which a rollout was being produced alongside: never, when synchronous."""
@@ -183,13 +185,14 @@ class AsyncRollouts:
                 with self.gate.generating(k, self.max_lag) as held:
                     if self._stop.is_set():
                         break
-                    self._busy.append([time.perf_counter(), None])
+                    interval = [time.perf_counter(), None]
+                    self._busy.append(interval)
                     batch = self.produce(k)
-                    self._busy[-1][1] = time.perf_counter()
+                    interval[1] = time.perf_counter()
                     del self._busy[:-8]  # the trainer asks about its last step only
                 if batch is None:
                     break
-                batch.gate_wait_s = held.waited_s
+                batch.busy, batch.gate_wait_s = tuple(interval), held.waited_s
                 self._queue.put(batch)
                 k += 1
         except Exception as e:  # handed to the trainer, which raises it in its own thread
