@@ -59,6 +59,16 @@ def _check_max_len(max_len: int, model_dir: str) -> None:
         raise UserInputError(f"--max_len {max_len} exceeds the model's max_position_embeddings {limit}")
 
 
+def _check_sandbox() -> None:
+    """A task that executes model-written code runs only where the kernel can confine it; say which layers."""
+    from reinforce_pro.selfplay.sandbox import SandboxUnavailable, require_isolation
+
+    try:
+        print(f"[self-play] {require_isolation().describe()}", flush=True)
+    except SandboxUnavailable as e:
+        raise UserInputError(f"--selfplay_task runs model-written code, but {e}") from None
+
+
 def prepare(args) -> RunPlan:
     for flag in ("pretrain", "critic_pretrain", "reward_pretrain", "selfplay_judge_pretrain"):
         _check_model_dir(f"--{flag}", getattr(args, flag))
@@ -74,6 +84,8 @@ def prepare(args) -> RunPlan:
             task = load_task(args.selfplay_task, args.selfplay_task_path)
         except ValueError as e:
             raise UserInputError(str(e)) from None
+        if getattr(task, "runs_code", False):  # task files are duck-typed
+            _check_sandbox()
     agent_cls = None
     if args.agent_func_path:
         from reinforce_pro.agents.contract import AgentFileError, load_agent_class

@@ -88,6 +88,7 @@ class CodeOutputTask(SelfPlayTask):
     thresholds = {"completion": SOME_BUT_NOT_ALL}
     weights = {"completion": 1.0}
     limits = SandboxLimits()
+    runs_code = True
 
     def seed_records(self, n: int, seed: int) -> list[dict]:
         rng = random.Random(seed)

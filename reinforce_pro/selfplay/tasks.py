@@ -57,6 +57,7 @@ class SelfPlayTask:
     # the weights of dimensions named "safety" / "completion"
     weights: dict[str, float] = {}
     format_penalty: float = -1.0  # proposer reward of an invalid question (--proposer_train_scope group)
+    runs_code: bool = False  # parse_question executes model-written code (in the sandbox): checked at start-up
 
     def seed_records(self, n: int, seed: int) -> list[dict]:
         """Seed records for runs without --prompt_data (the embedded default)."""
