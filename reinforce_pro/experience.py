@@ -181,6 +181,39 @@ class Experience:
     def __len__(self) -> int:
         return self.sequences.size(0)
 
+    def trim_padding(self) -> Experience:
+        """The same rows without the columns that are padding in every row: leading prompt columns and
+        trailing response columns. Causal attention and positions counted from the mask make the logits of
+        the kept tokens the same; a micro-batch of short responses no longer pays for the batch's longest."""
+        left, keep = padding_bounds(self.attention_mask, self.num_actions)
+        if left == 0 and keep == self.num_actions:
+            return self
+        end = self.sequences.size(1) - (self.num_actions - keep)
+        kwargs = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("sequences", "attention_mask"):
+                value = value[:, left:end]
+            elif isinstance(value, torch.Tensor) and value.dim() == 2:  # (B, T) per-token fields
+                value = value[:, :keep]
+            kwargs[f.name] = value
+        return Experience(**kwargs)
+
+
+def padding_bounds(attention_mask: torch.Tensor, num_actions: int) -> tuple[int, int]:
+    """(leading columns that are padding in every row, response columns to keep: up to the last one that
+    holds a token in some row, at least 1)."""
+    used = attention_mask.bool().any(dim=0)
+    prompt_len = attention_mask.size(1) - num_actions
+    left = int(used[:prompt_len].long().argmax()) if bool(used[:prompt_len].any()) else 0
+    response = used[prompt_len:].nonzero()
+    return left, int(response[-1]) + 1 if len(response) else 1
+
+
+def pad_actions(per_token: torch.Tensor, num_actions: int) -> torch.Tensor:
+    """(B, t) -> (B, num_actions), zeros on the right: undoes trim_padding on a per-token result."""
+    return torch.nn.functional.pad(per_token, (0, num_actions - per_token.size(1)))
+
 
 def split_experience(exp: Experience, num_micro_batches: int) -> list[Experience]:
     """`num_micro_batches` consecutive micro-batches of near-equal size (sizes differ by at most one)."""

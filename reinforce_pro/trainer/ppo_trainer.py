@@ -263,9 +263,11 @@ class PPOTrainer:
         train_policy = step > self.cfg.freezing_actor_steps
         history = []
         old_log_probs = torch.zeros(exp.action_mask.shape) if exp.old_log_probs is None else None
+        lengths = exp.attention_mask.sum(-1)
         for _ in range(self.cfg.max_epochs):
             order = torch.randperm(len(exp), generator=gen)
             for rows in torch.tensor_split(order, math.ceil(len(exp) / self.cfg.train_batch_size)):
+                rows = length_grouped(rows, lengths, len(self.policy))
                 stats, trained_log_probs = self._train_minibatch(exp.select(rows), train_policy)
                 history.append(stats)
                 if old_log_probs is not None:
@@ -312,3 +314,12 @@ class PPOTrainer:
         engine_version, blob = self.versions[0]
         with self.gate.syncing(engine_version):
             ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+
+
+def length_grouped(rows: torch.Tensor, lengths: torch.Tensor, ranks: int) -> torch.Tensor:
+    """The rows of one mini-batch reordered so that each rank's consecutive shard (ActorGroup.shards) holds
+    every `ranks`-th row of them sorted by length: its micro-batches hold rows of similar length, which
+    Experience.trim_padding then cuts to their own longest instead of the batch's, and the ranks get
+    similar work. The loss sums over the whole mini-batch, so only the order of float additions changes."""
+    by_length = rows[torch.argsort(lengths[rows], stable=True)]
+    return torch.cat([by_length[rank::ranks] for rank in range(ranks)])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits
+from reinforce_pro.experience import pad_actions, padding_bounds
 
 
 @dataclass
@@ -143,11 +144,13 @@ def batched_log_probs(
     dev = device()
     out = []
     for i in range(0, sequences.size(0), micro):
-        seq = sequences[i : i + micro].to(dev)
-        mask = attention_mask[i : i + micro].to(dev)
+        mask = attention_mask[i : i + micro]
+        left, keep = padding_bounds(mask, num_actions)  # columns that are padding in every row: skipped
+        end = sequences.size(1) - (num_actions - keep)
+        seq, mask = sequences[i : i + micro, left:end].to(dev), mask[:, left:end].to(dev)
         logits = forward_logits(model, seq, mask)
-        lp, _ = action_log_probs(logits, seq, num_actions, temperature)
-        out.append(lp.float().cpu())
+        lp, _ = action_log_probs(logits, seq, keep, temperature)
+        out.append(pad_actions(lp.float().cpu(), num_actions))
     return torch.cat(out, dim=0)
 
 

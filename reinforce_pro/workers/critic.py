@@ -55,6 +55,7 @@ class CriticWorker:
         dev, history = device(), []
         for i, exp in enumerate(micro_batches):
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)  # see PolicyWorker
+            exp = exp.trim_padding()
             values = self.engine(exp.sequences.to(dev), exp.attention_mask.to(dev), exp.num_actions)
             loss, metrics = self.loss_fn(
                 values,

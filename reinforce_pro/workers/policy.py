@@ -12,7 +12,7 @@ import torch
 from reinforce_pro.algos.kl import kl_loss
 from reinforce_pro.algos.losses import PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
-from reinforce_pro.experience import Experience
+from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 from reinforce_pro.workers.base import (
     DistInfo,
@@ -103,7 +103,8 @@ class PolicyWorker:
         return optimizer_step_stats(self.engine, history, "policy"), old
 
     def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> tuple[dict, torch.Tensor]:
-        dev, cfg = device(), self.loss_cfg
+        dev, cfg, num_actions = device(), self.loss_cfg, exp.num_actions
+        exp = exp.trim_padding()
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         logits = forward_logits(self.engine, seq, mask)
         want_entropy = cfg.entropy_loss_coef is not None
@@ -134,7 +135,7 @@ class PolicyWorker:
         # number of accumulation steps.
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
-        return {k: float(v) for k, v in metrics.items()}, log_probs.detach()
+        return {k: float(v) for k, v in metrics.items()}, pad_actions(log_probs.detach(), num_actions)
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
