@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 from reinforce_pro.experience import pad_actions, padding_bounds
+from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 
 
 @dataclass
