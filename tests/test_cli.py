@@ -122,6 +122,37 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
             id="az-rollout-n",
         ),
         pytest.param(["--absolute_zero", "--remote_rm_url", "r.py"], "scores with its task", id="az-reward"),
+        pytest.param(["--temperature", "0"], "--temperature must be > 0, got 0.0", id="temperature"),
+        pytest.param(["--top_p", "1.5"], "--top_p must be in (0, 1], got 1.5", id="top-p-high"),
+        pytest.param(["--top_p", "0"], "--top_p must be in (0, 1], got 0.0", id="top-p-zero"),
+        pytest.param(["--vllm_num_engines", "0"], "--vllm_num_engines must be >= 1", id="engines"),
+        pytest.param(["--rollout_batch_size", "0"], "--rollout_batch_size must be >= 1, got 0", id="rollout-bs"),
+        pytest.param(["--n_samples_per_prompt", "0"], "--n_samples_per_prompt must be >= 1, got 0", id="n-zero"),
+        pytest.param(["--num_episodes", "0"], "--num_episodes must be >= 1, got 0", id="episodes"),
+        pytest.param(["--max_epochs", "0"], "--max_epochs must be >= 1, got 0", id="epochs"),
+        pytest.param(["--max_len", "0"], "--max_len must be >= 1, got 0", id="max-len"),
+        pytest.param(["--prompt_max_len", "-3"], "--prompt_max_len must be >= 1, got -3", id="prompt-max-len"),
+        pytest.param(["--vllm_tensor_parallel_size", "0"], "--vllm_tensor_parallel_size must be >= 1", id="tp"),
+        pytest.param(["--actor_num_nodes", "0"], "--actor_num_nodes must be >= 1, got 0", id="nodes"),
+        pytest.param(["--rollout_staleness", "-1"], "--rollout_staleness must be >= 0, got -1", id="staleness"),
+        pytest.param(["--max_ckpt_num", "0"], "--max_ckpt_num must be >= 1, got 0", id="ckpt-num"),
+        pytest.param(["--max_ckpt_mem", "0"], "--max_ckpt_mem must be > 0", id="ckpt-mem"),
+        pytest.param(["--logging_steps", "0"], "--logging_steps must be >= 1, got 0", id="logging-steps"),
+        pytest.param(["--eval_n_samples_per_prompt", "0"], "--eval_n_samples_per_prompt must be >= 1", id="eval-n"),
+        pytest.param(["--eval_temperature", "-1"], "--eval_temperature must be >= 0, got -1.0", id="eval-temp"),
+        pytest.param(["--eval_steps", "5"], "--eval_steps / --eval_before_training need --eval_dataset", id="eval"),
+        pytest.param(
+            ["--dynamic_filtering_reward_range", "1", "0"], "must satisfy LOW < HIGH, got 1.0 0.0", id="filter-range"
+        ),
+        pytest.param(["--remote_rm_url", "r.py", "--reward_pretrain", "d"], "not both", id="two-rewards"),
+        pytest.param(["--train_batch_size", "abc"], "invalid int value: 'abc'", id="not-an-int"),
+        pytest.param(["--actor_learning_rate", "fast"], "invalid float value: 'fast'", id="not-a-float"),
+        pytest.param(["--vllm_is_truncated_threshold", "0.5"], "expected 2 arguments", id="threshold-one-value"),
+        pytest.param(["--advantage_estimator", "ppo"], "invalid choice: 'ppo'", id="estimator"),
+        pytest.param(["--reward_nan_policy", "skip"], "invalid choice: 'skip'", id="nan-policy"),
+        pytest.param(["--absolute_zero", "--dynamic_filtering"], "has its own filter (learnability)", id="az-filter"),
+        pytest.param(["--colocate_all_models", "--vllm_num_engines", "2"], "colocate_all_models needs", id="colocate"),
+        pytest.param(["--not_a_flag", "1"], "unrecognized arguments: --not_a_flag 1", id="unknown"),
         pytest.param(
             ["--absolute_zero", "--n_questions_per_prompt", "1"],
             "compares proposer rows within a group of 1 (--n_questions_per_prompt)",
@@ -346,3 +377,24 @@ def test_example_scripts_pass_valid_flags(script, tmp_path):
     if script.name.endswith("_ray.sh") or script.name.startswith("slurm"):
         assert submitted and "--address=http://127.0.0.1:8265" in submitted[0]
         assert args.enable_vllm_is_correction and args.vllm_is_truncated_threshold == [0.5, 5.0]
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path, capsys):
+    """The embedded default builds base_model/ before the prompts are checked; a bad prompt file must not
+    leave that half-made directory behind (a rerun would find it)."""
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"input": "1+1=", "label": "2"}\nnot json\n')
+    reward = tmp_path / "r.py"
+    reward.write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
+    run_dir = tmp_path / "runs" / "new"
+    argv = ["--prompt_data", str(bad), "--remote_rm_url", str(reward), "--save_path", str(run_dir)]
+    assert "prompts.jsonl:2: not valid JSON" in _main_error(argv, capsys)
+    assert not (tmp_path / "runs").exists()
+    late = ["--max_len", "4096", "--sft_warmup_steps", "0", "--save_path", str(run_dir)]  # fails after base_model/
+    assert "exceeds the model's max_position_embeddings" in _main_error(late, capsys)
+    assert not (tmp_path / "runs").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    _main_error([*argv[:4], "--save_path", str(existing)], capsys)
+    assert (existing / "keep.txt").read_text() == "mine"  # a directory the user made is never removed

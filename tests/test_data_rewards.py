@@ -125,3 +125,14 @@ def test_reward_file_loading(tmp_path):
     json_file.write_text(json.dumps({}))
     with pytest.raises(RewardFileError, match="not an existing .py file"):
         load_reward_func(json_file)
+
+
+@pytest.mark.parametrize("policy", ["zero", "drop"])
+def test_reward_nan_policy_replaces_non_finite_rewards_and_marks_their_rows(policy):
+    out = normalize_reward_output({"rewards": [1.0, float("nan"), 2.0], "scores": [0.5, 0.5, float("inf")]}, 3, policy)
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0] and out.scores.tolist() == [0.5, 0.0, 0.0]
+    assert out.extra_logs["nonfinite"].tolist() == [0.0, 1.0, 1.0]
+    plain = normalize_reward_output([1.0, 2.0], 2, policy)
+    assert plain.extra_logs["nonfinite"].tolist() == [0.0, 0.0]  # logged every step, 0 when all is well
+    with pytest.raises(RewardFileError, match="not numbers"):
+        normalize_reward_output(["a", "b"], 2, policy)  # only non-finite numbers are forgiven

@@ -6,6 +6,7 @@ policy into the shared engine before the first step.
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -258,6 +259,32 @@ def test_a_failing_reward_function_names_the_step_after_the_done_steps_are_logge
             tmp_path, engine, tiny_model)  # fmt: skip
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1] and rows[0]["rollout/reward_mean"] == 0.5
+
+
+NAN_FOR_SOME_AT_SECOND_CALL = """
+import torch
+calls = 0
+
+def reward_func(queries, prompts, labels):
+    global calls
+    calls += 1
+    rewards = torch.full((len(queries),), 0.5)
+    if calls == 2:
+        rewards[::4] = float("nan")
+    return rewards
+"""
+
+
+@pytest.mark.parametrize("policy", ["zero", "drop"])
+def test_reward_nan_policy_keeps_the_run_going(tmp_path, engine, tiny_model, policy):
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(NAN_FOR_SOME_AT_SECOND_CALL)
+    run(["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", str(reward), "--num_episodes", "1",
+         "--reward_nan_policy", policy], tmp_path, engine, tiny_model)  # fmt: skip
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["reward/nonfinite"] for r in rows[:2]] == [0.0, 0.25]
+    assert rows[1]["rollout/reward_mean"] == pytest.approx(0.5 * 0.75)  # the non-finite quarter scored 0
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
 def test_local_cluster_listens_on_loopback_only(engine, tiny_model):

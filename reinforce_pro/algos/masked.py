@@ -44,11 +44,11 @@ def aggregate_loss(
     if token_level_loss:
         if batch_num_tokens is None:
             return masked_mean(loss, mask)
-        return masked_sum(loss, mask) / batch_num_tokens * dp_size
+        return masked_sum(loss, mask) / max(batch_num_tokens, 1) * dp_size  # 0 tokens (all dropped): loss 0
 
     token_counts = mask.sum(dim=-1)
     has_tokens = token_counts > 0
     seq_loss = masked_sum(loss, mask, dim=-1) / token_counts.clamp(min=1).to(loss.dtype)
     if global_batch_size is None:
         return masked_mean(seq_loss, has_tokens)
-    return masked_sum(seq_loss, has_tokens) / global_batch_size * dp_size
+    return masked_sum(seq_loss, has_tokens) / max(global_batch_size, 1) * dp_size

@@ -310,6 +310,11 @@ def _add_training(p) -> None:
     g.add_argument("--adam_betas", type=float, nargs=2, default=(0.9, 0.95), help="AdamW betas")
     g.add_argument("--reward_clip_range", type=float, nargs=2, default=(-10, 10), help="clip rewards to this range")
     g.add_argument(
+        "--reward_nan_policy", choices=["error", "zero", "drop"], default="error",
+        help="non-finite rewards from the reward function: error (stop the run, one line), zero (use 0), drop "
+        "(use 0 and train on none of the row's tokens); zero and drop log reward/nonfinite, the fraction of rows",
+    )  # fmt: skip
+    g.add_argument(
         "--advantage_estimator", type=str, default="gae", choices=list(ADVANTAGE_ESTIMATORS), help="advantages"
     )
     g.add_argument("--use_kl_loss", action="store_true", help="KL as a loss term instead of a reward penalty")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,11 +101,30 @@ def prepare(args) -> RunPlan:
         except RewardFileError as e:
             raise UserInputError(str(e)) from None
     run_dir = Path(args.save_path or f"runs/{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
+    created = _first_missing(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict = {}
-    pretrain = args.pretrain or _tiny_model(args, run_dir, summary, task)
     try:
-        prompts = _seed_records(args, task) if task else _prompts(args, pretrain)
+        return _prepare_run_dir(args, run_dir, task, agent_cls)
+    except BaseException:
+        if created is not None:  # a failed start leaves no half-made run directory behind (base_model/...)
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` (itself included) that does not exist yet: what mkdir -p creates."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
+
+
+def _prepare_run_dir(args, run_dir: Path, task, agent_cls) -> RunPlan:
+    summary: dict = {}
+    try:  # the prompt file is read before any model is built: a bad file fails in a second, with one line
+        records = load_records(args.prompt_data, args.prompt_split)[: args.max_samples] if args.prompt_data else None
+        pretrain = args.pretrain or _tiny_model(args, run_dir, summary, task)
+        prompts = _seed_records(args, task, records) if task else _prompts(args, pretrain, records)
     except DataError as e:
         raise UserInputError(str(e)) from None
     if not prompts:
@@ -147,7 +167,7 @@ def _tiny_model(args, run_dir: Path, summary: dict, task=None) -> str:
     return str(run_dir / "warmstart")
 
 
-def _prompts(args, pretrain: str) -> list[dict]:
+def _prompts(args, pretrain: str, records: list[dict] | None) -> list[dict]:
     from transformers import AutoTokenizer
 
     from reinforce_pro.data.arithmetic import arithmetic_records
@@ -158,7 +178,6 @@ def _prompts(args, pretrain: str) -> list[dict]:
         spec = PromptSpec("input", "label", args.input_template, args.apply_chat_template)
         source = "built-in arithmetic"
     else:
-        records = load_records(args.prompt_data, args.prompt_split)[: args.max_samples]
         spec = PromptSpec(args.input_key, args.label_key, args.input_template, args.apply_chat_template)
         source = args.prompt_data
     prompts = build_prompts(records, spec, tokenizer, source)
@@ -183,11 +202,11 @@ def _check_prompts_fit(prompts: list[dict], tokenizer, args) -> None:
             )
 
 
-def _seed_records(args, task) -> list[dict]:
+def _seed_records(args, task, records: list[dict] | None) -> list[dict]:
     """Self-play seeds: --prompt_data records as they are (the task reads them), or the task's own."""
     if args.prompt_data is None:
         return task.seed_records(min(args.max_samples, 100_000), seed=args.seed)
-    return load_records(args.prompt_data, args.prompt_split)[: args.max_samples]
+    return records
 
 
 def run(args, plan: RunPlan) -> int:

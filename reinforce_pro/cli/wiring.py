@@ -96,6 +96,7 @@ def rollout_config(args) -> RolloutConfig:
         lambd=args.lambd,
         std_norm=not args.no_advantage_std_norm,
         reward_clip_range=tuple(args.reward_clip_range),
+        reward_nan_policy=args.reward_nan_policy,
         normalize_reward=args.normalize_reward,
         kl_estimator=args.kl_estimator,
         use_kl_loss=args.use_kl_loss,

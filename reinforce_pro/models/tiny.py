@@ -83,6 +83,14 @@ def build_tiny_model(
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a 1-shard bar on stderr for a model built in a second is noise
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(path)
     return path

@@ -54,14 +54,21 @@ def _as_tensor(value, n: int, what: str, finite: bool = True) -> torch.Tensor:
     return t
 
 
-def normalize_reward_output(out, n: int) -> RewardOutput:
+NAN_POLICIES = ("error", "zero", "drop")
+NONFINITE_KEY = "nonfinite"  # extra_logs key (logged as reward/nonfinite) marking rows whose reward was not finite
+
+
+def normalize_reward_output(out, n: int, nan_policy: str = "error") -> RewardOutput:
     """Accept a tensor / list, or a dict with rewards, scores, extra_logs. Non-finite rewards or scores are
-    an error; an extra_logs entry with non-finite values is only logged, so it is dropped with a warning."""
+    an error under nan_policy "error"; under "zero" or "drop" they become 0 and extra_logs["nonfinite"]
+    marks their rows (1.0), which "drop" then leaves out of the loss (ExperienceMaker.make_experience). An
+    extra_logs entry with non-finite values is only logged, so it is dropped with a warning."""
+    finite = nan_policy == "error"
     if isinstance(out, dict):
         if "rewards" not in out:
             raise RewardFileError(f"reward_func returned a dict without 'rewards' (keys: {sorted(out)})")
-        rewards = _as_tensor(out["rewards"], n, "rewards")
-        scores = _as_tensor(out["scores"], n, "scores") if out.get("scores") is not None else rewards.clone()
+        rewards = _as_tensor(out["rewards"], n, "rewards", finite)
+        scores = _as_tensor(out["scores"], n, "scores", finite) if out.get("scores") is not None else rewards.clone()
         extra = {}
         for k, v in (out.get("extra_logs") or {}).items():
             t = _as_tensor(v, n, f"extra_logs[{k!r}]", finite=False)
@@ -70,9 +77,18 @@ def normalize_reward_output(out, n: int) -> RewardOutput:
             elif k not in _warned:
                 _warned.add(k)
                 print(f"[warning] reward_func extra_logs[{k!r}] has non-finite values: not logged", flush=True)
-        return RewardOutput(rewards, scores, extra)
-    rewards = _as_tensor(out, n, "rewards")
-    return RewardOutput(rewards, rewards.clone())
+        return _replace_nonfinite(RewardOutput(rewards, scores, extra), finite)
+    rewards = _as_tensor(out, n, "rewards", finite)
+    return _replace_nonfinite(RewardOutput(rewards, rewards.clone()), finite)
+
+
+def _replace_nonfinite(out: RewardOutput, finite: bool) -> RewardOutput:
+    if finite:
+        return out
+    bad = ~(torch.isfinite(out.rewards) & torch.isfinite(out.scores))
+    out.rewards[bad], out.scores[bad] = 0.0, 0.0
+    out.extra_logs[NONFINITE_KEY] = bad.float()
+    return out
 
 
 _warned: set[str] = set()  # extra_logs keys already warned about (once per key and process)

@@ -13,7 +13,7 @@ from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples, pad_rows
-from reinforce_pro.rewards.loader import RewardFileError, RewardOutput, normalize_reward_output
+from reinforce_pro.rewards.loader import NONFINITE_KEY, RewardFileError, RewardOutput, normalize_reward_output
 from reinforce_pro.rollout.vllm_engine import Generation
 from reinforce_pro.workers.group import ActorGroup
 
@@ -31,6 +31,7 @@ class RolloutConfig:
     lambd: float = 1.0
     std_norm: bool = True
     reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
+    reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
     normalize_reward: bool = False
     kl_estimator: str = "k1"
     use_kl_loss: bool = False
@@ -144,7 +145,7 @@ class ExperienceMaker:
             out = self.reward_fn(queries, prompts, labels)
         except Exception as e:  # user code: reported as a one-line error by the CLI (cli/run.py)
             raise RewardFileError(f"reward_func raised {type(e).__name__}: {e}") from e
-        return normalize_reward_output(out, len(queries))
+        return normalize_reward_output(out, len(queries), self.cfg.reward_nan_policy)
 
     def needs_old_log_probs(self) -> bool:
         """Whether the experience needs the policy's log-probs before training: the KL penalty in the
@@ -159,6 +160,9 @@ class ExperienceMaker:
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
         reward = samples.rewards or self.rewards(samples)
+        action_mask = samples.action_mask
+        if self.cfg.reward_nan_policy == "drop" and NONFINITE_KEY in reward.extra_logs:
+            action_mask = action_mask & (reward.extra_logs[NONFINITE_KEY] == 0).unsqueeze(1)  # no tokens trained
         rewards = reward.rewards
         if self.cfg.normalize_reward:
             self.reward_moments.update(rewards)
@@ -170,7 +174,7 @@ class ExperienceMaker:
         exp = Experience(
             sequences=seq,
             attention_mask=attn,
-            action_mask=samples.action_mask,
+            action_mask=action_mask,
             old_log_probs=old_lp,
             rollout_log_probs=samples.rollout_log_probs,
             advantages=advantages,
