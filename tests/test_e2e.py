@@ -287,6 +287,20 @@ def test_reward_nan_policy_keeps_the_run_going(tmp_path, engine, tiny_model, pol
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
+def test_dynamic_batch_and_sleep_flags_from_openrlhf_scripts_train(tmp_path, engine, tiny_model, digit_reward, capsys):
+    """OpenRLHF's scripts pass these: token-budgeted micro-batches train; the sleep flags are a notice on CPU."""
+    _, _, history = run(
+        ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--use_dynamic_batch",
+         "--train_max_tokens_per_gpu", "120", "--rollout_max_tokens_per_gpu", "200", "--vllm_enable_sleep",
+         "--deepspeed_enable_sleep"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 3 and all(h["policy/grad_norm"] > 0 for h in history)
+    out = capsys.readouterr().out
+    assert "[notice] --vllm_enable_sleep: a CPU run has no device memory to free" in out
+    assert "[notice] --deepspeed_enable_sleep" in out
+
+
 def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
     """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
     with an engine and a two-rank DeepSpeed policy group alive."""

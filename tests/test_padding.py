@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinforce_pro.experience import Experience, pad_actions, padding_bounds
+from reinforce_pro.experience import (
+    Experience,
+    budget_chunks,
+    pad_actions,
+    padding_bounds,
+    split_by_tokens,
+    split_experience,
+)
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 from reinforce_pro.trainer.ppo_trainer import length_grouped
 
@@ -70,3 +77,50 @@ def test_length_grouping_is_a_permutation_with_sorted_balanced_shards(ranks):
         assert torch.equal(lengths[shard], lengths[shard].sort().values)  # micro-batches of similar length
     totals = [int(lengths[s].sum()) for s in shards]
     assert max(totals) - min(totals) <= lengths.max()  # interleaved: no rank gets all the long rows
+
+
+def test_budget_chunks_respect_the_budget():
+    lengths = [2, 3, 3, 5, 8, 9, 20]
+    assert budget_chunks(lengths, 16) == [3, 2, 1, 1]  # 3 x 3, 2 x 8, then 9 and 20 (over budget) alone
+    assert budget_chunks(lengths, 1000) == [7] and budget_chunks([], 16) == []
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5, 7])
+def test_split_by_tokens_gives_exactly_parts_of_similar_cost(parts):
+    exp = batch([2] * 7, [1, 2, 2, 4, 6, 7, 10], t_len=10)
+    chunks = split_by_tokens(exp, parts)
+    assert len(chunks) == parts and all(len(c) for c in chunks)
+    assert torch.equal(torch.cat([c.sequences for c in chunks]), exp.sequences)  # consecutive, in order
+    if parts == 3:
+        costs = [len(c) * int(c.attention_mask.sum(-1).max()) for c in chunks]
+        assert max(costs) <= 24  # vs 7 x 12 = 84 for one chunk: the budget search balanced them
+
+
+def test_the_loss_does_not_depend_on_how_the_mini_batch_is_cut():
+    """--use_dynamic_batch changes only the micro-batch boundaries: with the global token count, the summed
+    loss (and so the gradient) is the same for a fixed count and a token budget."""
+    from reinforce_pro.algos.losses import PolicyLoss
+
+    exp = batch([3, 6, 2, 5, 4, 1], [5, 9, 2, 12, 7, 3])
+    log_probs = exp.old_log_probs + 0.1 * torch.randn(
+        exp.old_log_probs.shape, generator=torch.Generator().manual_seed(3)
+    )
+    loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    tokens, seqs = float(exp.action_mask.sum()), float(len(exp))
+
+    def summed(chunks: list[Experience]) -> torch.Tensor:
+        total, start = torch.zeros(()), 0
+        for c in chunks:  # consecutive chunks: rows start..start+len(c) of exp
+            lp, start = log_probs[start : start + len(c)], start + len(c)
+            c = c.trim_padding()
+            loss, _ = loss_fn(
+                lp[:, : c.num_actions], c.old_log_probs, c.advantages, action_mask=c.action_mask,
+                rollout_log_probs=c.rollout_log_probs, batch_num_tokens=tokens, global_batch_size=seqs,
+            )  # fmt: skip
+            total = total + loss
+        return total
+
+    fixed = summed(split_experience(exp, 3))
+    budget = summed(split_by_tokens(exp, 4))
+    torch.testing.assert_close(budget, fixed, atol=1e-6, rtol=1e-6)
+    assert fixed.abs() > 0

@@ -15,11 +15,10 @@ from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
 
-# dest -> why it is not supported. Checked only when the value differs from the default.
+# dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
+# one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
 UNSUPPORTED: dict[str, str] = {
-    "vllm_enable_sleep": "engines are not put to sleep between phases",
     "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
-    "deepspeed_enable_sleep": "DeepSpeed states are not offloaded between phases",
     "partial_rollout": "not yet: under --async_train a batch in flight finishes with the weights it started "
     "with, and a weight sync waits for it",
     "best_metric_key": "checkpoints are kept by recency (--max_ckpt_num / --max_ckpt_mem), not by a metric",
@@ -31,9 +30,8 @@ UNSUPPORTED: dict[str, str] = {
     "use_liger_kernel": "Liger kernels are not wired in",
     "grad_accum_dtype": "gradients accumulate in the parameter dtype",
     "ds_tensor_parallel_size": "DeepSpeed tensor parallelism (AutoTP) is not wired in",
-    "packing_samples": "samples are padded, not packed",
-    "use_dynamic_batch": "micro-batches have a fixed number of samples",
-    "rollout_max_tokens_per_gpu": "needs --use_dynamic_batch",
+    "packing_samples": "samples are not packed; micro-batches are grouped by length and cut to their longest "
+    "row instead (--use_dynamic_batch adds token budgets)",
     "load_in_4bit": "no quantised training",
     "lora_rank": "no LoRA: the full policy is trained",
     "aux_loss_coef": "no MoE auxiliary loss",
@@ -91,7 +89,11 @@ def _add_vllm(p) -> None:
     g.add_argument("--vllm_sync_with_ray", action="store_true", help="sync weights through Ray (always the case)")
     g.add_argument("--enable_prefix_caching", action="store_true", help="vLLM prefix caching (reset at every sync)")
     g.add_argument("--enforce_eager", action="store_true", help="disable CUDA graphs in vLLM")
-    g.add_argument("--vllm_enable_sleep", action="store_true", help="sleep engines between phases")
+    g.add_argument(
+        "--vllm_enable_sleep",
+        action="store_true",
+        help="sleep engines between phases (GPU; on CPU accepted with a notice: nothing to free)",
+    )
     g.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.95, help="vLLM GPU memory fraction")
     g.add_argument(
         "--vllm_dtype",
@@ -244,12 +246,18 @@ def _add_deepspeed(p) -> None:
     g.add_argument("--gradient_checkpointing_use_reentrant", action="store_true", help="reentrant checkpointing")
     g.add_argument("--disable_fast_tokenizer", action="store_true", help="use the slow (Python) tokenizer")
     g.add_argument("--dataloader_num_workers", type=int, default=0, help="data loader workers")
-    g.add_argument("--deepspeed_enable_sleep", action="store_true", help="offload DeepSpeed states between phases")
+    g.add_argument(
+        "--deepspeed_enable_sleep",
+        action="store_true",
+        help="offload DeepSpeed states between phases (GPU; on CPU accepted with a notice)",
+    )
     g.add_argument("--ds_tensor_parallel_size", type=int, default=1, help="DeepSpeed tensor-parallel size")
     g.add_argument("--packing_samples", action="store_true", help="pack samples without padding")
-    g.add_argument("--use_dynamic_batch", action="store_true", help="token-budgeted micro-batches")
-    g.add_argument("--rollout_max_tokens_per_gpu", type=int, default=None, help="token budget per rollout micro-batch")
-    g.add_argument("--train_max_tokens_per_gpu", type=int, default=16192, help="token budget per train micro-batch")
+    g.add_argument("--use_dynamic_batch", action="store_true", help="micro-batches cut by a token budget, not a count")
+    g.add_argument(
+        "--rollout_max_tokens_per_gpu", type=int, default=None, help="log-prob forward budget (default 2x train's)"
+    )
+    g.add_argument("--train_max_tokens_per_gpu", type=int, default=16192, help="padded tokens per train micro-batch")
     g.add_argument("--load_in_4bit", action="store_true", help="4-bit quantised base weights")
     g.add_argument("--lora_rank", type=int, default=0, help="LoRA rank (0: full training)")
     g.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha")

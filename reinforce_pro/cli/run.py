@@ -219,6 +219,9 @@ def run(args, plan: RunPlan) -> int:
         where = f"--remote_rm_url {args.remote_rm_url}: " if args.remote_rm_url else ""
         print(f"train_ppo_ray: error: {where}{e}", file=sys.stderr)
         return 2
+    except UserInputError as e:  # known only once Ray says what the machine has (e.g. GPU-only flags)
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
+        return 2
     return _summarise(history, plan)
 
 

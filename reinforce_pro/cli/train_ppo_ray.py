@@ -115,7 +115,8 @@ def invalid_combination(args) -> str | None:
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
                 "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
-                "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens")  # fmt: skip
+                "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens", "train_max_tokens_per_gpu",
+                "rollout_max_tokens_per_gpu")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: filled in later (max_new_tokens)
             return f"--{name} must be >= 1, got {getattr(args, name)}"

@@ -149,7 +149,8 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     opt = optim_config(args, args.actor_learning_rate, actor_spec.size, total_steps)
     loss = policy_loss_config(args)
     attn = {"attn_implementation": attn_implementation(args)}
-    fwd = {**attn, "forward_micro_batch_size": args.micro_rollout_batch_size}
+    forward_budget = {"forward_max_tokens": rollout_max_tokens(args)}
+    fwd = {**attn, "forward_micro_batch_size": args.micro_rollout_batch_size, **forward_budget}
     groups["policy"] = create_group(
         PolicyWorker,
         actor_spec,
@@ -163,7 +164,9 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     if args.needs_reference:
         ref_spec = actor_spec if colocate_ref else GroupSpec("ref", args.ref_num_nodes, args.ref_num_gpus_per_node)
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
-        ref_args = (plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype, attn)
+        ref_args = (
+            plan.pretrain, args.micro_rollout_batch_size, args.temperature, args.param_dtype, {**attn, **forward_budget}
+        )  # fmt: skip
         ref_share = 0.3 if colocate_all else share
         groups["reference"] = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
@@ -194,6 +197,14 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         for i in range(args.vllm_num_engines)
     ]
     return groups
+
+
+def rollout_max_tokens(args) -> int | None:
+    """Token budget of the log-prob / value forwards under --use_dynamic_batch (OpenRLHF: twice the training
+    budget when not given); None: --micro_rollout_batch_size rows at a time."""
+    if not args.use_dynamic_batch:
+        return None
+    return args.rollout_max_tokens_per_gpu or 2 * args.train_max_tokens_per_gpu
 
 
 def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None = None) -> dict:
@@ -276,6 +287,7 @@ def loop_config(args) -> LoopConfig:
         rollout_batch_size=args.rollout_batch_size,
         train_batch_size=args.train_batch_size,
         micro_train_batch_size=args.micro_train_batch_size,
+        train_max_tokens=args.train_max_tokens_per_gpu if args.use_dynamic_batch else None,
         max_epochs=args.max_epochs,
         freezing_actor_steps=args.freezing_actor_steps,
         logging_steps=args.logging_steps,
@@ -343,6 +355,23 @@ def agent_maker(args, agent_cls: type, maker_args: tuple):
     return AgentExperienceMaker(*maker_args, agent_cls=agent_cls, agent_cfg=cfg)
 
 
+# OpenRLHF frees GPU memory between phases with these; a CPU run has nothing to free (engines and trainer hold
+# host memory, which sleeping would only hand back to the same process).
+SLEEP_FLAGS = {"vllm_enable_sleep": "vLLM sleep mode", "deepspeed_enable_sleep": "DeepSpeed state offload"}
+
+
+def check_sleep_flags(args, use_gpu: bool) -> None:
+    """On CPU: accepted, a one-line notice each, training unchanged. On GPU: not implemented, one line."""
+    for flag, what in SLEEP_FLAGS.items():
+        if not getattr(args, flag):
+            continue
+        if use_gpu:
+            from reinforce_pro.cli.run import UserInputError
+
+            raise UserInputError(f"--{flag} ({what}) is not implemented on GPU yet: drop it")
+        print(f"[notice] --{flag}: a CPU run has no device memory to free; accepted, training unchanged", flush=True)
+
+
 def build_and_fit(args, plan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
     (the end-to-end tests) share already-started rollout engines."""
@@ -350,6 +379,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
 
     start_ray(logical_cpus(args))
     use_gpu = gpus_available()
+    check_sleep_flags(args, use_gpu)
     total_steps = optimizer_steps(args, len(plan.prompts))
     groups = build_groups(args, plan, use_gpu, total_steps, engines)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)

@@ -17,7 +17,7 @@ import ray
 import torch
 from tqdm import tqdm
 
-from reinforce_pro.experience import Experience, split_experience
+from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
@@ -45,6 +45,8 @@ class LoopConfig:
     rollout_batch_size: int = 8  # prompts per step
     train_batch_size: int = 128  # samples per optimizer step, over all data-parallel ranks
     micro_train_batch_size: int = 4  # samples per forward on one rank
+    # --use_dynamic_batch: micro-batches cut by this many padded tokens (rows x longest row) instead of a count
+    train_max_tokens: int | None = None
     max_epochs: int = 1  # passes over each rollout batch
     freezing_actor_steps: int = -1  # train only the critic for the first N steps
     logging_steps: int = 1
@@ -297,10 +299,17 @@ class PPOTrainer:
 
     def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float) -> list:
         group = ActorGroup(group)
+        shards = group.shards(len(mini))
         # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
-        num_micro = math.ceil(len(group.shards(len(mini))[0]) / self.cfg.micro_train_batch_size)
+        if self.cfg.train_max_tokens is None:
+            num_micro = math.ceil(len(shards[0]) / self.cfg.micro_train_batch_size)
+            split = split_experience
+        else:  # as many as the rank that needs the most, within the token budget
+            lengths = mini.attention_mask.sum(-1)
+            needed = max(len(budget_chunks(lengths[idx].tolist(), self.cfg.train_max_tokens)) for idx in shards)
+            num_micro, split = min(needed, min(len(idx) for idx in shards)), split_by_tokens
         return group.call_sharded(
-            "train_minibatch", len(mini), lambda idx: (split_experience(mini.select(idx), num_micro), tokens, seqs)
+            "train_minibatch", len(mini), lambda idx: (split(mini.select(idx), num_micro), tokens, seqs)
         )
 
     def sync_weights(self, version: int) -> None:

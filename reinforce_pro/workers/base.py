@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforce_pro.experience import pad_actions, padding_bounds
+from reinforce_pro.experience import budget_chunks, pad_actions, padding_bounds
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 
 
@@ -137,17 +137,32 @@ def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: i
 
 
 @torch.no_grad()
+def row_chunks(attention_mask: torch.Tensor, micro: int, max_tokens: int | None = None) -> list[slice]:
+    """Consecutive row ranges for a forward pass: `micro` rows each, or under a token budget (budget_chunks)."""
+    rows = attention_mask.size(0)
+    if max_tokens is None:
+        return [slice(i, i + micro) for i in range(0, rows, micro)]
+    bounds = [0, *torch.tensor(budget_chunks(attention_mask.sum(-1).tolist(), max_tokens)).cumsum(0).tolist()]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def batched_log_probs(
-    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float, micro: int
+    model,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_actions: int,
+    temperature: float,
+    micro: int,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
-    """(B, T) float32 log-probs of the response tokens, computed `micro` rows at a time."""
+    """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a time."""
     dev = device()
     out = []
-    for i in range(0, sequences.size(0), micro):
-        mask = attention_mask[i : i + micro]
+    for rows in row_chunks(attention_mask, micro, max_tokens):
+        mask = attention_mask[rows]
         left, keep = padding_bounds(mask, num_actions)  # columns that are padding in every row: skipped
         end = sequences.size(1) - (num_actions - keep)
-        seq, mask = sequences[i : i + micro, left:end].to(dev), mask[:, left:end].to(dev)
+        seq, mask = sequences[rows, left:end].to(dev), mask[:, left:end].to(dev)
         logits = forward_logits(model, seq, mask)
         lp, _ = action_log_probs(logits, seq, keep, temperature)
         out.append(pad_actions(lp.float().cpu(), num_actions))

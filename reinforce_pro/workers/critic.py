@@ -14,6 +14,7 @@ from reinforce_pro.workers.base import (
     initialize_deepspeed,
     load_engine_state,
     optimizer_step_stats,
+    row_chunks,
     save_engine_state,
     setup_distributed,
 )
@@ -37,17 +38,16 @@ class CriticWorker:
         self.opt, self.dist = opt, dist
         kwargs = dict(model_kwargs)
         self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
+        self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
         self.engine = initialize_deepspeed(ValueModel(pretrain, head_name, kwargs), opt, dist.world_size)
         self.loss_fn = ValueLoss(clip_eps=value_clip)
 
     @torch.no_grad()
     def values(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         self.engine.eval()
-        dev, micro, out = device(), self.forward_micro, []
-        for i in range(0, sequences.size(0), micro):
-            out.append(
-                self.engine(sequences[i : i + micro].to(dev), attention_mask[i : i + micro].to(dev), num_actions).cpu()
-            )
+        dev, out = device(), []
+        for rows in row_chunks(attention_mask, self.forward_micro, self.forward_max_tokens):
+            out.append(self.engine(sequences[rows].to(dev), attention_mask[rows].to(dev), num_actions).cpu())
         return torch.cat(out)
 
     def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:

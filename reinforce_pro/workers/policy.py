@@ -60,6 +60,7 @@ class PolicyWorker:
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
         kwargs = dict(model_kwargs)
         self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
+        self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(
@@ -77,8 +78,9 @@ class PolicyWorker:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
         self.engine.eval()
         return batched_log_probs(
-            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro
-        )
+            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro,
+            self.forward_max_tokens,
+        )  # fmt: skip
 
     def train_minibatch(
         self, micro_batches: list[Experience], global_tokens: float, global_seqs: float
@@ -201,9 +203,13 @@ class ReferenceWorker:
 
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, **(model_kwargs or {}))
+        kwargs = dict(model_kwargs or {})
+        self.max_tokens = kwargs.pop("forward_max_tokens", None)
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, **kwargs)
         self.model = model.to(device()).eval()
         self.micro, self.temperature = micro_batch_size, temperature
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
-        return batched_log_probs(self.model, sequences, attention_mask, num_actions, self.temperature, self.micro)
+        return batched_log_probs(
+            self.model, sequences, attention_mask, num_actions, self.temperature, self.micro, self.max_tokens
+        )
