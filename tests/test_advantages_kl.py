@@ -181,3 +181,20 @@ def test_build_kl_controller():
     assert isinstance(build_kl_controller(0.01, 0.1, 10000), AdaptiveKLController)
     with pytest.raises(ValueError, match="kl_target > 0"):
         build_kl_controller(0.01, 0.0, 10000)
+
+
+def test_length_penalties_follow_dapo_and_prorl():
+    from reinforce_pro.algos.length_penalty import apply_length_penalties, overlong_penalty, stop_properly
+
+    lengths = torch.tensor([4, 6, 7, 8, 10])  # max_new_tokens 8, buffer 4: the ramp starts after 4 tokens
+    assert overlong_penalty(lengths, 8, 4, 2.0).tolist() == [0.0, -1.0, -1.5, -2.0, -2.0]  # capped at -factor
+    rewards, truncated = torch.tensor([1.0, -1.0, 0.5]), torch.tensor([True, True, False])
+    assert stop_properly(rewards, truncated, 0.5).tolist() == [0.5, -0.5, 0.5]
+    assert stop_properly(rewards, truncated, -0.3).tolist() == pytest.approx([-0.3, -0.3, 0.5])
+    shaped, metrics = apply_length_penalties(
+        torch.ones(5), lengths, lengths >= 8, max_new_tokens=8, buffer_len=4, factor=1.0, stop_coef=0.0
+    )
+    assert shaped.tolist() == [1.0, 0.5, 0.25, 0.0, 0.0]  # ramp first, then the truncated ones scaled by 0
+    assert metrics == pytest.approx({"length_penalty/overlong_frac": 0.8, "length_penalty/truncated_frac": 0.4})
+    unchanged, none = apply_length_penalties(torch.ones(5), lengths, lengths >= 8, 8, None, 1.0, None)
+    assert torch.equal(unchanged, torch.ones(5)) and none == {}

@@ -154,6 +154,17 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--colocate_all_models", "--vllm_num_engines", "2"], "colocate_all_models needs", id="colocate"),
         pytest.param(["--not_a_flag", "1"], "unrecognized arguments: --not_a_flag 1", id="unknown"),
         pytest.param(
+            ["--overlong_buffer_len", "64", "--max_new_tokens", "32"],
+            "must be in (0, --max_new_tokens 32]",
+            id="overlong",
+        ),
+        pytest.param(
+            ["--overlong_penalty_factor", "-1"], "--overlong_penalty_factor must be >= 0", id="overlong-factor"
+        ),
+        pytest.param(
+            ["--stop_properly_penalty_coef", "1.5"], "--stop_properly_penalty_coef must be <= 1", id="stop-coef"
+        ),
+        pytest.param(
             ["--absolute_zero", "--n_questions_per_prompt", "1"],
             "compares proposer rows within a group of 1 (--n_questions_per_prompt)",
             id="az-proposer-group",

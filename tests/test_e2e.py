@@ -288,14 +288,16 @@ def test_reward_nan_policy_keeps_the_run_going(tmp_path, engine, tiny_model, pol
 
 
 def test_dynamic_batch_and_sleep_flags_from_openrlhf_scripts_train(tmp_path, engine, tiny_model, digit_reward, capsys):
-    """OpenRLHF's scripts pass these: token-budgeted micro-batches train; the sleep flags are a notice on CPU."""
+    """OpenRLHF's scripts pass these: token-budgeted micro-batches train, DAPO / ProRL length penalties are
+    applied and logged; the sleep flags are a notice on CPU."""
     _, _, history = run(
         ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--use_dynamic_batch",
          "--train_max_tokens_per_gpu", "120", "--rollout_max_tokens_per_gpu", "200", "--vllm_enable_sleep",
-         "--deepspeed_enable_sleep"],
+         "--deepspeed_enable_sleep", "--overlong_buffer_len", "3", "--stop_properly_penalty_coef", "0.5"],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert len(history) == 3 and all(h["policy/grad_norm"] > 0 for h in history)
+    assert all(0 <= h["length_penalty/overlong_frac"] <= 1 and "length_penalty/truncated_frac" in h for h in history)
     out = capsys.readouterr().out
     assert "[notice] --vllm_enable_sleep: a CPU run has no device memory to free" in out
     assert "[notice] --deepspeed_enable_sleep" in out

@@ -35,8 +35,6 @@ UNSUPPORTED: dict[str, str] = {
     "load_in_4bit": "no quantised training",
     "lora_rank": "no LoRA: the full policy is trained",
     "aux_loss_coef": "no MoE auxiliary loss",
-    "overlong_buffer_len": "no overlong-response penalty yet",
-    "stop_properly_penalty_coef": "no stop-properly penalty yet",
     "ring_attn_size": "no ring attention (sequence parallelism)",
     "ring_head_stride": "no ring attention (sequence parallelism)",
     "ref_reward_offload": "reference / reward models are not offloaded",
@@ -327,9 +325,13 @@ def _add_training(p) -> None:
     )
     g.add_argument("--use_kl_loss", action="store_true", help="KL as a loss term instead of a reward penalty")
     g.add_argument("--no_advantage_std_norm", action="store_true", help="do not divide advantages by their std")
-    g.add_argument("--overlong_buffer_len", type=float, default=None, help="DAPO overlong buffer")
-    g.add_argument("--overlong_penalty_factor", type=float, default=1, help="DAPO overlong penalty")
-    g.add_argument("--stop_properly_penalty_coef", type=float, default=None, help="penalty for not stopping")
+    g.add_argument(
+        "--overlong_buffer_len", type=float, default=None, help="DAPO: penalise the last B tokens before the limit"
+    )
+    g.add_argument("--overlong_penalty_factor", type=float, default=1, help="DAPO: the penalty at the token limit")
+    g.add_argument(
+        "--stop_properly_penalty_coef", type=float, default=None, help="ProRL: truncated rewards x c (c<0: set to c)"
+    )
     g.add_argument("--ring_attn_size", type=int, default=1, help="ring attention group size")
     g.add_argument("--ring_head_stride", type=int, default=1, help="ring attention head stride")
     g.add_argument(

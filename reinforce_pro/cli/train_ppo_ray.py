@@ -129,6 +129,14 @@ def invalid_combination(args) -> str | None:
         return f"--reward_clip_range must satisfy LOW < HIGH, got {clip_low} {clip_high}"
     if args.input_template is not None and (problem := template_problem(args.input_template)):
         return f"--input_template {args.input_template!r}: {problem}"
+    buffer, limit = args.overlong_buffer_len, args.max_new_tokens
+    if buffer is not None and not (0 < buffer <= (limit if limit is not None else float("inf"))):
+        return f"--overlong_buffer_len must be in (0, --max_new_tokens {limit}], got {buffer}"
+    if args.overlong_penalty_factor < 0:
+        return f"--overlong_penalty_factor must be >= 0, got {args.overlong_penalty_factor}"
+    if args.stop_properly_penalty_coef is not None and args.stop_properly_penalty_coef > 1:
+        coef = args.stop_properly_penalty_coef
+        return f"--stop_properly_penalty_coef must be <= 1 (in [0, 1] scales, < 0 replaces), got {coef}"
     if args.rollout_staleness < 0:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.async_queue_size < 1:

@@ -11,6 +11,7 @@ import torch
 
 from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
 from reinforce_pro.algos.kl import compute_approx_kl
+from reinforce_pro.algos.length_penalty import apply_length_penalties
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples, pad_rows
 from reinforce_pro.rewards.loader import NONFINITE_KEY, RewardFileError, RewardOutput, normalize_reward_output
@@ -32,6 +33,9 @@ class RolloutConfig:
     std_norm: bool = True
     reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
     reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
+    overlong_buffer_len: float | None = None  # DAPO overlong penalty (algos/length_penalty.py)
+    overlong_penalty_factor: float = 1.0
+    stop_properly_penalty_coef: float | None = None  # ProRL: truncated responses' rewards scaled / replaced
     normalize_reward: bool = False
     kl_estimator: str = "k1"
     use_kl_loss: bool = False
@@ -163,7 +167,11 @@ class ExperienceMaker:
         action_mask = samples.action_mask
         if self.cfg.reward_nan_policy == "drop" and NONFINITE_KEY in reward.extra_logs:
             action_mask = action_mask & (reward.extra_logs[NONFINITE_KEY] == 0).unsqueeze(1)  # no tokens trained
-        rewards = reward.rewards
+        rewards, penalty_metrics = apply_length_penalties(
+            reward.rewards, samples.attention_mask[:, -samples.num_actions :].sum(-1), samples.truncated,
+            self.cfg.max_new_tokens, self.cfg.overlong_buffer_len, self.cfg.overlong_penalty_factor,
+            self.cfg.stop_properly_penalty_coef,
+        )  # fmt: skip
         if self.cfg.normalize_reward:
             self.reward_moments.update(rewards)
             rewards = self.reward_moments.normalize(rewards)
@@ -186,7 +194,7 @@ class ExperienceMaker:
             step_meta=samples.step_meta,
             step_rewards_ext=samples.step_rewards_ext,
         )
-        metrics = {**self._metrics(samples, reward), **samples.metrics}
+        metrics = {**self._metrics(samples, reward), **penalty_metrics, **samples.metrics}
         if old_lp is not None:
             metrics.update(self.old_log_prob_metrics(exp))
         return exp, metrics
