@@ -1,7 +1,7 @@
 """Synchronous against asynchronous training (--async_train) on the embedded default.
 
 Runs on: CPU (the embedded default: tiny Qwen2, bf16 vLLM CPU engine, fp32 DeepSpeed policy).
-Takes:   ~3 minutes per run on 2 cores at the default 300 steps; 3 conditions x 3 seeds = 9 runs, one after
+Takes:   ~2 minutes per run on 2 cores at 200 steps; 4 conditions x 3 seeds = 12 runs, one after
          the other in one process (one local Ray cluster, fresh actors per run).
 
     python benchmarks/bench_async.py                   # measure, write JSON, render table + plot
@@ -29,6 +29,14 @@ CONDITIONS = {
     "sync": [],
     "async_q1": ["--async_train", "--async_queue_size", "1"],
     "async_q2": ["--async_train", "--async_queue_size", "2"],
+    "async_q1_partial": [
+        "--async_train",
+        "--async_queue_size",
+        "1",
+        "--partial_rollout",
+        "--partial_rollout_chunk",
+        "2",
+    ],
 }
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
 TARGET_SPEEDUP = 1.5
@@ -61,7 +69,7 @@ def summarise(history: list[dict], warmup: int, final_window: int) -> dict:
         "logprob_abs_diff_mean": statistics.mean(h["rollout/logprob_abs_diff_mean"] for h in measured),
         "curve": curve,  # [training wall seconds, reward] per step
     }
-    for key in ("async/trainer_wait_s", "async/producer_wait_s", "async/overlap_frac"):
+    for key in ("async/trainer_wait_s", "async/producer_wait_s", "async/overlap_frac", "async/partial_mixed_rows"):
         if key in measured[0]:
             out[key.split("/")[1]] = statistics.median(h[key] for h in measured)
     return out
@@ -94,6 +102,7 @@ def summary_table(runs: dict) -> dict:
             "logprob_abs_diff_mean": statistics.mean(r["logprob_abs_diff_mean"] for r in rs),
             "median_seconds": {p: statistics.mean(r["median_seconds"][p] for r in rs) for p in PHASES},
             "overlap_frac": statistics.mean(r.get("overlap_frac", 0.0) for r in rs),
+            "partial_mixed_rows": statistics.mean(r.get("partial_mixed_rows", 0.0) for r in rs),
         }
     return out
 
@@ -102,8 +111,8 @@ def render(payload: dict, out_dir: Path) -> str:
     s, cfg, m = payload["results"]["summary"], payload["config"], payload["machine"]
     lines = [
         "| condition | samples/s | vs sync | final reward (mean, min-max over seeds) | train wall s | staleness "
-        "| overlap | generate | make_exp | train | sync | step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| overlap | mixed rows | generate | make_exp | train | sync | step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c, r in s.items():
         ms = r["median_seconds"]
@@ -111,7 +120,8 @@ def render(payload: dict, out_dir: Path) -> str:
         lines.append(
             f"| {c} | {r['samples_per_s']:.0f} | {speed} | {r['final_reward_mean']:.3f} "
             f"({r['final_reward_min']:.3f}-{r['final_reward_max']:.3f}) | {r['train_wall_s']:.0f} "
-            f"| {r['staleness_mean']:.2f} | {r['overlap_frac']:.2f} | {ms['generate']:.3f} "
+            f"| {r['staleness_mean']:.2f} | {r['overlap_frac']:.2f} | {r.get('partial_mixed_rows', 0.0):.2f} "
+            f"| {ms['generate']:.3f} "
             f"| {ms['make_experience']:.3f} | {ms['train']:.3f} | {ms['weight_sync']:.3f} | {ms['step']:.3f} |"
         )
     lines += [

@@ -40,6 +40,8 @@ class Samples:
     step_rewards_ext: list[dict] | None = None
     # (B,) long, the engines' weight version (policy optimizer steps) when the row was sampled; None: unknown
     policy_version: torch.Tensor | None = None
+    # (B, T) long, --partial_rollout: the engines' version that sampled each response token (0 on padding)
+    token_version: torch.Tensor | None = None
 
     @property
     def num_actions(self) -> int:
@@ -123,8 +125,9 @@ def concat_samples(parts: list[Samples]) -> Samples:
             torch.cat([r.scores for r in rewards]),
             {k: torch.cat([r.extra_logs[k] for r in rewards]) for k in rewards[0].extra_logs},
         )
-    if turn := every("turn_rewards"):
-        optional["turn_rewards"] = torch.cat([pad(t, 0, t_len - t.size(1), 0.0) for t in turn])
+    for name in ("turn_rewards", "token_version"):  # (B, T) per-token fields: padded on the right
+        if per_token := every(name):
+            optional[name] = torch.cat([pad(t, 0, t_len - t.size(1), 0) for t in per_token])
     if versions := every("policy_version"):
         optional["policy_version"] = torch.cat(versions)
     for name in ("step_meta", "step_rewards_ext"):

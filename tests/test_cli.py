@@ -102,7 +102,10 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1", id="dual-clip"),
         pytest.param(["--async_train", "--async_queue_size", "0"], "--async_queue_size must be >= 1", id="async-q"),
         pytest.param(["--async_train", "--rollout_staleness", "1"], "use it or --async_train", id="async-stale"),
-        pytest.param(["--partial_rollout"], "--partial_rollout is recognised but not supported", id="partial"),
+        pytest.param(["--partial_rollout"], "--partial_rollout continues rollouts across weight syncs", id="partial"),
+        pytest.param(
+            ["--async_train", "--partial_rollout", "--partial_rollout_chunk", "0"], "must be >= 1", id="partial-chunk"
+        ),
         pytest.param(["--max_new_tokens", "0"], "--max_new_tokens must be >= 1, got 0", id="new-tokens"),
         pytest.param(["--actor_learning_rate", "nan"], "--actor_learning_rate must be a finite", id="lr-nan"),
         pytest.param(["--critic_learning_rate", "-1"], "--critic_learning_rate must be a finite", id="lr-neg"),

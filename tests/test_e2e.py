@@ -216,6 +216,23 @@ IS_ARGS = ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_corr
 ASYNC = {"sync": [], "async": ["--async_train", "--async_queue_size", "2"]}
 
 
+def test_partial_rollout_trains_and_logs_the_tokens_of_each_version(tmp_path, engine, tiny_model, digit_reward):
+    """--partial_rollout in chunks of 2 tokens: the run trains, staleness stays within the queue, and the token
+    fractions per version lag add up (which rows get mixed depends on timing; the per-token bookkeeping is
+    tested deterministically in test_rollout_stream.py)."""
+    _, _, history = run(
+        ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, *ASYNC["async"],
+         "--partial_rollout", "--partial_rollout_chunk", "2", "--enable_vllm_is_correction",
+         "--vllm_is_correction_type", "reinforce_pro"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 3 and all(h["policy/grad_norm"] > 0 for h in history)
+    for h in history:
+        assert h["async/staleness_max"] <= 2
+        assert sum(h[f"async/partial_tokens_lag{d}"] for d in range(3)) == pytest.approx(1.0)
+        assert 0 <= h["async/partial_mixed_rows"] <= 1
+
+
 def test_async_training_bounds_staleness_and_the_is_correction_sees_the_lag(tmp_path, engine, tiny_model, digit_reward):
     """--async_train --async_queue_size 2: the producer runs ahead, so rows are up to 2 policy versions stale
     (read off each row's sampling version); where they are, the trainer's and the engine's log-probs

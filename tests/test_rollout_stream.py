@@ -1,6 +1,7 @@
 """The rollout producer of --async_train (trainer/rollout_stream.py), driven by a fake producer and trainer:
 the staleness bound, ordering, the end of the stream, errors and shutdown."""
 
+import threading
 import time
 
 import pytest
@@ -102,3 +103,60 @@ def test_busy_seconds_counts_only_the_overlap():
     assert stream.busy_seconds(2.0, 5.0) == pytest.approx(2.0)  # [2, 3] and [4, 5]
     assert stream.busy_seconds(6.5, 9.0) == 0.0
     assert SyncRollouts(lambda k: None, 1).busy_seconds(0.0, 10.0) == 0.0
+
+
+def test_a_waiting_sync_goes_in_between_two_chunks():
+    """--partial_rollout: the producer, holding the engines for batch 1, lets a waiting weight sync in between
+    chunks; the next chunk sees the new version."""
+    gate, seen = EngineGate(version=0), []
+    with gate.generating(1, max_lag=1):
+        seen.append(gate.let_syncs_in())  # nobody waiting: carries on at once
+        done = threading.Event()
+
+        def sync():
+            with gate.syncing(1):
+                pass
+            done.set()
+
+        syncer = threading.Thread(target=sync)
+        syncer.start()
+        while not gate.syncs_waiting and not done.is_set():
+            time.sleep(0.001)
+        seen.append(gate.let_syncs_in())  # the sync runs inside this call
+    syncer.join()
+    assert seen == [0, 1] and done.is_set()
+
+
+def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them():
+    from reinforce_pro.rollout.vllm_engine import Generation
+    from reinforce_pro.trainer.experience_maker import ExperienceMaker, PartialRollout, RolloutConfig
+
+    engine = {"version": 3, "calls": []}
+
+    def fake_sample(prompt_ids, sampling=None, engines=None):
+        """Each token's log-prob says which weights sampled it; row 0 stops after 3 tokens."""
+        engine["calls"].append([len(p) for p in prompt_ids])
+        out = []
+        for ids in prompt_ids:
+            n = sampling["max_tokens"]
+            done_so_far = len(ids) - 2  # prompts are 2 tokens
+            stop = ids[0] == 0 and done_so_far + n >= 3
+            n = 3 - done_so_far if stop else n
+            out.append(Generation([7] * n, [-float(engine["version"])] * n, "stop" if stop else "length"))
+        return out
+
+    def between():  # a weight sync lands before the second chunk
+        if len(engine["calls"]) == 1:
+            engine["version"] = 4
+        return engine["version"]
+
+    maker = ExperienceMaker.__new__(ExperienceMaker)
+    maker.cfg, maker.sample = RolloutConfig(max_new_tokens=6), fake_sample
+    generations, versions = maker.sample_in_chunks([[0, 1], [5, 1]], PartialRollout(chunk=2, between=between))
+    assert [len(g.token_ids) for g in generations] == [3, 6] and [g.finish_reason for g in generations] == [
+        "stop",
+        "length",
+    ]
+    assert versions == [[3, 3, 4], [3, 3, 4, 4, 4, 4]]  # two versions in one response
+    assert [g.log_probs for g in generations] == [[-3.0, -3.0, -4.0], [-3.0, -3.0, -4.0, -4.0, -4.0, -4.0]]
+    assert engine["calls"] == [[2, 2], [4, 4], [6]]  # unfinished rows continue from prompt + tokens so far

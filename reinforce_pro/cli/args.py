@@ -19,8 +19,6 @@ from reinforce_pro.algos.losses import POLICY_LOSSES
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
 UNSUPPORTED: dict[str, str] = {
     "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
-    "partial_rollout": "not yet: under --async_train a batch in flight finishes with the weights it started "
-    "with, and a weight sync waits for it",
     "best_metric_key": "checkpoints are kept by recency (--max_ckpt_num / --max_ckpt_mem), not by a metric",
     "use_ds_universal_ckpt": "resume needs the same number of policy ranks (no universal-checkpoint conversion)",
     "deepcompile": "DeepSpeed compile is not wired in",
@@ -149,7 +147,15 @@ def _add_vllm(p) -> None:
         help="with --async_train: how many batches (= policy versions) the producer may run ahead of the "
         "trainer; the bound on a trained sample's staleness (>= 1)",
     )
-    g.add_argument("--partial_rollout", action="store_true", help="continue unfinished rollouts after a sync")
+    g.add_argument(
+        "--partial_rollout", action="store_true",
+        help="with --async_train: a weight sync goes in between chunks of a batch; unfinished responses continue "
+        "under the new weights, each token keeping the log-prob of the weights that sampled it",
+    )  # fmt: skip
+    g.add_argument(
+        "--partial_rollout_chunk", type=int, default=None,
+        help="[reinforce_pro] tokens sampled per chunk under --partial_rollout (default: max_new_tokens / 4)",
+    )  # fmt: skip
 
 
 def _add_checkpoint_logging(p) -> None:

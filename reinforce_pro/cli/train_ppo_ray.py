@@ -141,6 +141,12 @@ def invalid_combination(args) -> str | None:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.async_queue_size < 1:
         return f"--async_queue_size must be >= 1, got {args.async_queue_size}"
+    if args.partial_rollout and not args.async_train:
+        return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
+    if args.partial_rollout and (args.absolute_zero or args.agent_func_path):
+        return "--partial_rollout applies to prompt rollouts, not to --absolute_zero or --agent_func_path"
+    if args.partial_rollout_chunk is not None and args.partial_rollout_chunk < 1:
+        return f"--partial_rollout_chunk must be >= 1, got {args.partial_rollout_chunk}"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [
@@ -274,6 +280,8 @@ def finalize(args) -> None:
         args.vllm_num_engines = 1
     if args.max_new_tokens is None:
         args.max_new_tokens = 1024
+    if args.partial_rollout and args.partial_rollout_chunk is None:
+        args.partial_rollout_chunk = max(1, args.max_new_tokens // 4)
     if args.wandb_run_name is None:
         args.wandb_run_name = f"ppo_{datetime.now().strftime('%m%dT%H:%M')}"
     args.needs_reference = args.init_kl_coef > 0 or args.use_kl_loss

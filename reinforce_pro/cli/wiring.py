@@ -304,6 +304,7 @@ def loop_config(args) -> LoopConfig:
         recompute_old_log_probs=args.recompute_old_log_probs,
         async_train=args.async_train,
         async_queue_size=args.async_queue_size,
+        partial_rollout_chunk=args.partial_rollout_chunk if args.partial_rollout else None,
         checkpoints=checkpoints,
     )
 

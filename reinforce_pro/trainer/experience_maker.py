@@ -74,11 +74,21 @@ class RunningMoments:
         return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
 
 
+@dataclass
+class PartialRollout:
+    """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between()` lets a
+    waiting weight sync in and returns the engines' version (EngineGate.let_syncs_in)."""
+
+    chunk: int
+    between: Callable[[], int]
+
+
 class ExperienceMaker:
     def __init__(self, engines, policy, reference, critic, reward_fn: Callable, tokenizer, cfg: RolloutConfig, kl_ctl):
         self.engines, self.policy, self.reference, self.critic = engines, policy, reference, critic
         self.reward_fn, self.tokenizer, self.cfg, self.kl_ctl = reward_fn, tokenizer, cfg, kl_ctl
         self.reward_moments = RunningMoments()
+        self.partial: PartialRollout | None = None  # set by the trainer under --partial_rollout
 
     def state_dict(self) -> dict:
         """What a resume must restore of the experience side: the adaptive KL coefficient and the running
@@ -95,11 +105,45 @@ class ExperienceMaker:
         n = self.cfg.n_samples_per_prompt
         prompt_ids = [encode_prompt(self.tokenizer, item["prompt"], self.cfg.prompt_max_len) for item in batch]
         prompt_ids = [ids for ids in prompt_ids for _ in range(n)]
-        generations = self.sample(prompt_ids)
+        versions = None
+        if self.partial is None:
+            generations = self.sample(prompt_ids)
+        else:
+            generations, versions = self.sample_in_chunks(prompt_ids, self.partial)
         prompts = [item["prompt"] for item in batch for _ in range(n)]
         labels = [item["label"] for item in batch for _ in range(n)]
         index = torch.arange(len(batch)).repeat_interleave(n)
-        return self._to_samples(prompt_ids, generations, prompts, labels, index)
+        samples = self._to_samples(prompt_ids, generations, prompts, labels, index)
+        if versions is not None:
+            samples.token_version = torch.tensor(
+                [v + [0] * (samples.num_actions - len(v)) for v in versions], dtype=torch.long
+            )
+        return samples
+
+    def sample_in_chunks(
+        self, prompt_ids: list[list[int]], partial: PartialRollout
+    ) -> tuple[list[Generation], list[list[int]]]:
+        """Like `sample`, `partial.chunk` tokens at a time: a response that has not stopped continues from
+        its prompt plus its tokens so far, under whatever weights the engines hold by then. Returns the
+        generations (each token's log-prob from the weights that sampled it) and each token's version."""
+        sampling = sampling_params(self.cfg)
+        limit, n = sampling["max_tokens"], len(prompt_ids)
+        tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        finish, active = ["length"] * n, list(range(n))
+        while active:
+            version = partial.between()
+            size = min(partial.chunk, limit - len(tokens[active[0]]))  # every active row has the same length
+            chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
+            still = []
+            for i, g in zip(active, chunk, strict=True):
+                tokens[i] += g.token_ids
+                log_probs[i] += g.log_probs
+                versions[i] += [version] * len(g.token_ids)
+                finish[i] = g.finish_reason
+                if g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
+                    still.append(i)
+            active = still
+        return [Generation(tokens[i], log_probs[i], finish[i]) for i in range(n)], versions
 
     def sample(self, prompt_ids: list[list[int]], sampling: dict | None = None, engines=None) -> list[Generation]:
         """One response per prompt, in order, the prompts split evenly over `engines` (the rollout engines

@@ -22,7 +22,7 @@ from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.evaluation import evaluate
-from reinforce_pro.trainer.experience_maker import ExperienceMaker
+from reinforce_pro.trainer.experience_maker import ExperienceMaker, PartialRollout
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
 from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
@@ -60,6 +60,8 @@ class LoopConfig:
     recompute_old_log_probs: bool = False  # always run the separate old-log-prob forward (see old_log_probs_needed)
     async_train: bool = False  # generate in a producer thread while the policy trains (rollout_stream.py)
     async_queue_size: int = 1  # with async_train: batches (= policy versions) the producer may run ahead
+    # with async_train: sample in chunks of this many tokens, letting weight syncs in between (rollout_stream.py)
+    partial_rollout_chunk: int | None = None
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
 
 
@@ -92,6 +94,8 @@ class PPOTrainer:
         self.versions: deque = deque(maxlen=cfg.rollout_staleness + 1)
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
+        if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
+            self.maker.partial = PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in())
 
     def fit(self) -> list[dict[str, float]]:
         self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
@@ -138,6 +142,7 @@ class PPOTrainer:
     def produce(self, batch_number: int) -> RolloutBatch | None:
         """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread
         under --async_train). Called with the engines held (EngineGate), so their version is fixed."""
+        version = self.gate.version  # the oldest weights any token of this batch is sampled with
         try:
             samples, consumed, metrics = self.next_samples()
             if samples is not None and samples.rewards is None:
@@ -146,7 +151,7 @@ class PPOTrainer:
             raise RewardFileError(f"step {batch_number}: {e}") from e.__cause__
         if samples is None:
             return None
-        samples.policy_version = torch.full((len(samples.prompts),), self.gate.version, dtype=torch.long)
+        samples.policy_version = torch.full((len(samples.prompts),), version, dtype=torch.long)
         return RolloutBatch(samples, metrics, consumed, self.source_state())
 
     def next_samples(self):
@@ -166,6 +171,14 @@ class PPOTrainer:
         weights that train on them: 0 when synchronous) and, under --async_train, who waited for whom."""
         staleness = (self.step - batch.samples.policy_version).float()
         m = {"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max())}
+        if batch.samples.token_version is not None:  # --partial_rollout: how fresh each response token is
+            tokens = batch.samples.action_mask
+            lag = self.step - batch.samples.token_version
+            for d in range(self.cfg.async_queue_size + 1):
+                m[f"async/partial_tokens_lag{d}"] = float(((lag == d) & tokens).sum() / tokens.sum().clamp(min=1))
+            versions = batch.samples.token_version.masked_fill(~tokens, -1)
+            oldest = batch.samples.token_version.masked_fill(~tokens, 1 << 62).min(-1).values
+            m["async/partial_mixed_rows"] = float((versions.max(-1).values > oldest).float().mean())
         if self.cfg.async_train:
             m["async/trainer_wait_s"] = waited
             m["async/producer_wait_s"] = batch.gate_wait_s

@@ -7,7 +7,10 @@ policy version they last received. Batch k is trained at step k by weights of ve
 >= k - 1 - Q, so every trained sample is at most Q versions stale (AReaL's max_head_offpolicyness;
 OpenRLHF's --async_queue_size means the same bound). The producer holds the engines for the whole of a batch
 (generation and scoring): a weight sync waits for the batch in flight, and every row of a batch carries one
-version. Without --partial_rollout nothing generated is thrown away.
+version. With --partial_rollout the batch is sampled in chunks of tokens and a waiting sync goes in between
+two chunks (`let_syncs_in`): the rest of each response continues under the new weights, every token keeps the
+log-prob of the weights that sampled it (`Samples.token_version`), and a row's staleness is that of its
+oldest token, so the bound still holds. Nothing generated is thrown away in either mode.
 
 Resume. Each batch carries the prompt stream's state after it was taken (`source_state`); a checkpoint
 stores that of the last *trained* batch, so batches that were queued but not trained when the run died are
@@ -64,6 +67,14 @@ class EngineGate:
 
     def syncing(self, version: int) -> _Syncing:
         return _Syncing(self, version)
+
+    def let_syncs_in(self) -> int:
+        """Called by the holder of `generating` between two chunks of a batch (--partial_rollout): a weight
+        sync that is waiting goes in now (the wait releases the lock); returns the engines' version, under
+        which the next chunk is sampled."""
+        if self.syncs_waiting:
+            self._cond.wait_for(lambda: not self.syncs_waiting or self.closed)
+        return self.version
 
     def exclusive(self) -> threading.Condition:
         """Hold the engines without changing the version (evaluation between steps)."""
