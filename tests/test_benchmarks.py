@@ -91,3 +91,14 @@ def test_bench_async_conditions_parse_and_summaries_render(tmp_path):
     table = bench_async.render(payload, tmp_path)
     assert "| async_q1 | 1024 | 2.00x | 0.400 (0.400-0.400) | 1 | 1.00 |" in table
     assert (tmp_path / "bench_async.png").stat().st_size > 1000
+
+
+def test_bench_sandbox_times_both_sandboxes_and_renders(tmp_path):
+    from benchmarks import bench_sandbox
+
+    assert bench_sandbox.main(["--calls", "2", "--baseline", "HEAD", "--output", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "bench_sandbox.json").read_text())
+    for name in ("baseline", "current"):
+        assert payload["results"][name]["run_once_ms"]["calls"] == 2 and payload["results"][name]["failures"] == 0
+    assert "seccomp" in payload["results"]["current"]["layers"]
+    assert "Isolation cost" in (tmp_path / "bench_sandbox.md").read_text()
