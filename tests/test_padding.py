@@ -124,3 +124,17 @@ def test_the_loss_does_not_depend_on_how_the_mini_batch_is_cut():
     budget = summed(split_by_tokens(exp, 4))
     torch.testing.assert_close(budget, fixed, atol=1e-6, rtol=1e-6)
     assert fixed.abs() > 0
+
+
+def test_the_log_prob_forward_builds_no_graph(tmp_path):
+    """The old / reference log-prob forward runs without autograd (a graph would hold every activation)."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.workers.base import batched_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m"), dtype=torch.float32)
+    exp = batch([3, 6, 2], [5, 9, 2], vocab=model.config.vocab_size)
+    for max_tokens in (None, 20):
+        lp = batched_log_probs(model, exp.sequences, exp.attention_mask, exp.num_actions, 1.0, 2, max_tokens)
+        assert lp.shape == exp.action_mask.shape and not lp.requires_grad

@@ -136,7 +136,6 @@ def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: i
     return engine
 
 
-@torch.no_grad()
 def row_chunks(attention_mask: torch.Tensor, micro: int, max_tokens: int | None = None) -> list[slice]:
     """Consecutive row ranges for a forward pass: `micro` rows each, or under a token budget (budget_chunks)."""
     rows = attention_mask.size(0)
@@ -146,6 +145,7 @@ def row_chunks(attention_mask: torch.Tensor, micro: int, max_tokens: int | None 
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+@torch.no_grad()
 def batched_log_probs(
     model,
     sequences: torch.Tensor,
