@@ -188,15 +188,14 @@ class Experience:
         """The same rows without the columns that are padding in every row: leading prompt columns and
         trailing response columns. Causal attention and positions counted from the mask make the logits of
         the kept tokens the same; a micro-batch of short responses no longer pays for the batch's longest."""
-        left, keep = padding_bounds(self.attention_mask, self.num_actions)
-        if left == 0 and keep == self.num_actions:
+        columns, keep = padding_columns(self.attention_mask, self.num_actions)
+        if columns == slice(0, self.sequences.size(1)):
             return self
-        end = self.sequences.size(1) - (self.num_actions - keep)
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("sequences", "attention_mask"):
-                value = value[:, left:end]
+                value = value[:, columns]
             elif isinstance(value, torch.Tensor) and value.dim() == 2:  # (B, T) per-token fields
                 value = value[:, :keep]
             kwargs[f.name] = value
@@ -211,6 +210,19 @@ def padding_bounds(attention_mask: torch.Tensor, num_actions: int) -> tuple[int,
     left = int(used[:prompt_len].long().argmax()) if bool(used[:prompt_len].any()) else 0
     response = used[prompt_len:].nonzero()
     return left, int(response[-1]) + 1 if len(response) else 1
+
+
+def padding_columns(attention_mask: torch.Tensor, num_actions: int) -> tuple[slice, int]:
+    """(the sequence columns that hold a token in some row, the response columns among them): what
+    trim_padding keeps."""
+    left, keep = padding_bounds(attention_mask, num_actions)
+    return slice(left, attention_mask.size(1) - (num_actions - keep)), keep
+
+
+def consecutive_slices(sizes: list[int]) -> list[slice]:
+    """Row ranges of consecutive chunks of these sizes."""
+    bounds = [0, *torch.tensor(sizes, dtype=torch.long).cumsum(0).tolist()]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def pad_actions(per_token: torch.Tensor, num_actions: int) -> torch.Tensor:
@@ -243,8 +255,7 @@ def split_by_tokens(exp: Experience, parts: int) -> list[Experience]:
     while len(sizes) < parts:
         i = max(range(len(sizes)), key=lambda k: sizes[k])
         sizes[i : i + 1] = [sizes[i] - sizes[i] // 2, sizes[i] // 2]
-    bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
-    return [exp.select(slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [exp.select(rows) for rows in consecutive_slices(sizes)]
 
 
 def split_experience(exp: Experience, num_micro_batches: int) -> list[Experience]:

@@ -14,6 +14,7 @@ from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
+from reinforce_pro.rewards.loader import NAN_POLICIES
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
@@ -88,7 +89,7 @@ def _add_vllm(p) -> None:
     g.add_argument(
         "--vllm_enable_sleep",
         action="store_true",
-        help="sleep engines between phases (GPU; on CPU accepted with a notice: nothing to free)",
+        help="sleep engines between phases (not implemented on GPU: refused; on CPU a notice, nothing to free)",
     )
     g.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.95, help="vLLM GPU memory fraction")
     g.add_argument(
@@ -253,7 +254,7 @@ def _add_deepspeed(p) -> None:
     g.add_argument(
         "--deepspeed_enable_sleep",
         action="store_true",
-        help="offload DeepSpeed states between phases (GPU; on CPU accepted with a notice)",
+        help="offload DeepSpeed states between phases (not implemented on GPU: refused; on CPU a notice)",
     )
     g.add_argument("--ds_tensor_parallel_size", type=int, default=1, help="DeepSpeed tensor-parallel size")
     g.add_argument("--packing_samples", action="store_true", help="pack samples without padding")
@@ -322,7 +323,7 @@ def _add_training(p) -> None:
     g.add_argument("--adam_betas", type=float, nargs=2, default=(0.9, 0.95), help="AdamW betas")
     g.add_argument("--reward_clip_range", type=float, nargs=2, default=(-10, 10), help="clip rewards to this range")
     g.add_argument(
-        "--reward_nan_policy", choices=["error", "zero", "drop"], default="error",
+        "--reward_nan_policy", choices=NAN_POLICIES, default="error",
         help="non-finite rewards from the reward function: error (stop the run, one line), zero (use 0), drop "
         "(use 0 and train on none of the row's tokens); zero and drop log reward/nonfinite, the fraction of rows",
     )  # fmt: skip

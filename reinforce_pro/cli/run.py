@@ -43,9 +43,9 @@ def _check_model_dir(flag: str, path: str | None) -> None:
 
 def _check_output_dir(flag: str, path: str) -> None:
     """`path` must be (or be creatable as) a directory we can write: checked before any model is built."""
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
+    target = Path(path).resolve()
+    missing = _first_missing(target)
+    probe = missing.parent if missing is not None else target  # the deepest part that exists
     if not probe.is_dir():
         raise UserInputError(f"{flag} {path}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):

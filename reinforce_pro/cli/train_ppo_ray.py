@@ -116,7 +116,7 @@ def invalid_combination(args) -> str | None:
     positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
                 "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
                 "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens", "train_max_tokens_per_gpu",
-                "rollout_max_tokens_per_gpu")  # fmt: skip
+                "rollout_max_tokens_per_gpu", "async_queue_size", "partial_rollout_chunk")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: filled in later (max_new_tokens)
             return f"--{name} must be >= 1, got {getattr(args, name)}"
@@ -139,14 +139,10 @@ def invalid_combination(args) -> str | None:
         return f"--stop_properly_penalty_coef must be <= 1 (in [0, 1] scales, < 0 replaces), got {coef}"
     if args.rollout_staleness < 0:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
-    if args.async_queue_size < 1:
-        return f"--async_queue_size must be >= 1, got {args.async_queue_size}"
     if args.partial_rollout and not args.async_train:
         return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
     if args.partial_rollout and (args.absolute_zero or args.agent_func_path):
         return "--partial_rollout applies to prompt rollouts, not to --absolute_zero or --agent_func_path"
-    if args.partial_rollout_chunk is not None and args.partial_rollout_chunk < 1:
-        return f"--partial_rollout_chunk must be >= 1, got {args.partial_rollout_chunk}"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [

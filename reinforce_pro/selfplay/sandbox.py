@@ -162,19 +162,21 @@ def _spawn(code, entry, argument, limits, hash_seed, require) -> tuple[dict | No
                 try:
                     proc.wait(timeout=max(0.1, limits.wall_s))
                 except subprocess.TimeoutExpired:
-                    why = f"wall-clock limit of {limits.wall_s:g} s exceeded"
+                    why = _over_wall_clock(limits.wall_s)
         finally:
             os.close(read_fd)
             _kill_session(proc)
     if why is not None:
         return None, proc.returncode, why
-    lines = data.decode(errors="replace").split("\n")
-    if len(lines) != 2 or lines[1] != "":
-        if not data:
-            return None, proc.returncode, _died(proc.returncode)
+    text = data.decode(errors="replace")
+    if not text:
+        return None, proc.returncode, _died(proc.returncode)
+    if text.count("\n") > 1:
         return None, proc.returncode, "the result channel held more than one verdict: the code wrote to it"
+    if not text.endswith("\n"):  # cut off mid-line: killed while writing, or the code wrote a partial line
+        return None, proc.returncode, f"the result channel held no complete verdict ({_died(proc.returncode)})"
     try:
-        frame = json.loads(lines[0])
+        frame = json.loads(text)
     except json.JSONDecodeError:
         frame = None
     if not isinstance(frame, dict) or "ok" not in frame:
@@ -188,7 +190,7 @@ def _read_capped(fd: int, wall_s: float) -> tuple[bytes, str | None]:
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return b"", f"wall-clock limit of {wall_s:g} s exceeded"
+            return b"", _over_wall_clock(wall_s)
         ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             continue
@@ -199,6 +201,10 @@ def _read_capped(fd: int, wall_s: float) -> tuple[bytes, str | None]:
         size += len(chunk)
         if size > RESULT_CAP_BYTES:
             return b"", f"the result channel exceeded {RESULT_CAP_BYTES // 1024} KiB"
+
+
+def _over_wall_clock(wall_s: float) -> str:
+    return f"wall-clock limit of {wall_s:g} s exceeded"
 
 
 def _died(returncode: int | None) -> str:

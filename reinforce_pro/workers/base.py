@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforce_pro.experience import budget_chunks, pad_actions, padding_bounds
+from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits
 
 
@@ -141,8 +141,7 @@ def row_chunks(attention_mask: torch.Tensor, micro: int, max_tokens: int | None 
     rows = attention_mask.size(0)
     if max_tokens is None:
         return [slice(i, i + micro) for i in range(0, rows, micro)]
-    bounds = [0, *torch.tensor(budget_chunks(attention_mask.sum(-1).tolist(), max_tokens)).cumsum(0).tolist()]
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return consecutive_slices(budget_chunks(attention_mask.sum(-1).tolist(), max_tokens))
 
 
 @torch.no_grad()
@@ -159,10 +158,8 @@ def batched_log_probs(
     dev = device()
     out = []
     for rows in row_chunks(attention_mask, micro, max_tokens):
-        mask = attention_mask[rows]
-        left, keep = padding_bounds(mask, num_actions)  # columns that are padding in every row: skipped
-        end = sequences.size(1) - (num_actions - keep)
-        seq, mask = sequences[rows, left:end].to(dev), mask[:, left:end].to(dev)
+        columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
+        seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
         logits = forward_logits(model, seq, mask)
         lp, _ = action_log_probs(logits, seq, keep, temperature)
         out.append(pad_actions(lp.float().cpu(), num_actions))
