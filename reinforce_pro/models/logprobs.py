@@ -33,11 +33,19 @@ def action_log_probs(
     """Log-probs (B, T) of the last `num_actions` tokens of `sequences` and, if asked, the entropy (B, T)
     of the distribution each was sampled from (it costs a (B, T, V) softmax). logits: (B, S, V)."""
     # The token at position s is predicted by the logits at s - 1.
-    step_logits = logits[:, -num_actions - 1 : -1, :].float()
+    step_logits = logits[:, -num_actions - 1 : -1, :]
+    return token_log_probs(step_logits, sequences[:, -num_actions:], temperature, with_entropy)
+
+
+def token_log_probs(
+    step_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy=False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T) log-probs of `targets` (B, T) under the logits that predict them (B, T, V), temperature
+    applied first (vLLM's processed_logprobs), and the (B, T) entropy if asked."""
+    step_logits = step_logits.float()
     if temperature != 1.0:
         step_logits = step_logits / temperature
     log_z = torch.logsumexp(step_logits, dim=-1)
-    targets = sequences[:, -num_actions:]
     token_logits = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     log_probs = token_logits - log_z
     if not with_entropy:
@@ -45,3 +53,23 @@ def action_log_probs(
     probs = torch.softmax(step_logits, dim=-1)
     entropy = log_z - (probs * step_logits).sum(dim=-1)
     return log_probs, entropy
+
+
+def response_log_probs(
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0,
+    with_entropy: bool = False, packed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(B, T) log-probs (and entropy) of the response tokens under `model`, from a padded forward or, with
+    `packed` (--packing_samples), a padding-free one (models/packing.py). Padding positions of the packed
+    path hold 0; action_mask excludes them either way."""
+    if not packed:
+        return action_log_probs(forward_logits(model, sequences, attention_mask), sequences, num_actions,
+                                temperature, with_entropy)  # fmt: skip
+    from reinforce_pro.models.packing import pack, packed_outputs, predicting_positions
+
+    batch = pack(sequences, attention_mask)
+    before, real = predicting_positions(batch, num_actions)
+    logits = packed_outputs(model, batch)[before]  # (B, T, V)
+    log_probs, entropy = token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
+    log_probs = log_probs * real
+    return log_probs, (entropy * real if entropy is not None else None)

@@ -14,17 +14,21 @@ import torch
 from torch import nn
 
 from reinforce_pro.models.logprobs import position_ids_from_mask
+from reinforce_pro.models.packing import pack, packed_outputs, predicting_positions
 
 HEAD_FILE = "value_head.safetensors"
 
 
 class ValueModel(nn.Module):
     def __init__(self, pretrain: str, head_name: str = "score", model_kwargs: dict | None = None):
+        """model_kwargs: from_pretrained keywords, and `packing_samples` (padding-free forwards)."""
         super().__init__()
         from safetensors.torch import load_file
         from transformers import AutoModel
 
-        self.backbone = AutoModel.from_pretrained(pretrain, dtype=torch.float32, **(model_kwargs or {}))
+        model_kwargs = dict(model_kwargs or {})
+        self.packed = model_kwargs.pop("packing_samples", False)
+        self.backbone = AutoModel.from_pretrained(pretrain, dtype=torch.float32, **model_kwargs)
         self.head_name = head_name
         head = nn.Linear(self.backbone.config.hidden_size, 1, bias=False)
         nn.init.zeros_(head.weight)
@@ -39,6 +43,11 @@ class ValueModel(nn.Module):
 
     def forward(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) values of the response tokens."""
+        if self.packed:
+            batch = pack(sequences, attention_mask)
+            before, real = predicting_positions(batch, num_actions)
+            hidden = packed_outputs(self.backbone, batch, hidden=True)[before]  # (B, T, H)
+            return self.head(hidden).squeeze(-1).float() * real
         hidden = self.backbone(
             input_ids=sequences,
             attention_mask=attention_mask,

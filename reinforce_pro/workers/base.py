@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
-from reinforce_pro.models.logprobs import action_log_probs, forward_logits
+from reinforce_pro.models.logprobs import response_log_probs
 
 
 @dataclass
@@ -32,9 +32,11 @@ class DistInfo:
 class OptimConfig:
     learning_rate: float = 1e-6
     adam_betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = 1e-8
     l2: float = 0.0
     lr_scheduler: str = "cosine_with_min_lr"
     lr_warmup_ratio: float = 0.03
+    min_lr_ratio: float = 0.1  # cosine_with_min_lr decays to this fraction of learning_rate
     total_steps: int = 1  # optimizer steps over the whole run, for the scheduler
     max_norm: float = 1.0
     zero_stage: int = 2
@@ -120,9 +122,10 @@ def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: i
         [p for p in model.parameters() if p.requires_grad],
         lr=opt.learning_rate,
         betas=tuple(opt.adam_betas),
+        eps=opt.adam_eps,
         weight_decay=opt.l2,
     )
-    extra = {"min_lr": opt.learning_rate * 0.1} if opt.lr_scheduler == "cosine_with_min_lr" else None
+    extra = {"min_lr": opt.learning_rate * opt.min_lr_ratio} if opt.lr_scheduler == "cosine_with_min_lr" else None
     scheduler = get_scheduler(
         opt.lr_scheduler,
         optimizer,
@@ -153,15 +156,16 @@ def batched_log_probs(
     temperature: float,
     micro: int,
     max_tokens: int | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
-    """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a time."""
+    """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a
+    time; `packed`: padding-free forwards (--packing_samples)."""
     dev = device()
     out = []
     for rows in row_chunks(attention_mask, micro, max_tokens):
         columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
-        logits = forward_logits(model, seq, mask)
-        lp, _ = action_log_probs(logits, seq, keep, temperature)
+        lp, _ = response_log_probs(model, seq, mask, keep, temperature, packed=packed)
         out.append(pad_actions(lp.float().cpu(), num_actions))
     return torch.cat(out, dim=0)
 

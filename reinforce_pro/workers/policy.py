@@ -13,7 +13,7 @@ from reinforce_pro.algos.kl import kl_loss
 from reinforce_pro.algos.losses import PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.experience import Experience, pad_actions
-from reinforce_pro.models.logprobs import action_log_probs, forward_logits
+from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.workers.base import (
     DistInfo,
     OptimConfig,
@@ -61,6 +61,7 @@ class PolicyWorker:
         kwargs = dict(model_kwargs)
         self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
         self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
+        self.packed = kwargs.pop("packing_samples", False)
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(
@@ -79,7 +80,7 @@ class PolicyWorker:
         self.engine.eval()
         return batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro,
-            self.forward_max_tokens,
+            self.forward_max_tokens, self.packed,
         )  # fmt: skip
 
     def train_minibatch(
@@ -108,9 +109,10 @@ class PolicyWorker:
         dev, cfg, num_actions = device(), self.loss_cfg, exp.num_actions
         exp = exp.trim_padding()
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
-        logits = forward_logits(self.engine, seq, mask)
         want_entropy = cfg.entropy_loss_coef is not None
-        log_probs, entropy = action_log_probs(logits, seq, exp.num_actions, cfg.temperature, want_entropy)
+        log_probs, entropy = response_log_probs(
+            self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, packed=self.packed
+        )
         old_log_probs = log_probs.detach() if exp.old_log_probs is None else exp.old_log_probs.to(dev)
         agg = dict(dp_size=self.dist.world_size, batch_num_tokens=global_tokens, global_batch_size=global_seqs)
         loss, metrics = self.loss_fn(
@@ -205,11 +207,19 @@ class ReferenceWorker:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
         kwargs = dict(model_kwargs or {})
         self.max_tokens = kwargs.pop("forward_max_tokens", None)
+        self.packed = kwargs.pop("packing_samples", False)
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, **kwargs)
         self.model = model.to(device()).eval()
         self.micro, self.temperature = micro_batch_size, temperature
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         return batched_log_probs(
-            self.model, sequences, attention_mask, num_actions, self.temperature, self.micro, self.max_tokens
+            self.model,
+            sequences,
+            attention_mask,
+            num_actions,
+            self.temperature,
+            self.micro,
+            self.max_tokens,
+            self.packed,
         )

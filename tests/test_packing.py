@@ -1,0 +1,116 @@
+"""--packing_samples: the padding-free forward gives the padded forward's log-probs, entropies, values and
+gradients (models/packing.py)."""
+
+import pytest
+import torch
+
+from reinforce_pro.models.logprobs import response_log_probs
+from reinforce_pro.models.packing import pack
+from reinforce_pro.models.tiny import build_tiny_model
+
+PROMPT, RESPONSE = 10, 8
+PROMPT_LENS = [2, 10, 3, 7, 1, 9]
+RESPONSE_LENS = [1, 8, 2, 1, 3, 8]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("packing") / "tiny", seed=0))
+
+
+def mixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts and right-padded responses of very different lengths, like a rollout batch."""
+    torch.manual_seed(0)
+    seq = torch.randint(4, 90, (len(PROMPT_LENS), PROMPT + RESPONSE))
+    mask = torch.ones_like(seq)
+    for i, (p, r) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS, strict=True)):
+        mask[i, : PROMPT - p] = 0
+        mask[i, PROMPT + r :] = 0
+    return seq * mask, mask
+
+
+def test_pack_puts_sequences_back_to_back_first_fit_decreasing():
+    seq = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 1], [0, 2, 3, 0]])
+    mask = (seq > 0).long()
+    packed = pack(seq, mask)
+    # lengths 2, 4, 2 -> bins of 4: [row 1] [row 0 + row 2]
+    assert packed.input_ids.tolist() == [[7, 8, 9, 1], [5, 6, 2, 3]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 1]]
+    assert packed.index.tolist() == [[-1, -1, 4, 5], [0, 1, 2, 3], [-1, 6, 7, -1]]
+
+
+def test_a_bin_tail_is_a_filler_sequence_of_its_own():
+    seq = torch.tensor([[4, 5, 6], [7, 0, 0]])
+    packed = pack(seq, (seq > 0).long())
+    assert packed.input_ids.tolist() == [[4, 5, 6], [7, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2], [0, 0, 1]]  # the filler restarts at 0
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_dir, attn):
+    from transformers import AutoModelForCausalLM
+
+    seq, mask = mixed_batch()
+    assert pack(seq, mask).input_ids.size(0) < seq.size(0)  # several sequences share a bin
+    action_mask = mask[:, -RESPONSE:].bool()
+    results = []
+    for packed in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, attn_implementation=attn)
+        lp, ent = response_log_probs(model, seq, mask, RESPONSE, 0.7, with_entropy=True, packed=packed)
+        ((lp + 0.1 * ent) * action_mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((lp.detach(), ent.detach(), grads))
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    assert (lp0 - lp1)[action_mask].abs().max() < 1e-5
+    assert (ent0 - ent1)[action_mask].abs().max() < 1e-5
+    assert (lp1[~action_mask] == 0).all()
+    assert (g0 - g1).abs().max() < 1e-5 * max(1.0, g0.abs().max().item())
+
+
+def test_without_the_position_restarts_the_sequences_would_see_each_other(tiny_dir, monkeypatch):
+    """The check above can fail: packing the same bins with positions that run on (one long sequence per
+    bin) changes the log-probs of every sequence that is not first in its bin."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models import packing
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, attn_implementation="sdpa")
+    seq, mask = mixed_batch()
+    good, _ = response_log_probs(model, seq, mask, RESPONSE, packed=True)
+    real_pack = packing.pack
+
+    def leaky_pack(*a):
+        p = real_pack(*a)
+        p.position_ids = torch.arange(p.position_ids.size(1)).expand_as(p.position_ids).clone()
+        return p
+
+    monkeypatch.setattr(packing, "pack", leaky_pack)
+    leaky, _ = response_log_probs(model, seq, mask, RESPONSE, packed=True)
+    assert (good - leaky)[mask[:, -RESPONSE:].bool()].abs().max() > 1e-2
+
+
+def test_packed_values_equal_the_padded_ones(tiny_dir):
+    from reinforce_pro.models.value import ValueModel
+
+    seq, mask = mixed_batch()
+    padded = ValueModel(tiny_dir, model_kwargs={"attn_implementation": "sdpa"})
+    torch.nn.init.normal_(padded.head.weight)
+    packed = ValueModel(tiny_dir, model_kwargs={"attn_implementation": "sdpa", "packing_samples": True})
+    packed.load_state_dict(padded.state_dict())
+    action_mask = mask[:, -RESPONSE:].bool()
+    v0, v1 = padded(seq, mask, RESPONSE), packed(seq, mask, RESPONSE)
+    assert v0.abs()[action_mask].min() > 0  # the head is not zero: the comparison means something
+    assert (v0 - v1)[action_mask].abs().max() < 1e-5
+
+
+def test_batched_log_probs_packed_in_chunks(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.workers.base import batched_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, attn_implementation="sdpa")
+    seq, mask = mixed_batch()
+    padded = batched_log_probs(model, seq, mask, RESPONSE, 1.0, micro=4)
+    packed = batched_log_probs(model, seq, mask, RESPONSE, 1.0, micro=4, packed=True)
+    action_mask = mask[:, -RESPONSE:].bool()
+    assert (padded - packed)[action_mask].abs().max() < 1e-5
