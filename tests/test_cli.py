@@ -96,7 +96,9 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--vllm_is_truncated_threshold", "5", "0.5"], "0 <= LOW < HIGH, got 5.0 0.5", id="threshold"),
         pytest.param(["--train_batch_size", "100"], "multiple of --train_batch_size 100", id="batch-divides"),
         pytest.param(["--micro_train_batch_size", "48"], "multiple of --micro_train_batch_size 48", id="micro"),
-        pytest.param(["--lora_rank", "8"], "--lora_rank is recognised but not supported", id="unsupported"),
+        pytest.param(
+            ["--lora_rank", "8"], "--lora_rank / --ds.lora.rank is recognised but not supported", id="unsupported"
+        ),
         pytest.param(["--n_samples_per_prompt", "1", "--train_batch_size", "32"], "must be >= 2", id="group-n"),
         pytest.param(["--gamma", "0.9"], "needs --gamma 1", id="group-gamma"),
         pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1", id="dual-clip"),

@@ -305,11 +305,12 @@ def test_reward_nan_policy_keeps_the_run_going(tmp_path, engine, tiny_model, pol
 
 
 def test_dynamic_batch_and_sleep_flags_from_openrlhf_scripts_train(tmp_path, engine, tiny_model, digit_reward, capsys):
-    """OpenRLHF's scripts pass these: token-budgeted micro-batches train, DAPO / ProRL length penalties are
-    applied and logged; the sleep flags are a notice on CPU."""
+    """OpenRLHF's scripts pass these: packed, token-budgeted micro-batches train (policy and reference), DAPO /
+    ProRL length penalties are applied and logged; the sleep flags are a notice on CPU."""
     _, _, history = run(
         ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--use_dynamic_batch",
-         "--train_max_tokens_per_gpu", "120", "--rollout_max_tokens_per_gpu", "200", "--vllm_enable_sleep",
+         "--packing_samples", "--init_kl_coef", "0.01", "--train_max_tokens_per_gpu", "120",
+         "--rollout_max_tokens_per_gpu", "200", "--vllm_enable_sleep",
          "--deepspeed_enable_sleep", "--overlong_buffer_len", "3", "--stop_properly_penalty_coef", "0.5"],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
@@ -531,6 +532,46 @@ def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     spans = steps[0]["step_meta"]["turn_spans"]
     assert spans[0][2] == "model" and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))
+
+
+def test_agent_run_with_dynamic_filtering_filters_on_the_environments_rewards(tmp_path, engine, tiny_model):
+    """OpenRLHF's agent scripts pass --dynamic_filtering: groups are kept by the environment's scores (there is
+    no reward function to call). A range that keeps every group: two steps of 8 groups, all kept."""
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
+    _, plan, history = run(
+        ["--agent_func_path", str(calculator), "--agent_max_turns", "2", "--advantage_estimator", "reinforce_baseline",
+         "--max_samples", "16", "--label_key", "label", "--dynamic_filtering", "--dynamic_filtering_reward_range",
+         "-1", "2"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2
+    for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        assert (row["dynamic_filtering/pass_rate"], row["dynamic_filtering/groups_kept"]) == (1.0, 8.0)
+        assert row["policy/grad_norm"] > 0
+
+
+def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, digit_reward):
+    """examples/scripts/train_reinforce_pro_cpu_dotted.sh (OpenRLHF v0.11 spelling), run by bash with a python
+    that records its argv; those flags, sized down for the shared engine in the same spelling, train."""
+    recorder = tmp_path / "python"
+    recorder.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+    recorder.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "examples" / "scripts" / "train_reinforce_pro_cpu_dotted.sh"
+    env = {**os.environ, "PYTHON": str(recorder), "ARGV_OUT": str(tmp_path / "argv"), "STEPS": "2",
+           "OUT": str(tmp_path / "run")}  # fmt: skip
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
+    assert argv[:2] == ["-m", "reinforce_pro.cli.train_ppo_ray"] and "--rollout.batch_size" in argv
+    sized = ["--rollout.batch_size", "8", "--train.batch_size", "64", "--data.max_samples", "16",
+             "--train.micro_batch_size", "32", "--rollout.micro_batch_size", "64", "--data.max_len", "64",
+             "--rollout.max_new_tokens", "6", "--ds.param_dtype", "fp32", "--vllm_dtype", "float32",
+             "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0", "--actor.model_name_or_path", tiny_model,
+             "--reward.remote_url", digit_reward, "--sft_warmup_steps", "0"]  # fmt: skip
+    args = parse_args(argv[2:] + sized)
+    assert (args.vllm_is_correction_type, args.n_samples_per_prompt, args.save_path) == (
+        "reinforce_pro", 8, str(tmp_path / "run"))  # fmt: skip
+    history = build_and_fit(args, prepare(args), engines=[engine])
+    assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 
 
 def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):

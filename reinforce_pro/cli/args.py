@@ -14,6 +14,7 @@ from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
+from reinforce_pro.cli.spellings import both_spellings, given_options
 from reinforce_pro.rewards.loader import NAN_POLICIES
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
@@ -29,8 +30,6 @@ UNSUPPORTED: dict[str, str] = {
     "use_liger_kernel": "Liger kernels are not wired in",
     "grad_accum_dtype": "gradients accumulate in the parameter dtype",
     "ds_tensor_parallel_size": "DeepSpeed tensor parallelism (AutoTP) is not wired in",
-    "packing_samples": "samples are not packed; micro-batches are grouped by length and cut to their longest "
-    "row instead (--use_dynamic_batch adds token budgets)",
     "load_in_4bit": "no quantised training",
     "lora_rank": "no LoRA: the full policy is trained",
     "aux_loss_coef": "no MoE auxiliary loss",
@@ -42,7 +41,23 @@ UNSUPPORTED: dict[str, str] = {
     "perf": "use the time/* and perf/* metrics instead",
     "use_ms": "models load from local paths only (no ModelScope hub)",
     "vllm_generate_batch_size": "each engine gets its share of the rollout batch in one call",
+    "experts_implementation": "no MoE expert kernels are wired in",
+    "actor_optim": "only AdamW is wired in (no Muon)",
+    "critic_optim": "only AdamW is wired in (no Muon)",
+    "max_images_per_prompt": "no vision-language models (text prompts only)",
+    "freeze_visual_encoder": "no vision-language models (text prompts only)",
 }
+
+
+class BothSpellingsFormatter(argparse.HelpFormatter):
+    """--help lists a flag's spellings once each with its value after them (`--zero_stage / --ds.zero_stage
+    {0,1,2,3}`), instead of argparse's value-after-every-spelling."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        names = " / ".join(action.option_strings)
+        if action.nargs == 0:
+            return names
+        return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -53,7 +68,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _add_placement(p) -> None:
-    g = p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
+    g = both_spellings(
+        p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
+    )
     for role, default_nodes in (("ref", 1), ("reward", 1), ("actor", 1), ("critic", 1)):
         g.add_argument(f"--{role}_num_nodes", type=int, default=default_nodes, help=f"nodes for the {role} group")
         g.add_argument(
@@ -73,7 +90,7 @@ def _add_placement(p) -> None:
 
 
 def _add_vllm(p) -> None:
-    g = p.add_argument_group("rollout engines (vLLM)")
+    g = both_spellings(p.add_argument_group("rollout engines (vLLM)"))
     g.add_argument("--vllm_num_engines", type=int, default=None, help="number of vLLM engines (unset: 1)")
     g.add_argument("--vllm_tensor_parallel_size", type=int, default=1, help="tensor-parallel size of each engine")
     g.add_argument(
@@ -103,14 +120,12 @@ def _add_vllm(p) -> None:
     g.add_argument("--vllm_cpu_kvcache_gib", type=int, default=1, help="[reinforce_pro] KV cache of a CPU engine, GiB")
     g.add_argument(
         "--enable_vllm_is_correction",
-        "--algo.advantage.is_correction_enable",
         dest="enable_vllm_is_correction",
         action="store_true",
         help="correct the rollout/training mismatch with importance sampling in the policy loss",
     )
     g.add_argument(
         "--vllm_is_truncated_threshold",
-        "--algo.advantage.is_correction_threshold",
         dest="vllm_is_truncated_threshold",
         type=float,
         nargs=2,
@@ -120,7 +135,6 @@ def _add_vllm(p) -> None:
     )
     g.add_argument(
         "--vllm_is_correction_type",
-        "--algo.advantage.is_correction_type",
         dest="vllm_is_correction_type",
         type=str,
         default="tis",
@@ -160,7 +174,7 @@ def _add_vllm(p) -> None:
 
 
 def _add_checkpoint_logging(p) -> None:
-    g = p.add_argument_group("checkpoints, evaluation, logging")
+    g = both_spellings(p.add_argument_group("checkpoints, evaluation, logging"))
     g.add_argument("--eval_steps", type=int, default=-1, help="evaluate on --eval_dataset every N steps (-1: never)")
     g.add_argument(
         "--eval_before_training", action="store_true", help="[reinforce_pro] evaluate once before the first step"
@@ -220,7 +234,7 @@ def _add_checkpoint_logging(p) -> None:
 
 
 def _add_deepspeed(p) -> None:
-    g = p.add_argument_group("DeepSpeed (policy and critic)")
+    g = both_spellings(p.add_argument_group("DeepSpeed (policy and critic)"))
     g.add_argument("--local_rank", type=int, default=-1, help="set by launchers; ignored (Ray places the ranks)")
     g.add_argument("--zero_stage", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage")
     g.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward")
@@ -245,6 +259,10 @@ def _add_deepspeed(p) -> None:
         help="HF attention kernel for trainer models; flash_attention_2 falls back to sdpa when flash-attn "
         "is not installed (always on CPU), with a notice",
     )
+    g.add_argument(
+        "--ds.experts_implementation", dest="experts_implementation", default=None,
+        choices=["eager", "batched_mm", "grouped_mm", "deepgemm"], help="MoE expert kernels (OpenRLHF v0.11)",
+    )  # fmt: skip
     g.add_argument("--use_liger_kernel", action="store_true", help="Liger kernels")
     g.add_argument("--grad_accum_dtype", type=str, default=None, help="gradient accumulation dtype")
     g.add_argument("--overlap_comm", action="store_true", help="overlap ZeRO communication with compute")
@@ -257,7 +275,11 @@ def _add_deepspeed(p) -> None:
         help="offload DeepSpeed states between phases (not implemented on GPU: refused; on CPU a notice)",
     )
     g.add_argument("--ds_tensor_parallel_size", type=int, default=1, help="DeepSpeed tensor-parallel size")
-    g.add_argument("--packing_samples", action="store_true", help="pack samples without padding")
+    g.add_argument(
+        "--packing_samples", action="store_true",
+        help="padding-free forwards: each micro-batch's sequences packed back to back, positions restarting per "
+        "sequence, attention within each (flash-attn varlen on GPU, a block-diagonal mask with sdpa/eager)",
+    )  # fmt: skip
     g.add_argument("--use_dynamic_batch", action="store_true", help="micro-batches cut by a token budget, not a count")
     g.add_argument(
         "--rollout_max_tokens_per_gpu", type=int, default=None, help="log-prob forward budget (default 2x train's)"
@@ -271,7 +293,7 @@ def _add_deepspeed(p) -> None:
 
 
 def _add_training(p) -> None:
-    g = p.add_argument_group("training")
+    g = both_spellings(p.add_argument_group("training"))
     g.add_argument("--save_path", type=str, default=None, help="run directory (default: ./runs/<time>)")
     g.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt data")
     g.add_argument("--rollout_batch_size", type=int, default=1024, help="prompts per step")
@@ -357,8 +379,43 @@ def _add_training(p) -> None:
     )
 
 
+def _add_optimizers(p) -> None:
+    """OpenRLHF v0.11's per-role optimizer settings, which only exist in dotted form. v0.9.10 shared one
+    --adam_betas / --l2 / --max_norm / LR schedule between policy and critic: the critic's settings left
+    unset keep that meaning (they follow the policy's)."""
+    g = p.add_argument_group("optimizers (OpenRLHF v0.11's per-role settings; dotted names only)")
+    g.add_argument("--actor.adam.eps", dest="adam_eps", type=float, default=1e-8, help="policy AdamW epsilon")
+    g.add_argument(
+        "--actor.min_lr_ratio", dest="min_lr_ratio", type=float, default=0.1,
+        help="policy LR floor of cosine_with_min_lr, as a fraction of the LR",
+    )  # fmt: skip
+    same = "(unset: the policy's)"
+    g.add_argument("--critic.adam.betas", dest="critic_adam_betas", type=float, nargs=2, default=None,
+                   metavar=("B1", "B2"), help=f"critic AdamW betas {same}")  # fmt: skip
+    g.add_argument("--critic.adam.eps", dest="critic_adam_eps", type=float, default=None, help=f"critic eps {same}")
+    g.add_argument("--critic.adam.weight_decay", dest="critic_l2", type=float, default=None,
+                   help=f"critic weight decay {same}")  # fmt: skip
+    g.add_argument("--critic.lr_scheduler", dest="critic_lr_scheduler", default=None, help=f"critic schedule {same}")
+    g.add_argument("--critic.lr_warmup_ratio", dest="critic_lr_warmup_ratio", type=float, default=None,
+                   help=f"critic warm-up fraction {same}")  # fmt: skip
+    g.add_argument("--critic.min_lr_ratio", dest="critic_min_lr_ratio", type=float, default=None,
+                   help=f"critic LR floor fraction {same}")  # fmt: skip
+    g.add_argument("--critic.max_norm", dest="critic_max_norm", type=float, default=None,
+                   help=f"critic gradient clipping {same}")  # fmt: skip
+    for role in ("actor", "critic"):
+        g.add_argument(f"--{role}.optim", dest=f"{role}_optim", default="adam", choices=["adam", "muon"],
+                       help=f"{role} optimizer")  # fmt: skip
+        muon = f"{role} Muon setting; has no effect unless --{role}.optim muon (which is refused)"
+        g.add_argument(f"--{role}.muon.lr", dest=f"{role}_muon_lr", type=float, default=0.02, help=muon)
+        g.add_argument(f"--{role}.muon.momentum", dest=f"{role}_muon_momentum", type=float, default=0.95, help=muon)
+        g.add_argument(f"--{role}.muon.ns_steps", dest=f"{role}_muon_ns_steps", type=int, default=5, help=muon)
+        g.add_argument(f"--{role}.muon.nesterov", dest=f"{role}_muon_nesterov", action="store_true", default=True,
+                       help=muon)  # fmt: skip
+        g.add_argument(f"--{role}.muon.no_nesterov", dest=f"{role}_muon_nesterov", action="store_false", help=muon)
+
+
 def _add_models_data(p) -> None:
-    g = p.add_argument_group("models and data (local paths only)")
+    g = both_spellings(p.add_argument_group("models and data (local paths only)"))
     g.add_argument("--pretrain", type=str, default=None, help="policy HF model dir (unset: the built-in tiny model)")
     g.add_argument("--reward_pretrain", type=str, default=None, help="reward model HF dir (sequence classification)")
     g.add_argument(
@@ -400,12 +457,15 @@ def _add_models_data(p) -> None:
         "--apply_chat_template", action="store_true", help="wrap the prompt with the tokenizer's chat template"
     )
     g.add_argument("--use_ms", action="store_true", help="load from ModelScope")
+    g.add_argument("--image_key", type=str, default="images", help="image field of a record (vision-language models)")
+    g.add_argument("--max_images_per_prompt", type=int, default=0, help="images per prompt (0: text only)")
+    g.add_argument("--freeze_visual_encoder", action="store_true", help="train only a VLM's language model")
 
 
 def _add_selfplay(p) -> None:
     from reinforce_pro.selfplay.controller import PROPOSER_SCOPES
 
-    g = p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)")
+    g = both_spellings(p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)"))
     sp = "[reinforce_pro] --absolute_zero:"
     g.add_argument(
         "--absolute_zero",
@@ -461,26 +521,19 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(
         prog="train_ppo_ray",
         allow_abbrev=False,  # `--rollout_batch` is an error naming the real flag, not a silent match
-        description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default.",
+        usage="%(prog)s [flags]   (each flag has OpenRLHF's flat name and, most, its v0.11 dotted name)",
+        formatter_class=BothSpellingsFormatter,
+        description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default. "
+        "A script may mix the two spellings; docs/flags.md lists every flag.",
     )
     for add in (
-        _add_placement, _add_vllm, _add_checkpoint_logging, _add_deepspeed, _add_training, _add_models_data,
-        _add_selfplay,
+        _add_placement, _add_vllm, _add_checkpoint_logging, _add_deepspeed, _add_training, _add_optimizers,
+        _add_models_data, _add_selfplay,
     ):  # fmt: skip
         add(p)
     return p
 
 
 def given_dests(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The dests the user set explicitly (parse again with every default suppressed)."""
-    quiet = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for action in parser._actions:
-        if action.option_strings and action.dest != "help":
-            kwargs = {"dest": action.dest, "default": argparse.SUPPRESS}
-            if isinstance(action, argparse._StoreConstAction):
-                kwargs.update(action="store_const", const=action.const)
-            else:
-                kwargs.update(nargs=action.nargs)
-            quiet.add_argument(*action.option_strings, **kwargs)
-    ns, _ = quiet.parse_known_args(argv)
-    return set(vars(ns))
+    """The dests the user set explicitly, in any spelling."""
+    return {dest for dest, _, _ in given_options(parser, argv)}

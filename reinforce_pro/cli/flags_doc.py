@@ -28,8 +28,10 @@ def render() -> str:
         "# Flags of `python -m reinforce_pro.cli.train_ppo_ray`",
         "",
         "Generated from the parser by `python -m reinforce_pro.cli.flags_doc`; do not edit by hand.",
-        "The flat names are OpenRLHF v0.9.10's; `[reinforce_pro]` marks flags this project adds. A flag marked",
-        "*refused* is recognised, but giving it a non-default value stops with the reason shown.",
+        "Each setting has OpenRLHF v0.9.10's flat name and, where OpenRLHF has one, the dotted name of v0.10.2",
+        "onwards (v0.11); a script may mix the two, and giving one setting twice in two spellings with different",
+        "values is an error. `[reinforce_pro]` marks flags this project adds. A flag marked *refused* is",
+        "recognised, but giving it a non-default value stops with the reason shown.",
         "With no `--pretrain` and no `--prompt_data` the embedded default runs; its presets (below) fill only",
         "the flags you did not give.",
         "",
@@ -38,15 +40,16 @@ def render() -> str:
         actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
         if not actions:
             continue
-        lines += [f"## {group.title}", "", "| flag | default | meaning |", "|---|---|---|"]
+        lines += [f"## {group.title}", "", "| flat | dotted (v0.11) | default | meaning |", "|---|---|---|---|"]
         for a in actions:
-            names = ", ".join(f"`{o}`" for o in a.option_strings)
+            flat = ", ".join(f"`{o}`" for o in a.option_strings if "." not in o)
+            dotted = ", ".join(f"`{o}`" for o in a.option_strings if "." in o)
             meaning = (a.help or "").replace("|", "\\|")
             if a.choices:
                 meaning += " Choices: " + ", ".join(f"`{c}`" for c in a.choices) + "."
-            if a.dest in UNSUPPORTED and a.option_strings[0] == f"--{a.dest}":
+            if a.dest in UNSUPPORTED:
                 meaning += f" *Refused:* {UNSUPPORTED[a.dest]}."
-            lines.append(f"| {names} | {_default(a)} | {meaning} |")
+            lines.append(f"| {flat} | {dotted} | {_default(a)} | {meaning} |")
         lines.append("")
     lines += ["## Embedded-default presets", "", "| flag | value |", "|---|---|"]
     lines += [f"| `--{k}` | `{v}` |" for k, v in EMBEDDED_DEFAULTS.items()]

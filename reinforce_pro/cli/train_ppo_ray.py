@@ -20,6 +20,7 @@ from datetime import datetime
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser, given_dests
+from reinforce_pro.cli.spellings import conflicting_spellings, spelling
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
@@ -71,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    if clash := conflicting_spellings(parser, argv):
+        parser.error(clash)
     given = given_dests(parser, argv)
     args.embedded_default = args.pretrain is None and args.prompt_data is None
     if args.embedded_default:
@@ -94,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def unsupported_flag(args, parser) -> str | None:
     for dest, why in UNSUPPORTED.items():
         if getattr(args, dest) != parser.get_default(dest):
-            return f"--{dest} is recognised but not supported by reinforce_pro: {why}"
+            return f"{spelling(parser, dest)} is recognised but not supported by reinforce_pro: {why}"
     return None
 
 
@@ -222,9 +225,9 @@ def invalid_agent(args) -> str | None:
     checks = [
         (args.agent_max_turns >= 1, f"--agent_max_turns must be >= 1, got {args.agent_max_turns}"),
         (
-            not (args.absolute_zero or args.dynamic_filtering or args.eval_dataset),
-            "--agent_func_path: the environment scores episodes; --absolute_zero, --dynamic_filtering and "
-            "--eval_dataset are not supported with it",
+            not (args.absolute_zero or args.eval_dataset),
+            "--agent_func_path: the environment scores episodes; --absolute_zero and --eval_dataset are not "
+            "supported with it",
         ),
         (
             not (args.remote_rm_url or args.reward_pretrain),

@@ -46,15 +46,24 @@ def optimizer_steps(args, num_prompts: int) -> int:
     return max(1, steps * per_step)
 
 
-def optim_config(args, lr: float, world: int, total_steps: int) -> OptimConfig:
+def optim_config(args, role: str, world: int, total_steps: int) -> OptimConfig:
+    """The optimizer of the policy (role "actor") or the critic. The critic's dotted-only settings
+    (--critic.adam.betas, ...) left unset follow the policy's, as v0.9.10's shared flags did."""
+
+    def setting(policy_value, critic_dest: str):
+        critic_value = getattr(args, critic_dest)
+        return critic_value if role == "critic" and critic_value is not None else policy_value
+
     return OptimConfig(
-        learning_rate=lr,
-        adam_betas=tuple(args.adam_betas),
-        l2=args.l2,
-        lr_scheduler=args.lr_scheduler,
-        lr_warmup_ratio=args.lr_warmup_ratio,
+        learning_rate=args.critic_learning_rate if role == "critic" else args.actor_learning_rate,
+        adam_betas=tuple(setting(args.adam_betas, "critic_adam_betas")),
+        adam_eps=setting(args.adam_eps, "critic_adam_eps"),
+        l2=setting(args.l2, "critic_l2"),
+        lr_scheduler=setting(args.lr_scheduler, "critic_lr_scheduler"),
+        lr_warmup_ratio=setting(args.lr_warmup_ratio, "critic_lr_warmup_ratio"),
+        min_lr_ratio=setting(args.min_lr_ratio, "critic_min_lr_ratio"),
         total_steps=total_steps,
-        max_norm=args.max_norm,
+        max_norm=setting(args.max_norm, "critic_max_norm"),
         zero_stage=args.zero_stage,
         param_dtype=args.param_dtype,
         adam_offload=args.adam_offload,
@@ -149,10 +158,10 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     colocate_all = args.colocate_all_models
     colocate_ref = args.colocate_actor_ref or colocate_all
     share = 0.4 if colocate_all else (0.5 if colocate_ref and args.needs_reference else 1.0)
-    opt = optim_config(args, args.actor_learning_rate, actor_spec.size, total_steps)
+    opt = optim_config(args, "actor", actor_spec.size, total_steps)
     loss = policy_loss_config(args)
     attn = {"attn_implementation": attn_implementation(args)}
-    forward_budget = {"forward_max_tokens": rollout_max_tokens(args)}
+    forward_budget = {"forward_max_tokens": rollout_max_tokens(args), "packing_samples": args.packing_samples}
     fwd = {**attn, "forward_micro_batch_size": args.micro_rollout_batch_size, **forward_budget}
     groups["policy"] = create_group(
         PolicyWorker,
@@ -177,7 +186,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
     groups["critic"] = None
     if args.needs_critic:
         spec = GroupSpec("critic", args.critic_num_nodes, args.critic_num_gpus_per_node)
-        critic_opt = optim_config(args, args.critic_learning_rate, spec.size, total_steps)
+        critic_opt = optim_config(args, "critic", spec.size, total_steps)
         pretrain = args.critic_pretrain or plan.pretrain
         head = args.value_head_prefix
         groups["critic"] = create_group(
