@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
@@ -42,6 +43,8 @@ UNSUPPORTED: dict[str, str] = {
     "use_ms": "models load from local paths only (no ModelScope hub)",
     "vllm_generate_batch_size": "each engine gets its share of the rollout batch in one call",
     "experts_implementation": "no MoE expert kernels are wired in",
+    "full_determinism": "deterministic kernels are not wired in (torch's deterministic algorithms, vLLM's batch "
+    "invariance); --seed fixes initialisation, data order and sampling seeds",
     "actor_optim": "only AdamW is wired in (no Muon)",
     "critic_optim": "only AdamW is wired in (no Muon)",
     "max_images_per_prompt": "no vision-language models (text prompts only)",
@@ -438,7 +441,7 @@ def _add_models_data(p) -> None:
         "--agent_reward_mode",
         type=str,
         default="sum",
-        choices=["sum", "last", "per_turn"],
+        choices=REWARD_MODES,
         help="[reinforce_pro] with --agent_func_path: the episode reward is the sum or the last of the turn "
         "rewards (on the last model token), or per_turn: each turn's reward on its own last model token "
         "(reinforce / gae only)",
@@ -463,6 +466,7 @@ def _add_models_data(p) -> None:
 
 
 def _add_selfplay(p) -> None:
+    from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
     from reinforce_pro.selfplay.controller import PROPOSER_SCOPES
 
     g = both_spellings(p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)"))
@@ -474,7 +478,7 @@ def _add_selfplay(p) -> None:
         "roles are trained in one update. Seeds: --prompt_data records (unset: the task's built-in seeds)",
     )
     g.add_argument(
-        "--selfplay_task", type=str, default="arithmetic", help=f"{sp} built-in task (arithmetic, code_output)"
+        "--selfplay_task", type=str, default="arithmetic", choices=list(BUILTIN_TASKS), help=f"{sp} built-in task"
     )
     g.add_argument(
         "--selfplay_task_path",
