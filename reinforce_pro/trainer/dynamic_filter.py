@@ -38,7 +38,7 @@ def generate_filtered(
         rounds += 1
         consumed += [i for i, _ in pending]
         samples = maker.generate([record for _, record in pending])
-        samples.rewards = samples.rewards or maker.rewards(samples)  # agents: the environment's rewards
+        samples.rewards = maker.rewards(samples)
         passed = group_pass_mask(samples.rewards.scores, n, *reward_range)
         tried += len(pending)
         groups = passed.nonzero().flatten()[: batch_size - num_kept]

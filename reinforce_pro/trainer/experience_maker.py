@@ -184,6 +184,10 @@ class ExperienceMaker:
 
     # ------------------------------------------------------------------ experience
     def rewards(self, samples: Samples) -> RewardOutput:
+        """The samples' rewards: those their rollout source already gave (an agent's environment, a self-play
+        task), else the reward function's."""
+        if samples.rewards is not None:
+            return samples.rewards
         return self.score(samples.prompts, samples.responses, samples.labels)
 
     def score(self, prompts: list[str], responses: list[str], labels: list) -> RewardOutput:
@@ -207,7 +211,7 @@ class ExperienceMaker:
         old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t) if old_log_probs else None
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
-        reward = samples.rewards or self.rewards(samples)
+        reward = self.rewards(samples)
         action_mask = samples.action_mask
         if self.cfg.reward_nan_policy == "drop" and NONFINITE_KEY in reward.extra_logs:
             action_mask = action_mask & (reward.extra_logs[NONFINITE_KEY] == 0).unsqueeze(1)  # no tokens trained

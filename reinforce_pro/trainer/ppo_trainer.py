@@ -145,7 +145,7 @@ class PPOTrainer:
         version = self.gate.version  # the oldest weights any token of this batch is sampled with
         try:
             samples, consumed, metrics = self.next_samples()
-            if samples is not None and samples.rewards is None:
+            if samples is not None:
                 samples.rewards = self.maker.rewards(samples)
         except RewardFileError as e:
             raise RewardFileError(f"step {batch_number}: {e}") from e.__cause__
