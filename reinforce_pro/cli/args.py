@@ -15,7 +15,7 @@ from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
-from reinforce_pro.cli.spellings import both_spellings, given_options
+from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
@@ -536,8 +536,3 @@ def build_parser() -> OneLineParser:
     ):  # fmt: skip
         add(p)
     return p
-
-
-def given_dests(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The dests the user set explicitly, in any spelling."""
-    return {dest for dest, _, _ in given_options(parser, argv)}

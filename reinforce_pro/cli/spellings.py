@@ -210,10 +210,11 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[tupl
     return [(*owners[key], value) for key, value in vars(ns).items()]
 
 
-def conflicting_spellings(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """'--a X and --b Y set the same thing ...' when one setting is given in two spellings with two values."""
+def conflicting_spellings(parser: argparse.ArgumentParser, given: list[tuple[str, str, object]]) -> str | None:
+    """'--a X and --b Y are two spellings ...' when one setting is given (`given_options`) in two spellings
+    with two values."""
     first: dict[str, tuple[str, object]] = {}
-    for dest, option, value in given_options(parser, argv):
+    for dest, option, value in given:
         if dest in first and first[dest][0] != option and first[dest][1] != value:
             other, other_value = first[dest]
             return (

@@ -19,8 +19,8 @@ import warnings
 from datetime import datetime
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.cli.args import UNSUPPORTED, build_parser, given_dests
-from reinforce_pro.cli.spellings import conflicting_spellings, spelling
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
@@ -72,9 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    if clash := conflicting_spellings(parser, argv):
+    options = given_options(parser, argv)
+    if clash := conflicting_spellings(parser, options):
         parser.error(clash)
-    given = given_dests(parser, argv)
+    given = {dest for dest, _, _ in options}  # what the user set explicitly, in any spelling
     args.embedded_default = args.pretrain is None and args.prompt_data is None
     if args.embedded_default:
         defaults = SELFPLAY_EMBEDDED_DEFAULTS if args.absolute_zero else EMBEDDED_DEFAULTS
