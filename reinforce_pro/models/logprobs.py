@@ -65,11 +65,9 @@ def response_log_probs(
     if not packed:
         return action_log_probs(forward_logits(model, sequences, attention_mask), sequences, num_actions,
                                 temperature, with_entropy)  # fmt: skip
-    from reinforce_pro.models.packing import pack, packed_outputs, predicting_positions
+    from reinforce_pro.models.packing import response_outputs
 
-    batch = pack(sequences, attention_mask)
-    before, real = predicting_positions(batch, num_actions)
-    logits = packed_outputs(model, batch)[before]  # (B, T, V)
+    logits, real = response_outputs(model, sequences, attention_mask, num_actions)  # (B, T, V), (B, T)
     log_probs, entropy = token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
     log_probs = log_probs * real
     return log_probs, (entropy * real if entropy is not None else None)

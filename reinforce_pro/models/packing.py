@@ -65,9 +65,14 @@ def predicting_positions(packed: Packed, num_actions: int) -> tuple[torch.Tensor
     return before.clamp(min=0), real
 
 
-def packed_outputs(model, packed: Packed, hidden: bool = False) -> torch.Tensor:
-    """(P * L, D) per-token outputs of a packed forward: logits of a causal LM, or the last hidden state of a
-    bare backbone (`hidden=True`)."""
+def response_outputs(
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One packed forward of a padded (B, S) batch: the (B, T, D) outputs at the positions that predict its
+    last `num_actions` tokens (logits of a causal LM, or with `hidden` the last hidden state of a bare
+    backbone) and (B, T) whether each of those tokens is real (outputs of padding are meaningless)."""
+    packed = pack(sequences, attention_mask)
+    before, real = predicting_positions(packed, num_actions)
     out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
     x = out.last_hidden_state if hidden else out.logits
-    return x.reshape(-1, x.size(-1))
+    return x.reshape(-1, x.size(-1))[before], real

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from reinforce_pro.models.logprobs import position_ids_from_mask
-from reinforce_pro.models.packing import pack, packed_outputs, predicting_positions
+from reinforce_pro.models.packing import response_outputs
 
 HEAD_FILE = "value_head.safetensors"
 
@@ -44,9 +44,7 @@ class ValueModel(nn.Module):
     def forward(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) values of the response tokens."""
         if self.packed:
-            batch = pack(sequences, attention_mask)
-            before, real = predicting_positions(batch, num_actions)
-            hidden = packed_outputs(self.backbone, batch, hidden=True)[before]  # (B, T, H)
+            hidden, real = response_outputs(self.backbone, sequences, attention_mask, num_actions, hidden=True)
             return self.head(hidden).squeeze(-1).float() * real
         hidden = self.backbone(
             input_ids=sequences,
