@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
 CONDITIONS = {
     "sync": [],
@@ -138,12 +138,7 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 def plot(payload: dict, path: Path, window: int = 20) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = new_figure((7, 4))
     for i, (c, by_seed) in enumerate(payload["results"]["runs"].items()):
         for j, r in enumerate(by_seed.values()):
             wall = [p[0] for p in r["curve"]]
@@ -153,10 +148,7 @@ def plot(payload: dict, path: Path, window: int = 20) -> None:
     ax.set_xlabel("training wall clock (s, sum of time/step)")
     ax.set_ylabel(f"reward (mean of last {window} steps)")
     ax.set_title("embedded default: reward against wall clock, one line per seed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path)
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 from reinforce_pro.models.logprobs import response_log_probs  # noqa: E402
 from reinforce_pro.models.packing import pack  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
@@ -111,24 +111,16 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 def _plot(payload: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = payload["results"]
     labels = [f"{r['size']}\n{r['lengths']}" for r in rows]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_figure((7, 3.5))
     ax.bar([i - 0.2 for i in x], [r["padded_ms"] for r in rows], 0.4, label="padded")
     ax.bar([i + 0.2 for i in x], [r["packed_ms"] for r in rows], 0.4, label="packed (--packing_samples)")
     ax.set_xticks(list(x), labels)
     ax.set_ylabel("ms per micro-step")
     ax.set_title("Training micro-step, padded vs packed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path)
 
 
 def main(argv=None) -> int:

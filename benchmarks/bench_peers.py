@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
 PEERS = Path(__file__).resolve().parent / "peers"
 PHASES = ["generate", "make_experience", "train", "weight_sync"]
@@ -195,13 +195,8 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 def _plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(results)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = new_figure((6, 3.5))
     width = 0.38
     for i, (side, label) in enumerate((("trl", "TRL GRPOTrainer"), ("ours", "train_ppo_ray"))):
         xs = [j + (i - 0.5) * width for j in range(len(names))]
@@ -213,10 +208,7 @@ def _plot(results: dict, path: Path) -> None:
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("response tokens / s (whole RL step)")
     ax.set_title("Same RL work on 2 CPU cores")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path)
 
 
 def main(argv=None) -> int:

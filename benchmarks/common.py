@@ -75,3 +75,23 @@ def save_and_render(name: str, config: dict, results, output_dir: Path, render) 
     print(render(json.loads(path.read_text()), output_dir))
     print(f"wrote {path}")
     return 0
+
+
+def new_figure(figsize: tuple[float, float]):
+    """(figure, axes) of matplotlib drawn off-screen (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)
+
+
+def save_figure(fig, ax, path: Path) -> None:
+    """Legend, tight layout, a 120-dpi PNG at `path`; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
