@@ -550,24 +550,17 @@ def test_agent_run_with_dynamic_filtering_filters_on_the_environments_rewards(tm
         assert row["rollout/num_samples"] == 8 * 4 and "policy/grad_norm" in row  # every kept episode trained
 
 
-def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, digit_reward):
+def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, digit_reward, recipe_argv):
     """examples/scripts/train_reinforce_pro_cpu_dotted.sh (OpenRLHF v0.11 spelling), run by bash with a python
     that records its argv; those flags, sized down for the shared engine in the same spelling, train."""
-    recorder = tmp_path / "python"
-    recorder.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
-    recorder.chmod(0o755)
-    script = Path(__file__).resolve().parents[1] / "examples" / "scripts" / "train_reinforce_pro_cpu_dotted.sh"
-    env = {**os.environ, "PYTHON": str(recorder), "ARGV_OUT": str(tmp_path / "argv"), "STEPS": "2",
-           "OUT": str(tmp_path / "run")}  # fmt: skip
-    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
-    argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
-    assert argv[:2] == ["-m", "reinforce_pro.cli.train_ppo_ray"] and "--rollout.batch_size" in argv
+    argv = recipe_argv("train_reinforce_pro_cpu_dotted.sh", STEPS="2")
+    assert "--rollout.batch_size" in argv
     sized = ["--rollout.batch_size", "8", "--train.batch_size", "64", "--data.max_samples", "16",
              "--train.micro_batch_size", "32", "--rollout.micro_batch_size", "64", "--data.max_len", "64",
              "--rollout.max_new_tokens", "6", "--ds.param_dtype", "fp32", "--vllm_dtype", "float32",
              "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0", "--actor.model_name_or_path", tiny_model,
              "--reward.remote_url", digit_reward, "--sft_warmup_steps", "0"]  # fmt: skip
-    args = parse_args(argv[2:] + sized)
+    args = parse_args(argv + sized)
     assert (args.vllm_is_correction_type, args.n_samples_per_prompt, args.save_path) == (
         "reinforce_pro", 8, str(tmp_path / "run"))  # fmt: skip
     history = build_and_fit(args, prepare(args), engines=[engine])
