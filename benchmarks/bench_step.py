@@ -65,8 +65,8 @@ def measure(steps: int, warmup_steps: int) -> dict:
     from reinforce_pro.cli.run import prepare
     from reinforce_pro.cli.train_ppo_ray import parse_args
     from reinforce_pro.cli.wiring import build_and_fit, rollout_config
+    from reinforce_pro.rollout.sampler import encode_prompt, sampling_params
     from reinforce_pro.rollout.vllm_engine import EngineConfig
-    from reinforce_pro.trainer.experience_maker import encode_prompt, sampling_params
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_step_"))
     args = parse_args(["--save_path", str(run_dir), "--max_samples", str(32 * steps)])

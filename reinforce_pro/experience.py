@@ -1,4 +1,5 @@
-"""Typed records that travel between the rollout engines, the experience maker and the trainers.
+"""Typed records that travel between the rollout engines, the rollout sources, the experience builder
+and the trainers.
 
 Token layout (as in OpenRLHF): a sequence is the prompt, left-padded to P tokens, followed by the
 response, right-padded to T tokens, so S = P + T. Per-token quantities of the response ("actions") are
@@ -27,7 +28,8 @@ class Samples:
     labels: list  # (B,) the dataset's label for the prompt (None if the data has none)
     prompt_index: torch.Tensor  # (B,) long, index of the prompt in the batch: samples of one prompt share it
     truncated: torch.Tensor  # (B,) bool, the response hit the token limit instead of stopping
-    # Set by makers that score rows while generating (self-play); None: the reward function scores them.
+    # Set by rollout sources that score rows while generating (self-play, agents); None: the reward function
+    # scores them.
     rewards: RewardOutput | None = None
     # (start, end, group_size) row ranges whose advantages are computed separately, each with its own
     # group size; None: the whole batch with --n_samples_per_prompt.

@@ -128,8 +128,8 @@ def test_a_waiting_sync_goes_in_between_two_chunks():
 
 
 def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them():
+    from reinforce_pro.rollout.sampler import PartialRollout, RolloutConfig, Sampler
     from reinforce_pro.rollout.vllm_engine import Generation
-    from reinforce_pro.trainer.experience_maker import ExperienceMaker, PartialRollout, RolloutConfig
 
     engine = {"version": 3, "calls": []}
 
@@ -150,9 +150,9 @@ def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(
             engine["version"] = 4
         return engine["version"]
 
-    maker = ExperienceMaker.__new__(ExperienceMaker)
-    maker.cfg, maker.sample = RolloutConfig(max_new_tokens=6), fake_sample
-    generations, versions = maker.sample_in_chunks([[0, 1], [5, 1]], PartialRollout(chunk=2, between=between))
+    sampler = Sampler(engines=None, tokenizer=None, cfg=RolloutConfig(max_new_tokens=6))
+    sampler.sample = fake_sample
+    generations, versions = sampler.sample_in_chunks([[0, 1], [5, 1]], PartialRollout(chunk=2, between=between))
     assert [len(g.token_ids) for g in generations] == [3, 6] and [g.finish_reason for g in generations] == [
         "stop",
         "length",

@@ -250,10 +250,11 @@ def test_advantages_are_computed_per_segment():
     from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
     from reinforce_pro.algos.kl import build_kl_controller
     from reinforce_pro.experience import Samples
-    from reinforce_pro.trainer.experience_maker import ExperienceMaker, RolloutConfig
+    from reinforce_pro.rollout.sampler import RolloutConfig
+    from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 
     cfg = RolloutConfig(n_samples_per_prompt=4, advantage_estimator="reinforce_baseline", reward_clip_range=None)
-    maker = ExperienceMaker([], [], None, None, None, None, cfg, build_kl_controller(0.0, None, 1))
+    builder = ExperienceBuilder([], None, None, None, cfg, build_kl_controller(0.0, None, 1))
     gen = torch.Generator().manual_seed(0)
     b, t = 11, 5
     mask = torch.rand(b, t, generator=gen) > 0.2
@@ -265,7 +266,7 @@ def test_advantages_are_computed_per_segment():
         torch.zeros(b, t), [""] * b, [""] * b, [None] * b, torch.zeros(b, dtype=torch.long),
         torch.zeros(b, dtype=torch.bool), advantage_segments=segments,
     )  # fmt: skip
-    adv, ret = maker.advantages(samples, rewards, None, None)
+    adv, ret = builder.advantages(samples, rewards, None, None)
     for start, end, g in segments:
         inp = AdvantageInputs(rewards=rewards[start:end], action_mask=mask[start:end], group_size=g)
         want_adv, want_ret = compute_advantages("reinforce_baseline", inp)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from reinforce_pro.agents.contract import StepOutput, normalize_step
 from reinforce_pro.agents.episode import Episode
-from reinforce_pro.trainer.experience_maker import encode_prompt
+from reinforce_pro.rollout.sampler import encode_prompt
 
 Sample = Callable[[list[list[int]], dict], list]  # (prompt ids, sampling) -> [Generation]
 

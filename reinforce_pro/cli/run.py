@@ -191,7 +191,7 @@ def _check_prompts_fit(prompts: list[dict], tokenizer, args) -> None:
     only then is every prompt tokenised."""
     if args.prompt_max_len < args.max_len:
         return
-    from reinforce_pro.trainer.experience_maker import encode_prompt
+    from reinforce_pro.rollout.sampler import encode_prompt
 
     for i, p in enumerate(prompts):
         n = len(encode_prompt(tokenizer, p["prompt"], args.prompt_max_len))

@@ -1,4 +1,5 @@
-"""Flags -> actor groups -> experience maker -> trainer. The one place that reads the whole namespace."""
+"""Flags -> actor groups -> rollout source + experience builder -> trainer. The one place that reads the whole
+namespace."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
+from reinforce_pro.rollout.sampler import PromptSource, RolloutConfig, Sampler
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
-from reinforce_pro.trainer.experience_maker import ExperienceMaker, RolloutConfig
+from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger, WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, EvalSet, LoopConfig, PPOTrainer
 from reinforce_pro.workers.base import OptimConfig
@@ -255,10 +257,10 @@ def reward_function(args, plan, use_gpu: bool):
     return load_reward_func(plan.reward_source)
 
 
-def selfplay_maker(args, task, groups, maker_args: tuple, use_gpu: bool):
-    """The Absolute-Zero experience maker, with its task, weights and (optionally) a judge engine."""
+def selfplay_source(args, task, groups, sampler: Sampler, use_gpu: bool):
+    """The Absolute-Zero rollout source, with its task, weights and (optionally) a judge engine."""
     from reinforce_pro.selfplay.controller import SelfPlayConfig
-    from reinforce_pro.selfplay.experience_maker import SelfPlayExperienceMaker
+    from reinforce_pro.selfplay.source import SelfPlaySource
 
     flag_weights = {"safety": args.safety_reward_weight, "completion": args.task_completion_weight}
     cfg = SelfPlayConfig(
@@ -280,7 +282,7 @@ def selfplay_maker(args, task, groups, maker_args: tuple, use_gpu: bool):
         options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0}
         judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0)]
         groups["judge"] = judge
-    return SelfPlayExperienceMaker(*maker_args, task=task, selfplay=cfg, seed=args.seed, judge_engines=judge)
+    return SelfPlaySource(sampler, task, cfg, seed=args.seed, judge_engines=judge)
 
 
 def loop_config(args) -> LoopConfig:
@@ -354,10 +356,10 @@ def resume_checkpoint(args, plan) -> Path | None:
     return ckpt
 
 
-def agent_maker(args, agent_cls: type, maker_args: tuple):
+def agent_source(args, agent_cls: type, sampler: Sampler):
     """Multi-turn rollouts with the user's AgentInstance (--agent_func_path)."""
-    from reinforce_pro.agents.experience_maker import AgentExperienceMaker
     from reinforce_pro.agents.runner import AgentConfig
+    from reinforce_pro.agents.source import AgentSource
 
     cfg = AgentConfig(
         max_turns=args.agent_max_turns,
@@ -365,7 +367,7 @@ def agent_maker(args, agent_cls: type, maker_args: tuple):
         prompt_max_len=args.prompt_max_len,
         reward_mode=args.agent_reward_mode,
     )
-    return AgentExperienceMaker(*maker_args, agent_cls=agent_cls, agent_cfg=cfg)
+    return AgentSource(sampler, agent_cls, cfg)
 
 
 # OpenRLHF frees GPU memory between phases with these; a CPU run has nothing to free (engines and trainer hold
@@ -399,23 +401,22 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
     # self-play tasks and agent environments score their own rollouts: no reward function
     reward_fn = None if plan.task or plan.agent_cls else reward_function(args, plan, use_gpu)
-    maker_args = (
-        groups["engines"], groups["policy"], groups["reference"], groups["critic"], reward_fn, tokenizer,
-        rollout_config(args), kl_ctl,
-    )  # fmt: skip
+    rollout_cfg = rollout_config(args)
+    builder = ExperienceBuilder(groups["policy"], groups["reference"], groups["critic"], reward_fn, rollout_cfg, kl_ctl)
+    sampler = Sampler(groups["engines"], tokenizer, rollout_cfg)
     if plan.task is not None:
-        maker = selfplay_maker(args, plan.task, groups, maker_args, use_gpu)
+        source = selfplay_source(args, plan.task, groups, sampler, use_gpu)
     elif plan.agent_cls is not None:
-        maker = agent_maker(args, plan.agent_cls, maker_args)
+        source = agent_source(args, plan.agent_cls, sampler)
     else:
-        maker = ExperienceMaker(*maker_args)
+        source = PromptSource(sampler)
     logger = None
     try:
         resume_from = resume_checkpoint(args, plan)  # before the logger opens the jsonl files it truncates
         logger = MetricsLogger(plan.run_dir, args.use_tensorboard, wandb_cfg=wandb_config(args))
         trainer = PPOTrainer(
-            maker, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger, loop_config(args),
-            eval_set(args, tokenizer),
+            source, builder, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger,
+            loop_config(args), eval_set(args, tokenizer),
         )  # fmt: skip
         if resume_from is not None:
             trainer.restore(resume_from)

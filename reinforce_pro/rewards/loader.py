@@ -61,7 +61,7 @@ NONFINITE_KEY = "nonfinite"  # extra_logs key (logged as reward/nonfinite) marki
 def normalize_reward_output(out, n: int, nan_policy: str = "error") -> RewardOutput:
     """Accept a tensor / list, or a dict with rewards, scores, extra_logs. Non-finite rewards or scores are
     an error under nan_policy "error"; under "zero" or "drop" they become 0 and extra_logs["nonfinite"]
-    marks their rows (1.0), which "drop" then leaves out of the loss (ExperienceMaker.make_experience). An
+    marks their rows (1.0), which "drop" then leaves out of the loss (ExperienceBuilder.make_experience). An
     extra_logs entry with non-finite values is only logged, so it is dropped with a warning."""
     finite = nan_policy == "error"
     if isinstance(out, dict):

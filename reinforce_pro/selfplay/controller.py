@@ -2,7 +2,7 @@
 the repropose loop, and the training samples with their rewards.
 
 The controller sees the rollout engines only through `generate(prompts) -> list[Rollout]`, so tests drive
-it with a scripted fake; SelfPlayExperienceMaker passes the real engines.
+it with a scripted fake; SelfPlaySource passes the real engines.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The controller side: experience maker, fit() loop, logging, warm start."""
+"""The controller side: experience builder, fit() loop, rollout streams, logging, warm start."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from reinforce_pro.experience import Samples, concat_samples
+from reinforce_pro.rewards.loader import RewardOutput
 
 MAX_ROUNDS = 16  # generation rounds per step before training on what was kept
 
@@ -22,14 +23,16 @@ def group_pass_mask(scores: torch.Tensor, group_size: int, low: float, high: flo
 
 
 def generate_filtered(
-    maker, first: list[tuple[int, dict]], take: Callable[[int], list[tuple[int, dict]]], batch_size: int,
+    generate: Callable[[list[dict]], Samples], rewards: Callable[[Samples], RewardOutput], group_size: int,
+    first: list[tuple[int, dict]], take: Callable[[int], list[tuple[int, dict]]], batch_size: int,
     reward_range: tuple[float, float],
 ) -> tuple[Samples | None, list[int], dict[str, float]]:  # fmt: skip
-    """Generate, score and filter groups until `batch_size` pass (or the stream or MAX_ROUNDS run out).
+    """Generate (a rollout source's `generate`), score (`rewards`: ExperienceBuilder.rewards) and filter
+    groups of `group_size` until `batch_size` pass (or the stream or MAX_ROUNDS run out).
 
     Returns the kept samples (None when no group passed), the dataset indices of every prompt consumed,
     and `dynamic_filtering/*` metrics."""
-    n = maker.cfg.n_samples_per_prompt
+    n = group_size
     kept: list[Samples] = []
     consumed: list[int] = []
     num_kept = tried = rounds = 0
@@ -37,8 +40,8 @@ def generate_filtered(
     while pending and rounds < MAX_ROUNDS:
         rounds += 1
         consumed += [i for i, _ in pending]
-        samples = maker.generate([record for _, record in pending])
-        samples.rewards = maker.rewards(samples)
+        samples = generate([record for _, record in pending])
+        samples.rewards = rewards(samples)
         passed = group_pass_mask(samples.rewards.scores, n, *reward_range)
         tried += len(pending)
         groups = passed.nonzero().flatten()[: batch_size - num_kept]

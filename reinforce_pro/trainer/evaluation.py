@@ -4,18 +4,23 @@ usual pass@k when scores are 0/1); reward_mean averages every sample."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from reinforce_pro.trainer.experience_maker import sampling_params
+from reinforce_pro.rewards.loader import RewardOutput
+from reinforce_pro.rollout.sampler import Sampler, sampling_params
 
 
-def evaluate(maker, prompts: list[dict], name: str, n: int, temperature: float) -> dict[str, float]:
-    """`prompts`: [{"prompt", "label"}]. Returns eval/<name>/{pass@n, reward_mean, ...}."""
+def evaluate(
+    sampler: Sampler, score: Callable[..., RewardOutput], prompts: list[dict], name: str, n: int, temperature: float
+) -> dict[str, float]:
+    """`prompts`: [{"prompt", "label"}]; `score`: ExperienceBuilder.score. Returns eval/<name>/{pass@n, ...}."""
     texts = [p["prompt"] for p in prompts for _ in range(n)]
     labels = [p["label"] for p in prompts for _ in range(n)]
-    sampling = {**sampling_params(maker.cfg), "temperature": temperature}
-    _, generations, responses = maker.sample_texts(texts, sampling)
-    out = maker.score(texts, responses, labels)
+    sampling = {**sampling_params(sampler.cfg), "temperature": temperature}
+    _, generations, responses = sampler.sample_texts(texts, sampling)
+    out = score(texts, responses, labels)
     scores = out.scores.view(len(prompts), n)
     lengths = torch.tensor([float(len(g.token_ids)) for g in generations])
     return {

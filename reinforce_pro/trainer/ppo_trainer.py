@@ -1,5 +1,8 @@
 """The RL loop: generate -> make_experience -> train -> weight_sync, one named, timed phase each.
 
+A rollout source (rollout/sampler.py: plain prompts, self-play, agents) turns prompt records into Samples;
+the ExperienceBuilder (trainer/experience_builder.py) turns Samples into Experience; the loop composes the two.
+
 With --async_train the generate phase runs in a producer thread, up to --async_queue_size policy versions
 ahead of the trainer (trainer/rollout_stream.py); the rest of the loop is the same code."""
 
@@ -19,10 +22,11 @@ from tqdm import tqdm
 
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
+from reinforce_pro.rollout.sampler import PartialRollout
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.evaluation import evaluate
-from reinforce_pro.trainer.experience_maker import ExperienceMaker, PartialRollout
+from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
 from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
@@ -82,10 +86,12 @@ def timed(timings: dict[str, float], phase: str):
 
 class PPOTrainer:
     def __init__(
-        self, maker: ExperienceMaker, policy, critic, engines, prompts, logger: MetricsLogger, cfg: LoopConfig,
-        eval_set: EvalSet | None = None,
+        self, source, builder: ExperienceBuilder, policy, critic, engines, prompts, logger: MetricsLogger,
+        cfg: LoopConfig, eval_set: EvalSet | None = None,
     ):  # fmt: skip
-        self.maker, self.policy, self.critic, self.engines = maker, policy, critic, engines
+        """source: a rollout source (PromptSource, SelfPlaySource, AgentSource; see rollout/sampler.py)."""
+        self.source, self.builder = source, builder
+        self.policy, self.critic, self.engines = policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
         self.loader = PromptLoader(prompts, cfg.rollout_batch_size, cfg.num_episodes, cfg.seed)
         self.step = 0  # completed steps (restored by resume) = the policy's weight version
@@ -95,7 +101,7 @@ class PPOTrainer:
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
-            self.maker.partial = PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in())
+            self.source.partial = PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in())
 
     def fit(self) -> list[dict[str, float]]:
         self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
@@ -111,7 +117,7 @@ class PPOTrainer:
                 self.logger.write("consumed", {"step": step, "prompts": batch.consumed})
                 samples, metrics, busy_from = batch.samples, dict(batch.metrics), time.perf_counter()
                 with timed(timings, "make_experience"):
-                    experience, exp_metrics = self.maker.make_experience(samples, self.old_log_probs_needed(samples))
+                    experience, exp_metrics = self.builder.make_experience(samples, self.old_log_probs_needed(samples))
                 with timed(timings, "train"):
                     metrics.update(exp_metrics)
                     metrics.update(self.train(experience, step))
@@ -146,7 +152,7 @@ class PPOTrainer:
         try:
             samples, consumed, metrics = self.next_samples()
             if samples is not None:
-                samples.rewards = self.maker.rewards(samples)
+                samples.rewards = self.builder.rewards(samples)
         except RewardFileError as e:
             raise RewardFileError(f"step {batch_number}: {e}") from e.__cause__
         if samples is None:
@@ -161,10 +167,11 @@ class PPOTrainer:
         if len(batch) < self.cfg.rollout_batch_size:
             return None, [], {}
         if self.cfg.dynamic_filtering_reward_range is None:
-            return self.maker.generate([r for _, r in batch]), [i for i, _ in batch], {}
+            return self.source.generate([r for _, r in batch]), [i for i, _ in batch], {}
         return generate_filtered(
-            self.maker, batch, self.loader.take, self.cfg.rollout_batch_size, self.cfg.dynamic_filtering_reward_range
-        )
+            self.source.generate, self.builder.rewards, self.builder.cfg.n_samples_per_prompt, batch,
+            self.loader.take, self.cfg.rollout_batch_size, self.cfg.dynamic_filtering_reward_range,
+        )  # fmt: skip
 
     def rollout_metrics(self, batch: RolloutBatch, stream, waited: float, busy_from: float, step_s: float) -> dict:
         """Staleness of the trained rows (policy versions between the weights that sampled them and the
@@ -192,16 +199,18 @@ class PPOTrainer:
         (TRL does the same with num_iterations=1). Saves one forward pass over the batch per step."""
         one_pass = self.cfg.max_epochs == 1 and len(samples.prompts) <= self.cfg.train_batch_size
         trains_policy = self.step + 1 > self.cfg.freezing_actor_steps
-        return self.cfg.recompute_old_log_probs or self.maker.needs_old_log_probs() or not (one_pass and trains_policy)
+        return (
+            self.cfg.recompute_old_log_probs or self.builder.needs_old_log_probs() or not (one_pass and trains_policy)
+        )
 
     def evaluate(self) -> dict[str, float]:
         """Between steps, with the engines held: under --async_train no rollout is generated meanwhile."""
         e = self.eval_set
         with self.gate.exclusive():
-            return evaluate(self.maker, e.prompts, e.name, e.n_samples, e.temperature)
+            return evaluate(self.source.sampler, self.builder.score, e.prompts, e.name, e.n_samples, e.temperature)
 
     def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
-        self.maker.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
+        self.builder.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
         self.history.append({"step": step, **metrics})
         if step % self.cfg.logging_steps == 0 or step == 1:
             self.logger.log(step, metrics)
@@ -236,9 +245,9 @@ class PPOTrainer:
         ray.get(refs)
 
     def source_state(self) -> dict:
-        """Where the rollout source stands: the prompt stream and self-play's question sampler."""
-        maker_rng = getattr(self.maker, "rng", None)
-        return {"loader": self.loader.state_dict(), "maker_rng": maker_rng.getstate() if maker_rng else None}
+        """Where the rollout side stands: the prompt stream and the source's own state (self-play's question
+        sampler)."""
+        return {"loader": self.loader.state_dict(), "source": self.source.state_dict()}
 
     def trainer_state(self) -> dict:
         """The source is saved as it was after the last *trained* batch: under --async_train the producer has
@@ -246,7 +255,7 @@ class PPOTrainer:
         return {
             "episode": self.trained_source["loader"]["position"] // max(1, self.loader.per_episode),  # for readers
             **self.trained_source,
-            **self.maker.state_dict(),  # kl_coef, reward_moments
+            **self.builder.state_dict(),  # kl_coef, reward_moments
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
@@ -262,10 +271,8 @@ class PPOTrainer:
         self.step = state["step"]
         self.gate = EngineGate(self.step)
         self.loader.load_state_dict(state["loader"])
-        self.maker.load_state_dict(state)
-        if state["maker_rng"] is not None:
-            version, internal, gauss = state["maker_rng"]
-            self.maker.rng.setstate((version, tuple(internal), gauss))
+        self.builder.load_state_dict(state)
+        self.source.load_state_dict(state["source"])
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
@@ -290,7 +297,7 @@ class PPOTrainer:
         metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
         if old_log_probs is not None:  # filled by the policy's training forward (old_log_probs_needed)
             exp.old_log_probs = old_log_probs
-            metrics.update(self.maker.old_log_prob_metrics(exp))
+            metrics.update(self.builder.old_log_prob_metrics(exp))
         return metrics
 
     def _train_minibatch(self, mini: Experience, train_policy: bool) -> tuple[dict[str, float], torch.Tensor | None]:

@@ -35,7 +35,7 @@ class RolloutBatch:
     samples: Samples
     metrics: dict[str, float]  # produced while generating (dynamic filtering, self-play, agents)
     consumed: list[int]  # dataset indices of every prompt taken for this batch
-    source_state: dict  # the prompt stream (and maker RNG) after this batch was taken: the resume point
+    source_state: dict  # the prompt stream (and the source's state) after this batch was taken: the resume point
     busy: tuple[float, float] = (0.0, 0.0)  # perf_counter start / end of its production (set by the stream)
     gate_wait_s: float = 0.0  # how long the producer waited for fresh enough weights before starting it
 

@@ -1,8 +1,8 @@
-"""The Absolute-Zero experience maker: one batch of seed prompts -> proposer and solver samples with their
-rewards, as one `Samples` batch that the ordinary make_experience turns into one joint update.
+"""The Absolute-Zero rollout source: one batch of seed prompts -> proposer and solver samples with their
+rewards, as one `Samples` batch that the ordinary ExperienceBuilder turns into one joint update.
 
 Rows are ordered solver groups first (rollout_n consecutive rows per kept question), then proposer rows;
-`advantage_segments` tells make_experience to compute each role's advantages on its own (docs/selfplay.md).
+`advantage_segments` tells the builder to compute each role's advantages on its own (docs/selfplay.md).
 """
 
 from __future__ import annotations
@@ -13,26 +13,31 @@ import torch
 
 from reinforce_pro.experience import Samples
 from reinforce_pro.rewards.loader import RewardOutput
+from reinforce_pro.rollout.sampler import Sampler
 from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
 from reinforce_pro.selfplay.tasks import SelfPlayTask
-from reinforce_pro.trainer.experience_maker import ExperienceMaker
 
 JUDGE_MAX_TOKENS = 8
 
 
-class SelfPlayExperienceMaker(ExperienceMaker):
-    def __init__(self, *args, task: SelfPlayTask, selfplay: SelfPlayConfig, seed: int, judge_engines=None):
-        """args: ExperienceMaker's. judge_engines: engines that serve the task's `llm` scorers (greedy);
-        None uses the rollout engines, i.e. the current policy judges."""
-        super().__init__(*args)
-        self.task = task
-        self.judge_engines = judge_engines
+class SelfPlaySource:
+    def __init__(self, sampler: Sampler, task: SelfPlayTask, selfplay: SelfPlayConfig, seed: int, judge_engines=None):
+        """judge_engines: engines that serve the task's `llm` scorers (greedy); None uses the rollout engines,
+        i.e. the current policy judges."""
+        self.sampler, self.task, self.judge_engines = sampler, task, judge_engines
         self.controller = SelfPlayController(task, selfplay, self.generate_texts, self.judge)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed)  # which question of each group is sampled: part of the resume state
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]  # lists after a JSON round trip
+        self.rng.setstate((version, tuple(internal), gauss))
 
     def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
         """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation)."""
-        ids, generations, texts = self.sample_texts(prompts, sampling, engines)
+        ids, generations, texts = self.sampler.sample_texts(prompts, sampling, engines)
         return [Rollout(p, t, (i, g)) for p, t, i, g in zip(prompts, texts, ids, generations, strict=True)]
 
     def judge(self, prompts: list[str]) -> list[str]:
@@ -50,7 +55,9 @@ class SelfPlayExperienceMaker(ExperienceMaker):
         index = torch.zeros(len(rows), dtype=torch.long)
         for k, (start, end, _) in enumerate(result.segments):
             index[start:end] = k
-        samples = self._to_samples(prompt_ids, generations, [s.rollout.prompt for s in rows], [None] * len(rows), index)
+        samples = self.sampler.to_samples(
+            prompt_ids, generations, [s.rollout.prompt for s in rows], [None] * len(rows), index
+        )
         is_proposer = torch.tensor([float(s.role == "proposer") for s in rows])
         samples.rewards = RewardOutput(
             rewards=torch.tensor([s.reward for s in rows], dtype=torch.float32),

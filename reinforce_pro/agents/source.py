@@ -1,28 +1,33 @@
-"""The experience maker of `--agent_func_path`: the rollout is the multi-turn loop of agents/runner.py; the
-rest (log-probs, KL, advantages, the loss) is the ordinary pipeline, which trains only action_mask tokens."""
+"""The rollout source of `--agent_func_path`: the rollout is the multi-turn loop of agents/runner.py; the rest
+(log-probs, KL, advantages, the loss) is the ordinary pipeline, which trains only action_mask tokens."""
 
 from __future__ import annotations
 
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.runner import AgentConfig, AgentRunner
 from reinforce_pro.experience import Samples
-from reinforce_pro.trainer.experience_maker import ExperienceMaker, sampling_params
+from reinforce_pro.rollout.sampler import Sampler, sampling_params
 
 
-class AgentExperienceMaker(ExperienceMaker):
-    def __init__(self, *args, agent_cls: type, agent_cfg: AgentConfig):
-        super().__init__(*args)
-        self.agent_cfg = agent_cfg
-        self.runner = AgentRunner(agent_cls, self.tokenizer, self.sample, sampling_params(self.cfg), agent_cfg)
+class AgentSource:
+    def __init__(self, sampler: Sampler, agent_cls: type, agent_cfg: AgentConfig):
+        self.sampler, self.agent_cfg = sampler, agent_cfg
+        self.runner = AgentRunner(agent_cls, sampler.tokenizer, sampler.sample, sampling_params(sampler.cfg), agent_cfg)
+
+    def state_dict(self) -> dict:
+        return {}  # every episode starts from a fresh AgentInstance: nothing to carry over
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
     def generate(self, batch: list[dict]) -> Samples:
-        n = self.cfg.n_samples_per_prompt
+        n, tokenizer = self.sampler.cfg.n_samples_per_prompt, self.sampler.tokenizer
         dialogue = [isinstance(item["prompt"], list) for item in batch]
         if any(dialogue) and not all(dialogue):
             raise ValueError("a batch mixes dialogue records (a list of turns) with plain prompts: use one kind")
         episodes = self.runner.run_dialogues(batch, n) if all(dialogue) else self.runner.run_episodes(batch, n)
-        responses = [self.tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
-        samples = episodes_to_samples(episodes, self.tokenizer.pad_token_id, responses, self.agent_cfg.reward_mode)
+        responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+        samples = episodes_to_samples(episodes, tokenizer.pad_token_id, responses, self.agent_cfg.reward_mode)
         samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
         return samples
 

@@ -1,0 +1,177 @@
+"""The rollout side's two pieces: a `Sampler` (encode prompts, sample over the engines, decode) and the plain
+rollout source, `PromptSource`. Every rollout source (this one, self-play's, the agents') is composed around
+one Sampler and turns a batch of prompt records into `Samples`; none of them scores for the loss or touches
+the trainer's workers (that is trainer/experience_builder.py).
+
+A rollout source has one method and a resumable state:
+    generate(batch: list[dict]) -> Samples         # batch: [{"prompt", "label"}], the prompt stream's records
+    state_dict() -> dict / load_state_dict(dict)  # e.g. self-play's question sampler; {} for plain prompts
+The producer (trainer/rollout_stream.py) calls `generate` in the trainer's thread or in its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from reinforce_pro.experience import Samples, pad_rows
+from reinforce_pro.rollout.vllm_engine import Generation
+
+
+@dataclass
+class RolloutConfig:
+    n_samples_per_prompt: int = 1
+    prompt_max_len: int = 1024
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambd: float = 1.0
+    std_norm: bool = True
+    reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
+    reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
+    overlong_buffer_len: float | None = None  # DAPO overlong penalty (algos/length_penalty.py)
+    overlong_penalty_factor: float = 1.0
+    stop_properly_penalty_coef: float | None = None  # ProRL: truncated responses' rewards scaled / replaced
+    normalize_reward: bool = False
+    kl_estimator: str = "k1"
+    use_kl_loss: bool = False
+
+
+def sampling_params(cfg: RolloutConfig) -> dict:
+    """vLLM SamplingParams keywords for the rollout (log-probs are requested by the engine)."""
+    return dict(
+        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_new_tokens,
+        skip_special_tokens=False,
+    )  # fmt: skip
+
+
+def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
+    """Prompt token ids with the BOS token (unless the text already starts with it), keeping the last
+    `max_len` tokens: the question is usually at the end."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None and not prompt.startswith(tokenizer.bos_token or "\0"):
+        ids = [tokenizer.bos_token_id] + ids
+    return ids[-max_len:]
+
+
+@dataclass
+class PartialRollout:
+    """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between()` lets a
+    waiting weight sync in and returns the engines' version (EngineGate.let_syncs_in)."""
+
+    chunk: int
+    between: Callable[[], int]
+
+
+class Sampler:
+    """Prompt texts or token ids in, engine generations out, spread evenly over the rollout engines."""
+
+    def __init__(self, engines, tokenizer, cfg: RolloutConfig):
+        self.engines, self.tokenizer, self.cfg = engines, tokenizer, cfg
+
+    def encode(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.cfg.prompt_max_len)
+
+    def sample(self, prompt_ids: list[list[int]], sampling: dict | None = None, engines=None) -> list[Generation]:
+        """One response per prompt, in order, the prompts split evenly over `engines` (the rollout engines
+        by default), sampled with `sampling` (the rollout's sampling_params by default)."""
+        engines = engines or self.engines
+        sampling = sampling or sampling_params(self.cfg)
+        chunk = math.ceil(len(prompt_ids) / len(engines))
+        refs = [
+            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling)
+            for i, engine in enumerate(engines)
+            if prompt_ids[i * chunk : (i + 1) * chunk]
+        ]
+        return [g for part in ray.get(refs) for g in part]
+
+    def sample_in_chunks(
+        self, prompt_ids: list[list[int]], partial: PartialRollout
+    ) -> tuple[list[Generation], list[list[int]]]:
+        """Like `sample`, `partial.chunk` tokens at a time: a response that has not stopped continues from
+        its prompt plus its tokens so far, under whatever weights the engines hold by then. Returns the
+        generations (each token's log-prob from the weights that sampled it) and each token's version."""
+        sampling = sampling_params(self.cfg)
+        limit, n = sampling["max_tokens"], len(prompt_ids)
+        tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        finish, active = ["length"] * n, list(range(n))
+        while active:
+            version = partial.between()
+            size = min(partial.chunk, limit - len(tokens[active[0]]))  # every active row has the same length
+            chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
+            still = []
+            for i, g in zip(active, chunk, strict=True):
+                tokens[i] += g.token_ids
+                log_probs[i] += g.log_probs
+                versions[i] += [version] * len(g.token_ids)
+                finish[i] = g.finish_reason
+                if g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
+                    still.append(i)
+            active = still
+        return [Generation(tokens[i], log_probs[i], finish[i]) for i in range(n)], versions
+
+    def sample_texts(
+        self, prompts: list[str], sampling: dict | None = None, engines=None
+    ) -> tuple[list[list[int]], list[Generation], list[str]]:
+        """Encode prompt texts, sample one response each (see sample), decode: (prompt ids, generations,
+        response texts), in order."""
+        ids = [self.encode(p) for p in prompts]
+        generations = self.sample(ids, sampling, engines)
+        return ids, generations, self.decode(generations)
+
+    def decode(self, generations: list[Generation]) -> list[str]:
+        return self.tokenizer.batch_decode(
+            [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def to_samples(self, prompt_ids, generations: list[Generation], prompts, labels, index) -> Samples:
+        """Generations -> the padded Samples layout (experience.py), responses decoded."""
+        ids = [list(g.token_ids) for g in generations]
+        sequences, attention, action_mask, rollout_lp = pad_rows(
+            prompt_ids, ids, [[True] * len(r) for r in ids], [g.log_probs for g in generations],
+            self.tokenizer.pad_token_id,
+        )  # fmt: skip
+        truncated = torch.tensor([g.finish_reason == "length" for g in generations])
+        responses = self.decode(generations)
+        return Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
+
+
+class PromptSource:
+    """Plain prompts: n_samples_per_prompt responses to each prompt of the batch, scored later by the reward
+    function. With `partial` set (--partial_rollout, by the trainer) responses are sampled in chunks."""
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.partial: PartialRollout | None = None
+
+    def generate(self, batch: list[dict]) -> Samples:
+        """Sample n_samples_per_prompt responses for each prompt of `batch` ([{"prompt", "label"}])."""
+        n = self.sampler.cfg.n_samples_per_prompt
+        prompt_ids = [ids for ids in (self.sampler.encode(item["prompt"]) for item in batch) for _ in range(n)]
+        versions = None
+        if self.partial is None:
+            generations = self.sampler.sample(prompt_ids)
+        else:
+            generations, versions = self.sampler.sample_in_chunks(prompt_ids, self.partial)
+        prompts = [item["prompt"] for item in batch for _ in range(n)]
+        labels = [item["label"] for item in batch for _ in range(n)]
+        index = torch.arange(len(batch)).repeat_interleave(n)
+        samples = self.sampler.to_samples(prompt_ids, generations, prompts, labels, index)
+        if versions is not None:
+            samples.token_version = torch.tensor(
+                [v + [0] * (samples.num_actions - len(v)) for v in versions], dtype=torch.long
+            )
+        return samples
+
+    def state_dict(self) -> dict:
+        return {}  # nothing beyond the prompt stream, which the trainer's PromptLoader holds
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
