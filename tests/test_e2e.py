@@ -138,6 +138,91 @@ def test_reinforce_pro_run_trains_syncs_and_logs(tmp_path, engine, tiny_model, d
         assert (trainer - torch.tensor(g.log_probs)).abs().max().item() < 1e-4
 
 
+LORA_ARGS = ["--advantage_estimator", "reinforce_baseline", "--lora_rank", "4", "--lora_alpha", "8",
+             "--target_modules", "q_proj", "v_proj", "--actor_learning_rate", "2e-2"]  # fmt: skip
+
+
+def test_lora_trains_adapters_only_and_the_engine_serves_the_merged_policy(tmp_path, engine, tiny_model, digit_reward):
+    args, plan, history = run(
+        [*LORA_ARGS, "--remote_rm_url", digit_reward, "--lora_save_merged"], tmp_path, engine, tiny_model
+    )
+    assert len(history) == 3
+    # in fp32 the engine (merged weights) and the trainer (peft model) agree after every sync
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)
+    # final_model/ is the adapter in peft's format, final_model_merged/ an ordinary model directory
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    adapter, merged = plan.run_dir / "final_model", plan.run_dir / "final_model_merged"
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+    assert not (adapter / "model.safetensors").exists()
+    before, after = load_file(Path(tiny_model) / "model.safetensors"), load_file(merged / "model.safetensors")
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), changed  # rest frozen
+    # the adapter on the base model computes what the merged model computes
+    ids = torch.tensor([[1, 21, 15, 27, 33, 5, 8]])
+    with torch.no_grad():
+        via_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), adapter)(ids).logits
+        via_merged = AutoModelForCausalLM.from_pretrained(merged)(ids).logits
+    assert (via_adapter - via_merged).abs().max().item() < 1e-5
+    # the engine holds the merged final policy: its log-probs of a fresh sample match within 1e-4
+    prompt = [1, 21, 15, 27, 33]
+    for g in ray.get(engine.generate.remote([prompt] * 4, {"temperature": 1.0, "max_tokens": 6})):
+        trainer = trainer_log_probs(str(merged), prompt, g.token_ids)
+        assert (trainer - torch.tensor(g.log_probs)).abs().max().item() < 1e-4
+
+
+def test_lora_checkpoint_resumes_the_adapter(tmp_path, engine, tiny_model, digit_reward):
+    """A LoRA run checkpointed at step 2 and resumed with nothing left to train saves exactly the adapter the
+    checkpoint holds (a resume that lost the adapter would save the untrained one, B = 0)."""
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "ckpt"
+    common = [*LORA_ARGS, "--remote_rm_url", digit_reward, "--save_steps", "1", "--ckpt_path", str(ckpt),
+              "--save_hf_ckpt", "--max_samples", "16"]  # fmt: skip
+    run(common, tmp_path / "first", engine, tiny_model)
+    saved = load_file(ckpt / "global_step2" / "policy_hf" / "adapter_model.safetensors")
+    assert any("lora_B" in k and t.abs().max() > 0 for k, t in saved.items())  # trained, not the initial B = 0
+    _, plan, history = run([*common, "--load_checkpoint"], tmp_path / "resumed", engine, tiny_model)
+    assert history == []  # the prompt stream was used up at step 2
+    resumed = load_file(plan.run_dir / "final_model" / "adapter_model.safetensors")
+    assert resumed.keys() == saved.keys() and all(torch.equal(resumed[k], saved[k]) for k in saved)
+
+
+def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_path, engine, digit_reward):
+    """The pretrained-model path on a stand-in made locally (tests/bpe_model.py): byte-level BPE, ChatML
+    template, EOS but no pad or BOS token, untied lm_head. Its own engine, in the shared cluster."""
+    from bpe_model import build_bpe_llama
+
+    model = build_bpe_llama(tmp_path / "llama")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"q": f"What is {a} + 3?", "a": str(a + 3)}) + "\n" for a in range(16)))
+    argv = BASE_ARGS + [
+        "--pretrain", str(model), "--prompt_data", str(data), "--input_key", "q", "--label_key", "a",
+        "--apply_chat_template", "--remote_rm_url", digit_reward, "--advantage_estimator", "reinforce_baseline",
+        "--max_samples", "16", "--samples_log_steps", "1", "--save_path", str(tmp_path / "run"),
+    ]  # fmt: skip
+    args = parse_args(argv)
+    plan = prepare(args)
+    history = build_and_fit(args, plan)  # engines=None: one built from the Llama, removed at the end
+    assert len(history) == 2
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)  # untied lm_head synced too
+    logged = [json.loads(line) for line in (plan.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert logged and all(s["prompt"].startswith("<|im_start|>user\nWhat is ") for s in logged)
+    assert all(s["prompt"].endswith("<|im_start|>assistant\n") for s in logged)
+    from safetensors.torch import load_file
+
+    before, after = (
+        load_file(model / "model.safetensors"),
+        load_file(plan.run_dir / "final_model" / "model.safetensors"),
+    )
+    assert not torch.equal(before["lm_head.weight"], after["lm_head.weight"])  # trained as its own matrix
+    assert (plan.run_dir / "final_model" / "chat_template.jinja").is_file()
+
+
 def test_gae_with_critic_and_reference_one_step(tmp_path, engine, tiny_model, digit_reward):
     args, plan, history = run(
         ["--advantage_estimator", "gae", "--remote_rm_url", digit_reward, "--init_kl_coef", "0.01",

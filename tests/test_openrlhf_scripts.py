@@ -171,8 +171,8 @@ def test_a_script_may_mix_spellings_but_not_contradict_itself(capsys):
 
 def test_a_refusal_names_both_spellings(capsys):
     with pytest.raises(SystemExit):
-        parse_args(["--ds.lora.rank", "8"])
-    assert "--lora_rank / --ds.lora.rank is recognised but not supported" in capsys.readouterr().err
+        parse_args(["--ds.load_in_4bit"])
+    assert "--load_in_4bit / --ds.load_in_4bit is recognised but not supported" in capsys.readouterr().err
 
 
 def test_critic_optimizer_follows_the_policy_unless_given():

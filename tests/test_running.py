@@ -174,7 +174,7 @@ def test_select_and_concat_keep_every_optional_per_row_field():
 # ---------------------------------------------------------------------------------------------- old log-probs
 
 
-class _Maker:
+class _Builder:
     def __init__(self, kl_in_reward: bool):
         self.kl_in_reward = kl_in_reward
 
@@ -197,10 +197,20 @@ class _Maker:
 def test_old_log_prob_forward_is_skipped_only_when_it_equals_the_training_forward(
     overrides, kl_in_reward, step, needed
 ):
+    from reinforce_pro.rollout.sampler import PromptSource
     from reinforce_pro.trainer.ppo_trainer import LoopConfig, PPOTrainer
 
     cfg = LoopConfig(**{"rollout_batch_size": 4, "train_batch_size": 16, **overrides})
-    trainer = PPOTrainer(_Maker(kl_in_reward), [], None, [], [{"prompt": "p", "label": None}] * 8, None, cfg)
+    trainer = PPOTrainer(
+        PromptSource(sampler=None),
+        _Builder(kl_in_reward),
+        [],
+        None,
+        [],
+        [{"prompt": "p", "label": None}] * 8,
+        None,
+        cfg,
+    )
     trainer.step = step
     samples = Samples(*[None] * 4, prompts=["p"] * 16, responses=[], labels=[], prompt_index=None, truncated=None)
     assert trainer.old_log_probs_needed(samples) is needed

@@ -6,7 +6,7 @@ from __future__ import annotations
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.runner import AgentConfig, AgentRunner
 from reinforce_pro.experience import Samples
-from reinforce_pro.rollout.sampler import Sampler, sampling_params
+from reinforce_pro.rollout.sampler import Sampler, pad_token_id, sampling_params
 
 
 class AgentSource:
@@ -27,7 +27,7 @@ class AgentSource:
             raise ValueError("a batch mixes dialogue records (a list of turns) with plain prompts: use one kind")
         episodes = self.runner.run_dialogues(batch, n) if all(dialogue) else self.runner.run_episodes(batch, n)
         responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
-        samples = episodes_to_samples(episodes, tokenizer.pad_token_id, responses, self.agent_cfg.reward_mode)
+        samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.agent_cfg.reward_mode)
         samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
         return samples
 

@@ -32,7 +32,6 @@ UNSUPPORTED: dict[str, str] = {
     "grad_accum_dtype": "gradients accumulate in the parameter dtype",
     "ds_tensor_parallel_size": "DeepSpeed tensor parallelism (AutoTP) is not wired in",
     "load_in_4bit": "no quantised training",
-    "lora_rank": "no LoRA: the full policy is trained",
     "aux_loss_coef": "no MoE auxiliary loss",
     "ring_attn_size": "no ring attention (sequence parallelism)",
     "ring_head_stride": "no ring attention (sequence parallelism)",
@@ -289,10 +288,22 @@ def _add_deepspeed(p) -> None:
     )
     g.add_argument("--train_max_tokens_per_gpu", type=int, default=16192, help="padded tokens per train micro-batch")
     g.add_argument("--load_in_4bit", action="store_true", help="4-bit quantised base weights")
-    g.add_argument("--lora_rank", type=int, default=0, help="LoRA rank (0: full training)")
-    g.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha")
-    g.add_argument("--target_modules", type=str, nargs="*", default="all-linear", help="LoRA target modules")
-    g.add_argument("--lora_dropout", type=float, default=0, help="LoRA dropout")
+    g.add_argument(
+        "--lora_rank", type=int, default=0,
+        help="LoRA rank of the policy's adapters (0: train every weight). The engines get merged weights; "
+        "final_model/ holds the adapter (peft format)",
+    )  # fmt: skip
+    g.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha: the update is scaled by alpha / rank")
+    g.add_argument(
+        "--target_modules", type=str, nargs="*", default="all-linear",
+        help="modules that get adapters (peft names, e.g. q_proj v_proj), or all-linear: every linear but lm_head",
+    )  # fmt: skip
+    g.add_argument("--lora_dropout", type=float, default=0, help="dropout on the LoRA input, in [0, 1)")
+    g.add_argument(
+        "--lora_save_merged", action="store_true",
+        help="[reinforce_pro] with --lora_rank: also write final_model_merged/, the base model with the adapter "
+        "merged in (an ordinary HF model directory)",
+    )  # fmt: skip
 
 
 def _add_training(p) -> None:

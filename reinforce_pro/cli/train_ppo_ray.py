@@ -147,6 +147,11 @@ def invalid_combination(args) -> str | None:
         return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
     if args.partial_rollout and (args.absolute_zero or args.agent_func_path):
         return "--partial_rollout applies to prompt rollouts, not to --absolute_zero or --agent_func_path"
+    if args.lora_rank < 0 or args.lora_alpha <= 0 or not 0 <= args.lora_dropout < 1:
+        got = f"{args.lora_rank} / {args.lora_alpha} / {args.lora_dropout}"
+        return f"--lora_rank must be >= 0, --lora_alpha > 0 and --lora_dropout in [0, 1), got {got}"
+    if args.lora_save_merged and not args.lora_rank:
+        return "--lora_save_merged merges a LoRA adapter: add --lora_rank"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [

@@ -9,6 +9,7 @@ import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
+from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, RolloutConfig, Sampler
@@ -117,6 +118,12 @@ def rollout_config(args) -> RolloutConfig:
     )
 
 
+def lora_settings(args) -> LoraSettings | None:
+    if not args.lora_rank:
+        return None
+    return LoraSettings(args.lora_rank, args.lora_alpha, args.target_modules, args.lora_dropout)
+
+
 def logical_cpus(args) -> int:
     n = args.vllm_num_engines * args.vllm_tensor_parallel_size + args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.needs_reference:
@@ -171,7 +178,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         actor_pg,
         use_gpu,
         share,
-        lambda d: (plan.pretrain, opt, loss, d, args.seed, fwd),
+        lambda d: (plan.pretrain, opt, loss, d, args.seed, fwd, lora_settings(args)),
         trainer_env,
     )
     groups["reference"] = None
@@ -423,6 +430,8 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
         history = trainer.fit()
         ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups["policy"]])
+        if args.lora_save_merged:
+            ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups["policy"]])
         if args.save_value_network and groups["critic"]:
             ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups["critic"]])
     finally:

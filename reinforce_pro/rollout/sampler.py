@@ -61,6 +61,16 @@ def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
     return ids[-max_len:]
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that fills padding positions. Many pretrained tokenizers define no pad token (Llama, SmolLM2's
+    GGUF export); padding sits under attention_mask 0 and is never attended or trained, so any id serves:
+    EOS, else 0."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return candidate
+    return 0
+
+
 @dataclass
 class PartialRollout:
     """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between()` lets a
@@ -136,7 +146,7 @@ class Sampler:
         ids = [list(g.token_ids) for g in generations]
         sequences, attention, action_mask, rollout_lp = pad_rows(
             prompt_ids, ids, [[True] * len(r) for r in ids], [g.log_probs for g in generations],
-            self.tokenizer.pad_token_id,
+            pad_token_id(self.tokenizer),
         )  # fmt: skip
         truncated = torch.tensor([g.finish_reason == "length" for g in generations])
         responses = self.decode(generations)

@@ -1,9 +1,11 @@
 """The policy: a DeepSpeed-wrapped causal LM that computes old log-probs, trains with PolicyLoss
-(IS correction included) and hands its weights to the rollout engines."""
+(IS correction included) and hands its weights to the rollout engines. With --lora_rank it trains LoRA
+adapters only and hands the engines merged weights (models/lora.py)."""
 
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from reinforce_pro.algos.losses import PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models.logprobs import response_log_probs
+from reinforce_pro.models.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, trainable_summary
 from reinforce_pro.workers.base import (
     DistInfo,
     OptimConfig,
@@ -49,10 +52,12 @@ class PolicyWorker:
     """One data-parallel rank of the policy. Wrapped with ray.remote by the launcher."""
 
     def __init__(
-        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int, model_kwargs: dict
-    ):
+        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int, model_kwargs: dict,
+        lora: LoraSettings | None = None,
+    ):  # fmt: skip
         """model_kwargs: extra from_pretrained keywords (attn_implementation) and `forward_micro_batch_size`,
-        the rows per forward when computing log-probs for the experience (--micro_rollout_batch_size)."""
+        the rows per forward when computing log-probs for the experience (--micro_rollout_batch_size).
+        lora: train LoRA adapters on the frozen pretrained weights instead of every weight."""
         from transformers import AutoModelForCausalLM
 
         setup_distributed(dist)
@@ -63,6 +68,10 @@ class PolicyWorker:
         self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
         self.packed = kwargs.pop("packing_samples", False)
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
+        if lora is not None:
+            model = apply_lora(model, lora)
+            if dist.rank == 0:
+                print(f"[lora] rank {lora.rank}, alpha {lora.alpha}: {trainable_summary(model)}", flush=True)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(
             clip_eps_low=loss.clip_eps_low,
@@ -159,26 +168,39 @@ class PolicyWorker:
         target = getattr(torch, dtype)
         return save({k: v.to(target) for k, v in state.items()})
 
+    @contextmanager
+    def _gathered(self):
+        """The whole model on this rank for the duration (ZeRO-3 shards gathered; a no-op below stage 3)."""
+        if self.opt.zero_stage != 3:
+            yield self.engine.module
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
+            yield self.engine.module
+
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """fp32 CPU copies of the weights. Every tensor is copied, so tied weights (embed_tokens / lm_head)
-        become two tensors: safetensors refuses aliases, and vLLM wants both names."""
-        module = self.engine.module
-        if self.opt.zero_stage == 3:
-            import deepspeed
+        """fp32 CPU copies of the weights under the base model's names (LoRA deltas merged in)."""
+        with self._gathered() as module:
+            return merged_state_dict(module)
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return _cpu_copy(module.state_dict())
-        return _cpu_copy(module.state_dict())
-
-    def save_hf(self, path: str) -> str | None:
-        """Save the current policy as an HF model directory (weights, config, tokenizer); rank 0 writes."""
-        state = self._full_state_dict()
-        if self.dist.rank != 0:
-            return None
-        out = Path(path)
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    def save_hf(self, path: str, merged: bool = False) -> str | None:
+        """Save the current policy as an HF model directory (weights, config, tokenizer); rank 0 writes.
+        With LoRA: the adapter (adapter_config.json + adapter_model.safetensors, peft's format), or with
+        `merged` the base model with the adapter merged in, an ordinary model directory."""
+        with self._gathered() as module:
+            lora = is_lora(module) and not merged
+            state = None if lora else merged_state_dict(module)
+            if self.dist.rank != 0:
+                return None
+            out = Path(path)
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if lora:
+                module.save_pretrained(tmp, safe_serialization=True)  # peft writes the adapter only
+            else:
+                base = module.get_base_model() if is_lora(module) else module
+                base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         for f in Path(self.pretrain).iterdir():  # tokenizer files travel with the weights
             if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
                 shutil.copy2(f, tmp / f.name)
@@ -189,10 +211,6 @@ class PolicyWorker:
     def parameter_checksum(self) -> float:
         """Sum of |w| over all parameters: lets tests see that training changed the weights."""
         return float(sum(v.abs().sum() for v in self._full_state_dict().values()))
-
-
-def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: t.detach().to("cpu", torch.float32, copy=True).contiguous() for name, t in state.items()}
 
 
 class ReferenceWorker:

@@ -1,0 +1,30 @@
+"""models/prepare.py: the errors a user meets before any model is read (the full SmolLM2 conversion is a
+benchmark step, benchmarks/bench_smollm2.py: it needs the `models` extra and ~40 s)."""
+
+import pytest
+
+from reinforce_pro.models.prepare import PackagedModel, PrepareError, main, packaged_file
+
+
+def test_a_missing_package_names_the_extra_to_install():
+    with pytest.raises(PrepareError, match=r"'no_such_model_pkg' is not installed: install the models extra"):
+        packaged_file(PackagedModel("no_such_model_pkg", "model.gguf", "MIT"))
+
+
+def test_a_package_without_the_file_says_so():
+    with pytest.raises(PrepareError, match=r"no-such-file\.gguf is missing from the installed package 'pytest'"):
+        packaged_file(PackagedModel("pytest", "no-such-file.gguf", "MIT"))
+
+
+def test_an_incomplete_output_directory_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    assert main(["smollm2-135m-instruct", "--out", str(tmp_path / "half")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("prepare: error: ") and "holds no complete model" in err
+
+
+def test_an_unknown_model_name_lists_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["gpt-5", "--out", "x"])
+    assert exit_info.value.code == 2 and "smollm2-135m-instruct" in capsys.readouterr().err
