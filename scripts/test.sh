@@ -9,7 +9,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-EXTRAS=cpu,dev bash scripts/setup_env.sh
+EXTRAS=cpu,models,dev bash scripts/setup_env.sh  # models: reasoning-gym tasks are tested too
 PY=.venv/bin/python
 
 echo "[test] ruff"
