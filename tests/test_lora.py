@@ -26,6 +26,7 @@ def load(path):
     [
         pytest.param(["all-linear"], 14, id="all-linear"),  # 2 layers x (q k v o gate up down); not lm_head
         pytest.param(["q_proj", "v_proj"], 4, id="q-v"),
+        pytest.param(["q_proj"], 2, id="one-module"),  # a lone name must not become a regex over full names
     ],
 )
 def test_merged_weights_compute_what_the_adapter_model_computes(tiny, targets, adapted):

@@ -29,8 +29,10 @@ def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     targets = lora.target_modules
-    if isinstance(targets, list) and len(targets) == 1:
-        targets = targets[0]  # `--target_modules all-linear` arrives as a one-element list
+    if targets == ["all-linear"]:
+        # peft's keyword is the string; any other single string would be read as a regex over full module
+        # names, so `--target_modules q_proj` stays a list
+        targets = "all-linear"
     config = LoraConfig(
         r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=lora.dropout, bias="none",
         task_type="CAUSAL_LM",
