@@ -272,7 +272,7 @@ class PPOTrainer:
         self.gate = EngineGate(self.step)
         self.loader.load_state_dict(state["loader"])
         self.builder.load_state_dict(state)
-        self.source.load_state_dict(state["source"])
+        self.source.load_state_dict(state.get("source") or _older_source_state(state))
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
@@ -343,6 +343,11 @@ class PPOTrainer:
         engine_version, blob = self.versions[0]
         with self.gate.syncing(engine_version):
             ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+
+
+def _older_source_state(state: dict) -> dict:
+    """Checkpoints written before the rollout sources existed kept self-play's RNG as "maker_rng"."""
+    return {"rng": state["maker_rng"]} if state.get("maker_rng") is not None else {}
 
 
 def length_grouped(rows: torch.Tensor, lengths: torch.Tensor, ranks: int) -> torch.Tensor:
