@@ -102,3 +102,25 @@ def test_bench_sandbox_times_both_sandboxes_and_renders(tmp_path):
         assert payload["results"][name]["run_once_ms"]["calls"] == 2 and payload["results"][name]["failures"] == 0
     assert "seccomp" in payload["results"]["current"]["layers"]
     assert "Isolation cost" in (tmp_path / "bench_sandbox.md").read_text()
+
+
+def test_bench_smollm2_flags_parse_and_the_table_renders(tmp_path):
+    from benchmarks import bench_smollm2
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args(bench_smollm2.run_flags(tmp_path / "model", tmp_path / "data"))
+    assert args.label_key == "entry" and args.apply_chat_template and args.vllm_dtype == "bfloat16"
+    assert args.n_samples_per_prompt * args.rollout_batch_size == args.train_batch_size == 16
+    assert bench_smollm2.phase_time({"time/step": 9.0, "time/eval": 4.0}, "step") == 5.0
+    assert bench_smollm2.phase_time({"time/train": 3.0, "time/eval": 4.0}, "train") == 3.0
+    phases = {p: 1.0 for p in bench_smollm2.PHASES}
+    run = {"steps": 20, "train_wall_s": 600.0, "eval": [[0, 0.3], [20, 0.5]], "phase_median_s": phases,
+           "response_tokens_per_s": 5.0, "reward_curve": [[1, 0.2, 0.9], [2, 0.3, 1.0]]}  # fmt: skip
+    mismatch = {"tokens": 400, "abs_dlogp_mean": 0.03, "abs_dlogp_max": 0.2, "tis/token_masked_frac": 0.0}
+    results = {"full": run, "lora": run, "mismatch_before": mismatch, "mismatch_after": mismatch}
+    payload = {"commit": "abc", "machine": {"cpu": "cpu", "cpu_count": 2},
+               "config": {"task": "chain_sum", "task_settings": {}}, "results": results}  # fmt: skip
+    table = bench_smollm2.render(payload, tmp_path)
+    assert "| full fine-tune | 0.300 | 0.500 | 20 | 600 |" in table
+    assert "| before training | 400 | 0.0300 | 0.200 | 0.0000 |" in table
+    assert (tmp_path / "bench_smollm2.png").stat().st_size > 1000
