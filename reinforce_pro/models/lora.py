@@ -10,7 +10,7 @@ and the CPU build's LoRA support is not relied on.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,7 +19,7 @@ import torch
 class LoraSettings:
     rank: int  # r; 0 never reaches here (full fine-tuning)
     alpha: int = 16  # the update is scaled by alpha / rank
-    target_modules: list[str] | str = field(default="all-linear")  # peft's names, or "all-linear" (not lm_head)
+    target_modules: list[str] | str = "all-linear"  # peft's names, or "all-linear" (not lm_head)
     dropout: float = 0.0
 
 
@@ -59,10 +59,9 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     base = model.get_base_model()
     deltas = {
-        f"{name}.weight": module.get_delta_weight(adapter)
+        f"{name}.weight": sum(module.get_delta_weight(adapter) for adapter in module.active_adapters)
         for name, module in base.named_modules()
         if isinstance(module, LoraLayer)
-        for adapter in module.active_adapters
     }
     merged = {}
     for name, tensor in base.state_dict().items():
@@ -73,13 +72,6 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if name in deltas:
             merged[name] += _cpu_fp32(deltas[name])
     return merged
-
-
-def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable LoRA tensors only, as peft saves them (for the adapter directory)."""
-    from peft import get_peft_model_state_dict
-
-    return {name: _cpu_fp32(t) for name, t in get_peft_model_state_dict(model).items()}
 
 
 def _cpu_fp32(t: torch.Tensor) -> torch.Tensor:
