@@ -75,6 +75,7 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
     from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights
     from reinforce_pro.experience import pad_rows
     from reinforce_pro.models.logprobs import response_log_probs
+    from reinforce_pro.rollout.sampler import pad_token_id
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -92,7 +93,7 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
     gc.collect()
     seq, attn, action, rollout_lp = pad_rows(
         ids, [g.token_ids for g in generations], [[True] * len(g.token_ids) for g in generations],
-        [g.log_probs for g in generations], tok.pad_token_id,
+        [g.log_probs for g in generations], pad_token_id(tok),
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -179,13 +180,9 @@ def render(payload: dict, out_dir: Path) -> str:
     table = "\n".join(lines)
     (out_dir / "bench_smollm2.md").write_text(table + "\n")
     fig, ax = new_figure((7, 4))
-    wall = 0.0
-    xs, ys = [], []
     steps_per_s = full["train_wall_s"] / max(1, full["steps"])
-    for step, reward, _ in full["reward_curve"]:
-        wall = step * steps_per_s
-        xs.append(wall)
-        ys.append(reward)
+    curve = full["reward_curve"]
+    xs, ys = [step * steps_per_s for step, _, _ in curve], [reward for _, reward, _ in curve]
     ax.plot(xs, ys, label="training reward (mean of 16 samples)", alpha=0.6)
     ax.plot(
         [s * steps_per_s for s, _ in full["eval"]], [v for _, v in full["eval"]], "o-", label="held-out exact match"
