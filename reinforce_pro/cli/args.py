@@ -17,6 +17,7 @@ from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
+from reinforce_pro.rollout.collective import SYNC_BACKENDS
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
@@ -99,10 +100,15 @@ def _add_vllm(p) -> None:
         "--vllm_sync_backend",
         type=str,
         default="nccl",
-        help="weight-sync backend; reinforce_pro currently sends safetensors bytes through Ray's object store "
-        "on every device (NCCL broadcast is planned)",
+        help=f"{' | '.join(SYNC_BACKENDS)}: how weights reach the engines: nccl / gloo broadcast from policy "
+        "rank 0 to every engine worker, or object_store (safetensors bytes through Ray). nccl needs GPUs and "
+        "separate ones (not --colocate_all_models); where it cannot run, the default falls back to "
+        "object_store with a notice",
     )
-    g.add_argument("--vllm_sync_with_ray", action="store_true", help="sync weights through Ray (always the case)")
+    g.add_argument(
+        "--vllm_sync_bucket_mb", type=float, default=256.0, help="gloo / nccl: megabytes per broadcast bucket"
+    )
+    g.add_argument("--vllm_sync_with_ray", action="store_true", help="sync through Ray's object store (object_store)")
     g.add_argument("--enable_prefix_caching", action="store_true", help="vLLM prefix caching (reset at every sync)")
     g.add_argument("--enforce_eager", action="store_true", help="disable CUDA graphs in vLLM")
     g.add_argument(

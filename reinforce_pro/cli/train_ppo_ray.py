@@ -21,6 +21,7 @@ from datetime import datetime
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
+from reinforce_pro.rollout.collective import SYNC_BACKENDS
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
@@ -152,6 +153,12 @@ def invalid_combination(args) -> str | None:
         return f"--lora_rank must be >= 0, --lora_alpha > 0 and --lora_dropout in [0, 1), got {got}"
     if args.lora_save_merged and not args.lora_rank:
         return "--lora_save_merged merges a LoRA adapter: add --lora_rank"
+    if args.vllm_sync_backend not in SYNC_BACKENDS:
+        return f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {args.vllm_sync_backend}"
+    if args.vllm_sync_backend == "gloo" and not args.vllm_sync_with_ray and args.rollout_staleness > 0:
+        return "--rollout_staleness serves older weights, which only --vllm_sync_backend object_store keeps"
+    if args.vllm_sync_bucket_mb <= 0:
+        return f"--vllm_sync_bucket_mb must be > 0, got {args.vllm_sync_bucket_mb}"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [

@@ -118,6 +118,28 @@ def rollout_config(args) -> RolloutConfig:
     )
 
 
+def sync_backend(args, use_gpu: bool) -> str:
+    """The weight-sync backend this run uses. --vllm_sync_backend nccl is OpenRLHF's default and so in every
+    script: where NCCL cannot run (no GPUs; engines sharing the policy's GPUs under --colocate_all_models, as
+    NCCL refuses two ranks on one GPU; --rollout_staleness, which needs stored older weights) it falls back
+    to the object store with a one-line notice. gloo is used when asked for (with --rollout_staleness an
+    error: train_ppo_ray.py)."""
+    if args.vllm_sync_with_ray or args.vllm_sync_backend == "object_store":
+        return "object_store"
+    if args.vllm_sync_backend == "gloo":
+        return "gloo"
+    why = (
+        "no GPUs" if not use_gpu
+        else "--colocate_all_models puts engines on the policy's GPUs" if args.colocate_all_models
+        else "--rollout_staleness needs older weights kept" if args.rollout_staleness > 0
+        else None
+    )  # fmt: skip
+    if why is None:
+        return "nccl"
+    print(f"[weight sync] nccl: {why}; syncing through Ray's object store (--vllm_sync_backend)", flush=True)
+    return "object_store"
+
+
 def lora_settings(args) -> LoraSettings | None:
     if not args.lora_rank:
         return None
@@ -314,6 +336,9 @@ def loop_config(args) -> LoopConfig:
         logging_steps=args.logging_steps,
         seed=args.seed,
         sync_dtype=engine_dtype(args),
+        sync_backend=args.sync_backend_resolved,
+        sync_bucket_mb=args.vllm_sync_bucket_mb,
+        engine_tp_size=args.vllm_tensor_parallel_size,
         rollout_staleness=args.rollout_staleness,
         dynamic_filtering_reward_range=tuple(args.dynamic_filtering_reward_range) if args.dynamic_filtering else None,
         eval_steps=args.eval_steps,
@@ -402,6 +427,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     start_ray(logical_cpus(args))
     use_gpu = gpus_available()
     check_sleep_flags(args, use_gpu)
+    args.sync_backend_resolved = sync_backend(args, use_gpu)
     total_steps = optimizer_steps(args, len(plan.prompts))
     groups = build_groups(args, plan, use_gpu, total_steps, engines)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)

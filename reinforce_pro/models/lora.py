@@ -10,6 +10,8 @@ and the CPU build's LoRA support is not relied on.)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -49,29 +51,54 @@ def is_lora(model: torch.nn.Module) -> bool:
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """fp32 CPU copies of the weights under the base model's names, LoRA deltas merged in; a model without
     LoRA gives its own state dict. The model's parameters are not modified (no merge / unmerge round trip,
-    which would leave float error in the frozen weights). Under ZeRO-3 call it with the parameters gathered.
+    which would leave float error in the frozen weights). Under ZeRO-3 call it with the parameters gathered,
+    or use `merged_weights` with a gather.
 
     Every tensor is copied, so tied weights (embed_tokens / lm_head) become two tensors: safetensors refuses
     aliases, and vLLM wants both names."""
-    if not is_lora(model):
-        return {name: _cpu_fp32(t) for name, t in model.state_dict().items()}
-    from peft.tuners.lora import LoraLayer
+    return {name: _cpu_fp32(t) for name, t in merged_weights(model)}
 
-    base = model.get_base_model()
-    deltas = {
-        f"{name}.weight": sum(module.get_delta_weight(adapter) for adapter in module.active_adapters)
-        for name, module in base.named_modules()
-        if isinstance(module, LoraLayer)
-    }
-    merged = {}
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        name = name.replace(".base_layer.", ".")
-        merged[name] = _cpu_fp32(tensor)
-        if name in deltas:
-            merged[name] += _cpu_fp32(deltas[name])
-    return merged
+
+def weight_blocks(keys: list[str]) -> list[list[str]]:
+    """State-dict keys grouped into the units gathered together under ZeRO-3: one transformer layer (the keys
+    up to the first numbered path component, `model.layers.3`), or one other module with its LoRA parts."""
+    blocks: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split(".")
+        numbered = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        if numbered is not None:
+            block = ".".join(parts[: numbered + 1])
+        else:
+            block = key.split(".base_layer.")[0].split(".lora_")[0]
+        blocks.setdefault(block, []).append(key)
+    return list(blocks.values())
+
+
+def merged_weights(model: torch.nn.Module, gather=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every weight under the base model's names, LoRA deltas merged in (as fp32), one
+    block (`weight_blocks`) at a time. `gather(params)`: a context manager that materialises those parameters
+    (ZeRO-3's GatheredParameters), so at most one layer is whole at once; None when they are whole already.
+    A yielded tensor is valid until the next one is asked for: copy it before."""
+    base = model.get_base_model() if is_lora(model) else model
+    state = base.state_dict(keep_vars=True)
+    lora_layers = {}
+    if is_lora(model):
+        from peft.tuners.lora import LoraLayer
+
+        lora_layers = {f"{name}.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for block in weight_blocks(list(state)):
+        params = list({id(t): t for k in block if isinstance(t := state[k], torch.nn.Parameter)}.values())
+        with gather(params) if gather is not None and params else contextlib.nullcontext():
+            for key in block:
+                if ".lora_" in key:
+                    continue
+                name = key.replace(".base_layer.", ".")
+                tensor = state[key].detach()
+                layer = lora_layers.get(name)
+                if layer is not None:
+                    delta = sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)
+                    tensor = tensor.float() + delta.float()
+                yield name, tensor
 
 
 def _cpu_fp32(t: torch.Tensor) -> torch.Tensor:

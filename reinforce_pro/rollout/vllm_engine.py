@@ -97,5 +97,18 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return int(counts[0])
 
+    def join_weight_group(self, spec, rank_offset: int) -> list[int]:
+        """--vllm_sync_backend gloo|nccl: every worker of this engine joins the weight-sync group
+        (rollout/collective.py) as rank_offset + its rank; blocks until the whole group has joined."""
+        import ray
+
+        return self.llm.collective_rpc("join_weight_group", args=(spec, rank_offset, ray.util.get_node_ip_address()))
+
+    def receive_weights(self, manifest, bucket_bytes: int) -> int:
+        """Take one broadcast of the policy's weights into every worker (policy rank 0 sends at the same time)."""
+        counts = self.llm.collective_rpc("receive_weights", args=(manifest, bucket_bytes))
+        self.llm.reset_prefix_cache()
+        return int(counts[0])
+
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()

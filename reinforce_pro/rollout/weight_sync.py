@@ -5,6 +5,8 @@ methods can be called with `llm.collective_rpc(name, args=...)`. The weights arr
 safetensors file: tensors inside Python containers would be converted to lists on the way, and a
 function cannot be sent at all. `reload_weights(..., is_checkpoint_format=True)` runs the model's own
 checkpoint loader, which also repacks weights the CPU backend keeps in a different layout.
+With --vllm_sync_backend gloo|nccl the workers instead join a process group with policy rank 0 and receive
+the weights by broadcast (rollout/collective.py).
 This module must stay importable without Ray or the trainer: vLLM imports it in its workers.
 """
 
@@ -19,3 +21,22 @@ class WeightSyncExtension:
         state_dict = load(blob)
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
         return len(state_dict)
+
+    def join_weight_group(self, spec, rank_offset: int, host: str) -> int:
+        """Join the weight-sync group as rank `rank_offset` + this worker's rank in its engine (replacing any
+        group of an earlier run). Returns that rank."""
+        from reinforce_pro.rollout.collective import device_for, open_group
+
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        self._weight_group = None  # an earlier run's group: dropped before the new rendezvous
+        self._weight_group = open_group(spec, rank, host)
+        self._weight_device = device_for(spec.backend)
+        return rank
+
+    def receive_weights(self, manifest, bucket_bytes: int) -> int:
+        """Take one broadcast of the policy's weights, streaming it into the model bucket by bucket."""
+        from reinforce_pro.rollout.collective import receive
+
+        stream = receive(self._weight_group, manifest, bucket_bytes, self._weight_device)
+        self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
+        return len(manifest)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
 from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
+from reinforce_pro.trainer.weight_sync import make_weight_sync
 from reinforce_pro.workers.group import ActorGroup
 
 
@@ -56,6 +56,9 @@ class LoopConfig:
     logging_steps: int = 1
     seed: int = 42
     sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
+    sync_backend: str = "object_store"  # object_store | gloo | nccl (trainer/weight_sync.py)
+    sync_bucket_mb: float = 256.0  # gloo | nccl: bytes per broadcast
+    engine_tp_size: int = 1  # workers per engine (each joins the broadcast group)
     rollout_staleness: int = 0  # engines sample with the policy of this many steps ago
     dynamic_filtering_reward_range: tuple[float, float] | None = None  # None: no dynamic filtering
     eval_steps: int = -1  # evaluate every N steps (-1: never)
@@ -96,8 +99,10 @@ class PPOTrainer:
         self.loader = PromptLoader(prompts, cfg.rollout_batch_size, cfg.num_episodes, cfg.seed)
         self.step = 0  # completed steps (restored by resume) = the policy's weight version
         self.history: list[dict[str, float]] = []
-        # (version, weights) in the object store, newest last; the engines get the one `rollout_staleness` old.
-        self.versions: deque = deque(maxlen=cfg.rollout_staleness + 1)
+        self.weight_sync = make_weight_sync(
+            cfg.sync_backend, policy, engines, cfg.sync_dtype, cfg.rollout_staleness, cfg.sync_bucket_mb,
+            cfg.engine_tp_size,
+        )  # fmt: skip
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
@@ -333,16 +338,9 @@ class PPOTrainer:
         )
 
     def sync_weights(self, version: int) -> None:
-        """Push the policy's weights (version = optimizer steps taken) to every rollout engine, as safetensors
-        bytes through the object store: the current ones, or with rollout_staleness K those of K steps ago
-        (the oldest kept until K exist). The policy serialises them while the engines may still be generating;
-        the push waits for the batch in flight (EngineGate)."""
-        refs = [p.state_dict_bytes.remote(self.cfg.sync_dtype) for p in self.policy]
-        ray.get(refs[1:])  # the other ranks take part in gathering ZeRO-3 shards
-        self.versions.append((version, refs[0]))
-        engine_version, blob = self.versions[0]
-        with self.gate.syncing(engine_version):
-            ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+        """Push the policy's weights (version = optimizer steps taken) to every rollout engine
+        (trainer/weight_sync.py: through the object store, or by broadcast)."""
+        self.weight_sync.push(version, self.gate)
 
 
 def _older_source_state(state: dict) -> dict:

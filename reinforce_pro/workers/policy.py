@@ -16,7 +16,15 @@ from reinforce_pro.algos.losses import PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models.logprobs import response_log_probs
-from reinforce_pro.models.lora import LoraSettings, apply_lora, is_lora, merged_state_dict, trainable_summary
+from reinforce_pro.models.lora import (
+    LoraSettings,
+    apply_lora,
+    is_lora,
+    merged_state_dict,
+    merged_weights,
+    trainable_summary,
+)
+from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
     DistInfo,
     OptimConfig,
@@ -159,14 +167,46 @@ class PolicyWorker:
 
     def state_dict_bytes(self, dtype: str = "float32") -> bytes | None:
         """The HF state dict as safetensors bytes in `dtype` (the engines' dtype), from rank 0; every rank
-        must call it (ZeRO-3 shards are gathered first)."""
+        must call it (ZeRO-3 shards are gathered first, layer by layer)."""
         from safetensors.torch import save
 
-        state = self._full_state_dict()
-        if self.dist.rank != 0:
-            return None
         target = getattr(torch, dtype)
-        return save({k: v.to(target) for k, v in state.items()})
+        state = {name: t.to("cpu", target, copy=True).contiguous() for name, t in self._weights()}
+        return save(state) if self.dist.rank == 0 else None
+
+    # Collective weight sync (--vllm_sync_backend gloo|nccl, rollout/collective.py): rank 0 joins a process
+    # group with every engine worker; every rank walks the weights (ZeRO-3 gathers are collective), rank 0
+    # broadcasts them.
+
+    def weight_manifest(self, dtype: str) -> list[TensorInfo] | None:
+        """Name, shape and `dtype` of every weight a sync sends, in order (rank 0; every rank must call it)."""
+        manifest = [TensorInfo(name, tuple(t.shape), dtype) for name, t in self._weights()]
+        return manifest if self.dist.rank == 0 else None
+
+    def join_weight_group(self, spec: WeightGroupSpec, host: str) -> None:
+        """Rank 0 joins as rank 0 of the weight group (blocks until the engines have joined too)."""
+        if self.dist.rank == 0:
+            self.weight_group = None  # the previous group, if any
+            self.weight_group = open_group(spec, 0, host)
+            self.weight_device = device_for(spec.backend)
+
+    def broadcast_weights(self, manifest: list[TensorInfo] | None, bucket_bytes: int) -> int:
+        """Broadcast the current weights to the group (rank 0) bucket by bucket; returns bytes sent (0 on the
+        other ranks, which only take part in the ZeRO-3 gathers)."""
+        if self.dist.rank != 0:
+            for _ in self._weights():
+                pass
+            return 0
+        return send(self.weight_group, self._weights(), manifest, bucket_bytes, self.weight_device)
+
+    def _weights(self):
+        """merged_weights of the model, ZeRO-3 shards gathered one block (layer) at a time."""
+        gather = None
+        if self.opt.zero_stage == 3:
+            import deepspeed
+
+            gather = lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)  # noqa: E731
+        return merged_weights(self.engine.module, gather)
 
     @contextmanager
     def _gathered(self):
@@ -178,11 +218,6 @@ class PolicyWorker:
 
         with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
             yield self.engine.module
-
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """fp32 CPU copies of the weights under the base model's names (LoRA deltas merged in)."""
-        with self._gathered() as module:
-            return merged_state_dict(module)
 
     def save_hf(self, path: str, merged: bool = False) -> str | None:
         """Save the current policy as an HF model directory (weights, config, tokenizer); rank 0 writes.
@@ -210,7 +245,7 @@ class PolicyWorker:
 
     def parameter_checksum(self) -> float:
         """Sum of |w| over all parameters: lets tests see that training changed the weights."""
-        return float(sum(v.abs().sum() for v in self._full_state_dict().values()))
+        return float(sum(t.float().abs().sum() for _, t in self._weights()))
 
 
 class ReferenceWorker:

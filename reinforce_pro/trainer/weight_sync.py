@@ -1,0 +1,93 @@
+"""How the driver moves the policy's weights into the rollout engines (--vllm_sync_backend).
+
+- `ObjectStoreSync` ("object_store"): rank 0 serialises the state dict as safetensors bytes, Ray's object
+  store carries them to every engine (rollout/weight_sync.py loads them). It can hold older versions, which
+  --rollout_staleness needs.
+- `BroadcastSync` ("gloo" | "nccl"): policy rank 0 and every engine worker form one process group at the
+  start of the run and every sync is a bucketed broadcast (rollout/collective.py). Only the current weights.
+
+Both are called between steps with the engines held (EngineGate in the trainer), and every policy rank takes
+part (ZeRO-3 shards are gathered layer by layer on all ranks).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections import deque
+
+import ray
+
+from reinforce_pro.rollout.collective import WeightGroupSpec
+
+
+class ObjectStoreSync:
+    def __init__(self, policy, engines, dtype: str, staleness: int = 0):
+        self.policy, self.engines, self.dtype = policy, engines, dtype
+        # (version, weights) in the object store, newest last; the engines get the one `staleness` old.
+        self.versions: deque = deque(maxlen=staleness + 1)
+
+    def push(self, version: int, gate) -> None:
+        """The current weights, or with staleness K those of K versions ago (the oldest kept until K exist).
+        The policy serialises them while the engines may still be generating; the push waits for the batch
+        in flight (`gate.syncing`)."""
+        refs = [p.state_dict_bytes.remote(self.dtype) for p in self.policy]
+        ray.get(refs[1:])  # the other ranks take part in gathering ZeRO-3 shards
+        self.versions.append((version, refs[0]))
+        engine_version, blob = self.versions[0]
+        with gate.syncing(engine_version):
+            ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+
+    def close(self) -> None:
+        self.versions.clear()
+
+
+class BroadcastSync:
+    def __init__(self, policy, engines, dtype: str, backend: str, bucket_mb: float, tensor_parallel_size: int = 1):
+        """Form the group: policy rank 0 is rank 0, engine i's workers are ranks 1 + i * tp ... (the engines
+        must run the same `tensor_parallel_size`)."""
+        self.policy, self.engines = policy, engines
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.manifest = ray.get([p.weight_manifest.remote(dtype) for p in policy])[0]
+        store, host = rendezvous(policy[0], engines)
+        spec = WeightGroupSpec(backend, store, 1 + len(engines) * tensor_parallel_size)
+        joins = [policy[0].join_weight_group.remote(spec, host)]
+        joins += [e.join_weight_group.remote(spec, 1 + i * tensor_parallel_size) for i, e in enumerate(engines)]
+        ray.get(joins)
+
+    def push(self, version: int, gate) -> None:
+        with gate.syncing(version):
+            refs = [p.broadcast_weights.remote(self.manifest, self.bucket_bytes) for p in self.policy]
+            refs += [e.receive_weights.remote(self.manifest, self.bucket_bytes) for e in self.engines]
+            ray.get(refs)
+
+    def close(self) -> None:
+        pass
+
+
+def _node_ip(actor) -> str:
+    return ray.get(actor.__ray_call__.remote(lambda self: ray.util.get_node_ip_address()))
+
+
+def rendezvous(rank0, engines) -> tuple[str, str]:
+    """(store, rank 0's address): a file store when every member reports the same node address (one host:
+    no TCP listener), else a TCPStore on a free port of rank 0's node."""
+    host = _node_ip(rank0)
+    if all(_node_ip(e) == host for e in engines):
+        return f"file://{tempfile.gettempdir()}/reinforce_pro_weights_{uuid.uuid4().hex}", host
+    port = ray.get(rank0.__ray_call__.remote(lambda self: _free_port(host)))
+    return f"tcp://{host}:{port}", host
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def make_weight_sync(backend: str, policy, engines, dtype: str, staleness: int, bucket_mb: float, tp: int = 1):
+    if backend == "object_store":
+        return ObjectStoreSync(policy, engines, dtype, staleness)
+    return BroadcastSync(policy, engines, dtype, backend, bucket_mb, tp)
