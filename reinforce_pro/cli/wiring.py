@@ -3,6 +3,7 @@ namespace."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import ray
@@ -20,7 +21,14 @@ from reinforce_pro.trainer.logger import MetricsLogger, WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, EvalSet, LoopConfig, PPOTrainer
 from reinforce_pro.workers.base import OptimConfig
 from reinforce_pro.workers.critic import CriticWorker
-from reinforce_pro.workers.launcher import GroupSpec, create_group, gpus_available, make_placement_group, start_ray
+from reinforce_pro.workers.launcher import (
+    GroupSpec,
+    create_group,
+    gpus_available,
+    make_placement_group,
+    node_of,
+    start_ray,
+)
 from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker, ReferenceWorker
 from reinforce_pro.workers.reward_model import RewardModelWorker
 
@@ -258,9 +266,22 @@ def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None =
         return {"num_cpus": 1, "num_gpus": args.vllm_tensor_parallel_size if use_gpu else 0, **extra}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    bundle = index % (args.actor_num_nodes * args.actor_num_gpus_per_node)
+    bundle = (index % (args.actor_num_nodes * args.actor_num_gpus_per_node)) // args.actor_num_gpus_per_node
     strategy = PlacementGroupSchedulingStrategy(placement_group=actor_pg, placement_group_bundle_index=bundle)
     return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy, **extra}
+
+
+def record_placement(groups: dict, run_dir: Path) -> dict:
+    """Where every actor of the run landed ({role: [{"node_id", "ip"} per rank / engine]}), written to
+    placement.json in the run directory and summarised in one line."""
+    roles = {key: groups.get(key) for key in ("policy", "reference", "critic", "engines", "judge")}
+    placement = {role: [node_of(a) for a in actors] for role, actors in roles.items() if actors}
+    (run_dir / "placement.json").write_text(json.dumps(placement, indent=1))
+    summary = ", ".join(
+        f"{role} {len(where)} on {len({w['node_id'] for w in where})} node(s)" for role, where in placement.items()
+    )
+    print(f"[placement] {summary} ({run_dir / 'placement.json'})", flush=True)
+    return placement
 
 
 def release_groups(groups: dict) -> None:
@@ -446,6 +467,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     logger = None
     try:
         resume_from = resume_checkpoint(args, plan)  # before the logger opens the jsonl files it truncates
+        record_placement(groups, plan.run_dir)
         logger = MetricsLogger(plan.run_dir, args.use_tensorboard, wandb_cfg=wandb_config(args))
         trainer = PPOTrainer(
             source, builder, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger,

@@ -1,13 +1,14 @@
 """Starting Ray and placing the actor groups.
 
-Each group (policy, reference, critic, reward model, rollout engines) gets a Ray placement group of
-`num_nodes * per_node` bundles. A bundle is one GPU (+1 CPU) on a GPU cluster and one logical CPU
-without GPUs. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local cluster
-declares as many as the bundles need. That is safe in the synchronous pipeline (the engine generates, then
+Each group (policy, reference, critic) gets a Ray placement group of one bundle per node: `per_node` GPUs
+(+ as many CPUs) on a GPU cluster, `per_node` logical CPUs without GPUs; with several nodes the bundles
+are STRICT_SPREAD, so `--actor_num_nodes 2` really is two nodes (tests/test_multinode.py). Rank r runs in
+bundle r // per_node. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local
+cluster declares as many as the bundles need. That is safe in the synchronous pipeline (the engine generates, then
 the policy trains; they do not compete for the cores); under --async_train they do, and each actor is given
 its share of the cores as a thread count (cli/wiring.py: cpu_threads).
 Colocated groups (`--colocate_actor_ref`, `--colocate_critic_reward`, `--colocate_all_models`) share
-bundles, each actor taking a fraction of the bundle.
+bundles, each actor taking a fraction of a slot.
 """
 
 from __future__ import annotations
@@ -61,11 +62,35 @@ class GroupSpec:
         return self.num_nodes * self.per_node
 
 
+PLACEMENT_TIMEOUT_S = 300  # a request the cluster can never satisfy fails with a message instead of hanging
+
+
 def make_placement_group(spec: GroupSpec, use_gpu: bool) -> PlacementGroup:
-    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
-    pg = placement_group([dict(bundle) for _ in range(spec.size)], strategy="PACK", name=f"rp_{spec.name}")
-    ray.get(pg.ready())
+    bundle = {"GPU": spec.per_node, "CPU": spec.per_node} if use_gpu else {"CPU": spec.per_node}
+    strategy = "STRICT_SPREAD" if spec.num_nodes > 1 else "PACK"
+    pg = placement_group([dict(bundle) for _ in range(spec.num_nodes)], strategy=strategy, name=f"rp_{spec.name}")
+    try:
+        ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(pg)
+        raise RuntimeError(
+            f"{spec.name}: {spec.num_nodes} node(s) x {bundle} could not be placed in {PLACEMENT_TIMEOUT_S} s; "
+            f"the cluster has {ray.cluster_resources()} on {len(ray.nodes())} node(s)"
+        ) from None
     return pg
+
+
+def bundle_of(spec: GroupSpec, rank: int) -> int:
+    return rank // spec.per_node
+
+
+def node_of(actor) -> dict:
+    """Where an actor runs: {"node_id", "ip"} (asked of the actor itself)."""
+    return ray.get(actor.__ray_call__.remote(lambda self: _here()))
+
+
+def _here() -> dict:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
 
 
 def _free_port() -> tuple[str, int]:
@@ -77,29 +102,37 @@ def _free_port() -> tuple[str, int]:
 
 def master_address(pg: PlacementGroup) -> tuple[str, int]:
     """(address, free port) on the node holding bundle 0: where rank 0 of the group will listen."""
-    probe = ray.remote(num_cpus=0)(_free_port)
-    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-    return ray.get(probe.options(scheduling_strategy=strategy).remote())
+    return ray.get(_on_bundle(pg, 0, _free_port))
+
+
+def _on_bundle(pg: PlacementGroup, bundle: int, fn):
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+    return ray.remote(num_cpus=0)(fn).options(scheduling_strategy=strategy).remote()
+
+
+def one_host(pg: PlacementGroup) -> bool:
+    """Whether every bundle of `pg` is on a node with the same address (one machine, e.g. a simulated
+    multi-node cluster): then the group can rendezvous through a file instead of a TCP listener."""
+    ips = ray.get([_on_bundle(pg, b, ray.util.get_node_ip_address) for b in range(len(pg.bundle_specs))])
+    return len(set(ips)) == 1
 
 
 def create_group(
     cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None
 ) -> ActorGroup:
-    """One actor per bundle of `pg`; `make_args(dist)` gives the constructor arguments of each rank.
-    `share` is the fraction of a bundle this group takes (1.0, or less when colocated); `env`: environment
-    variables of the actors' processes."""
+    """One actor per rank, rank r in bundle r // per_node of `pg`; `make_args(dist)` gives the constructor
+    arguments of each rank. `share` is the fraction of a GPU / CPU slot each actor takes (1.0, or less when
+    colocated); `env`: environment variables of the actors' processes."""
     addr, port = master_address(pg)
     # One host: rendezvous through a file, so no rank opens a TCP listener on every interface.
-    store = f"file://{tempfile.gettempdir()}/reinforce_pro_store_{uuid.uuid4().hex}" if spec.num_nodes == 1 else None
+    store = f"file://{tempfile.gettempdir()}/reinforce_pro_store_{uuid.uuid4().hex}" if one_host(pg) else None
     actor_cls = ray.remote(cls)
     actors = []
     for rank in range(spec.size):
         dist = DistInfo(rank=rank, world_size=spec.size, master_addr=addr, master_port=port, init_method=store)
-        options = dict(
-            num_cpus=share,
-            num_gpus=share if use_gpu else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
-        )
+        bundle = bundle_of(spec, rank)
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+        options = dict(num_cpus=share, num_gpus=share if use_gpu else 0, scheduling_strategy=strategy)
         if env:
             options["runtime_env"] = {"env_vars": env}
         actors.append(actor_cls.options(**options).remote(*make_args(dist)))
