@@ -109,3 +109,34 @@ def test_merged_weights_gathers_one_layer_at_a_time_and_equals_the_merged_state_
     whole = merged_state_dict(model)
     assert streamed.keys() == whole.keys() and all(torch.equal(streamed[k], whole[k]) for k in whole)
     assert not any("lora_" in k or "base_layer" in k for k in streamed)
+
+
+@pytest.mark.parametrize(
+    "argv, use_gpu, want",
+    [
+        ([], False, "gloo"),  # OpenRLHF's default nccl on a CPU-only cluster: the same broadcast over gloo
+        ([], True, "nccl"),
+        (["--colocate_all_models"], True, "object_store"),  # NCCL refuses two ranks on one GPU
+        (["--colocate_all_models"], False, "gloo"),
+        (["--rollout_staleness", "1"], False, "object_store"),  # only the object store keeps older weights
+        (["--vllm_sync_backend", "gloo"], True, "gloo"),
+        (["--vllm_sync_backend", "object_store"], False, "object_store"),
+        (["--vllm_sync_with_ray"], True, "object_store"),
+    ],
+)
+def test_sync_backend_resolution(argv, use_gpu, want, capsys):
+    pytest.importorskip("ray")
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.wiring import sync_backend
+
+    assert sync_backend(parse_args(argv), use_gpu) == want
+    notice = capsys.readouterr().out
+    assert ("[weight sync]" in notice) == (want != "nccl" and not any("sync" in a for a in argv))
+
+
+def test_gloo_with_staleness_is_refused_in_one_line(capsys):
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm_sync_backend", "gloo", "--rollout_staleness", "1"])
+    assert "only --vllm_sync_backend object_store keeps" in capsys.readouterr().err

@@ -101,9 +101,9 @@ def _add_vllm(p) -> None:
         type=str,
         default="nccl",
         help=f"{' | '.join(SYNC_BACKENDS)}: how weights reach the engines: nccl / gloo broadcast from policy "
-        "rank 0 to every engine worker, or object_store (safetensors bytes through Ray). nccl needs GPUs and "
-        "separate ones (not --colocate_all_models); where it cannot run, the default falls back to "
-        "object_store with a notice",
+        "rank 0 to every engine worker, or object_store (safetensors bytes through Ray). Where nccl cannot "
+        "run it is replaced, with a notice: by gloo without GPUs, by object_store with --colocate_all_models "
+        "or --rollout_staleness",
     )
     g.add_argument(
         "--vllm_sync_bucket_mb", type=float, default=256.0, help="gloo / nccl: megabytes per broadcast bucket"
