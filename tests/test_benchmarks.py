@@ -124,3 +124,19 @@ def test_bench_smollm2_flags_parse_and_the_table_renders(tmp_path):
     assert "| full fine-tune | 0.300 | 0.500 | 20 | 600 |" in table
     assert "| before training | 400 | 0.0300 | 0.200 | 0.0000 |" in table
     assert (tmp_path / "bench_smollm2.png").stat().st_size > 1000
+
+
+def test_bench_weight_sync_renders_measured_and_computed_rows(tmp_path):
+    from benchmarks import bench_weight_sync
+
+    results = [
+        {"size": "toy", "parameters": 4e5, "bytes": 1.6e6, "tensors": 27, "object_store_s": 0.05, "gloo_s": 0.04},
+        {"size": "100m", "parameters": 1e8, "bytes": 4e8, "tensors": 171, "object_store_s": 1.6, "gloo_s": 0.8},
+    ]
+    payload = {"commit": "abc", "machine": {"cpu": "cpu", "cpu_count": 2}, "config": {"reps": 5, "bucket_mb": 256},
+               "results": results}  # fmt: skip
+    table = bench_weight_sync.render(payload, tmp_path)
+    assert "| 100m | 100.0M | 381.5 | 171 | 1.600 | 0.800 | 2.00x |" in table
+    # 7B in bf16 is 15.24 GB: 0.30 s at 50 GB/s; the object store at the 100m model's 0.25 GB/s takes 61 s
+    assert "| 7B | 15.2 | 0.03 | 0.30 | 1.22 | 60.96 |" in table
+    assert (tmp_path / "bench_weight_sync.png").stat().st_size > 1000
