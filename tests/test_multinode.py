@@ -1,8 +1,8 @@
 """Multi-node on one machine: a Ray cluster of three nodes (`ray.cluster_utils.Cluster`, each node its own
 raylet with one CPU slot, all on 127.0.0.1). The trainer runs as a separate driver joining it through
 RAY_ADDRESS, as under `ray job submit`. `--actor_num_nodes 2` must put the two policy ranks on two nodes,
-which leaves the engine the third; the run must compute what the same run on one node computes; and a
-checkpoint written there must resume."""
+which leaves the engine the third (the reference ranks, colocated, beside the policy's); the run must
+compute what the same run on one node computes; and a checkpoint written there must resume."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ RUN_ARGS = [
     "--rollout_batch_size", "8", "--n_samples_per_prompt", "4", "--train_batch_size", "32",
     "--micro_train_batch_size", "8", "--micro_rollout_batch_size", "32", "--actor_learning_rate", "1e-3",
     "--max_new_tokens", "6", "--max_samples", "24", "--max_len", "64", "--advantage_estimator", "rloo",
-    "--vllm_sync_backend", "gloo", "--save_steps", "1", "--init_kl_coef", "0",
+    "--vllm_sync_backend", "gloo", "--save_steps", "1", "--init_kl_coef", "0.01",
+    "--colocate_actor_ref",
 ]  # fmt: skip
 DIGITS = (
     "import torch\n"
@@ -90,6 +91,7 @@ def test_two_node_policy_trains_like_one_node_and_resumes(tmp_path, cluster, inp
     engine = [e["node_id"] for e in placement["engines"]]
     assert len(nodes) == 3 and len(set(policy)) == 2  # one rank on each of two nodes
     assert set(policy) | set(engine) == nodes and not set(policy) & set(engine)  # the engine on the third
+    assert [r["node_id"] for r in placement["reference"]] == policy  # --colocate_actor_ref: beside each rank
 
     # the same run on one node (two ranks side by side, a local single-node cluster) computes the same
     single = train(tmp_path / "single", inputs, ["--actor_num_gpus_per_node", "2"], None)
