@@ -2,7 +2,8 @@
 raylet with one CPU slot, all on 127.0.0.1). The trainer runs as a separate driver joining it through
 RAY_ADDRESS, as under `ray job submit`. `--actor_num_nodes 2` must put the two policy ranks on two nodes,
 which leaves the engine the third (the reference ranks, colocated, beside the policy's); the run must
-compute what the same run on one node computes; and a checkpoint written there must resume."""
+compute what the same run on one node computes; and a checkpoint written there must resume. The drivers'
+consoles also show that actor output goes to the run's logs/ directory unless --verbose."""
 
 from __future__ import annotations
 
@@ -73,7 +74,13 @@ def train(run_dir: Path, inputs, extra: list[str], address: str | None) -> list[
     if address:
         env["RAY_ADDRESS"] = address
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-6000:]
+    # vLLM logs every in-place weight reload: in the engine's log file, on the console only with --verbose
+    engine_log = "".join(p.read_text() for p in (run_dir / "logs").glob("engine*.log"))
+    reloads = "Reloading and processing weights"
+    assert (reloads in console, reloads in engine_log) == ((True, False) if "--verbose" in extra else (False, True))
+    assert "RL steps" in console and "[done]" in console
     return read_metrics(run_dir / "metrics.jsonl")
 
 
@@ -94,7 +101,7 @@ def test_two_node_policy_trains_like_one_node_and_resumes(tmp_path, cluster, inp
     assert [r["node_id"] for r in placement["reference"]] == policy  # --colocate_actor_ref: beside each rank
 
     # the same run on one node (two ranks side by side, a local single-node cluster) computes the same
-    single = train(tmp_path / "single", inputs, ["--actor_num_gpus_per_node", "2"], None)
+    single = train(tmp_path / "single", inputs, ["--actor_num_gpus_per_node", "2", "--verbose"], None)
     assert [r["step"] for r in multi] == [r["step"] for r in single] == [1, 2, 3]
     for m, s in zip(multi, single, strict=True):
         m, s = deterministic(m), deterministic(s)

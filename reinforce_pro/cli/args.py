@@ -187,6 +187,12 @@ def _add_checkpoint_logging(p) -> None:
     g.add_argument(
         "--eval_before_training", action="store_true", help="[reinforce_pro] evaluate once before the first step"
     )
+    g.add_argument(
+        "--verbose",
+        action="store_true",
+        help="[reinforce_pro] stream every actor's output (vLLM, DeepSpeed, workers) to the console; by default "
+        "it goes to <save_path>/logs/ and the console keeps the progress bar, notices, errors and the summary",
+    )
     g.add_argument("--save_steps", type=int, default=-1, help="checkpoint every N steps under --ckpt_path (-1: never)")
     g.add_argument(
         "--logging_steps",

@@ -27,6 +27,7 @@ class RunPlan:
     summary: dict
     task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
     agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
+    log_dir: Path | None = None  # where actors write their output (run_dir/logs); None with --verbose
 
 
 def _check_model_dir(flag: str, path: str | None) -> None:
@@ -143,7 +144,8 @@ def _prepare_run_dir(args, run_dir: Path, task, agent_cls) -> RunPlan:
         source = "builtin:exact_match"
     _check_max_len(args.max_len, pretrain)
     (run_dir / "args.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
-    return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls)
+    log_dir = None if args.verbose else run_dir / "logs"
+    return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls, log_dir)
 
 
 def _tiny_model(args, run_dir: Path, summary: dict, task=None) -> str:

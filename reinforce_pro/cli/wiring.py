@@ -10,7 +10,7 @@ import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
-from reinforce_pro.models.lora import LoraSettings
+from reinforce_pro.models.lora import LoraSettings, trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, RolloutConfig, Sampler
@@ -19,7 +19,7 @@ from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_j
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger, WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, EvalSet, LoopConfig, PPOTrainer
-from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.base import LOG_DIR_ENV, OptimConfig
 from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.launcher import (
     GroupSpec,
@@ -183,6 +183,14 @@ def cpu_threads(args, use_gpu: bool) -> tuple[dict | None, dict | None]:
     return {"REINFORCE_PRO_CPU_THREADS": str(per_engine)}, {"REINFORCE_PRO_CPU_THREADS": str(per_rank)}
 
 
+def with_log_dir(env: dict | None, plan) -> dict | None:
+    """`env` plus where the actors write their output (workers/base.py: capture_output): the run's logs/
+    directory, or nothing with --verbose (plan.log_dir None), which leaves it on the console."""
+    if plan.log_dir is None:
+        return env
+    return {**(env or {}), LOG_DIR_ENV: str(plan.log_dir)}
+
+
 def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> dict:
     """Placement groups and actors for every role the flags ask for; `engines` reuses existing engines."""
     groups: dict = {"owned_engines": engines is None, "pgs": []}
@@ -194,7 +202,7 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
 
     actor_spec = GroupSpec("actor", args.actor_num_nodes, args.actor_num_gpus_per_node)
     actor_pg = new_pg(actor_spec)
-    engine_env, trainer_env = cpu_threads(args, use_gpu)
+    engine_env, trainer_env = (with_log_dir(env, plan) for env in cpu_threads(args, use_gpu))
     colocate_all = args.colocate_all_models
     colocate_ref = args.colocate_actor_ref or colocate_all
     share = 0.4 if colocate_all else (0.5 if colocate_ref and args.needs_reference else 1.0)
@@ -302,13 +310,15 @@ def reward_function(args, plan, use_gpu: bool):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("model:"):
-        rm = ray.remote(RewardModelWorker).options(num_cpus=1, num_gpus=1 if use_gpu else 0)
+        env = with_log_dir(None, plan)
+        extra = {"runtime_env": {"env_vars": env}} if env else {}
+        rm = ray.remote(RewardModelWorker).options(num_cpus=1, num_gpus=1 if use_gpu else 0, **extra)
         actor = rm.remote(args.reward_pretrain, args.micro_rollout_batch_size)
         return lambda queries, prompts, labels: ray.get(actor.score.remote(queries))
     return load_reward_func(plan.reward_source)
 
 
-def selfplay_source(args, task, groups, sampler: Sampler, use_gpu: bool):
+def selfplay_source(args, plan, groups, sampler: Sampler, use_gpu: bool):
     """The Absolute-Zero rollout source, with its task, weights and (optionally) a judge engine."""
     from reinforce_pro.selfplay.controller import SelfPlayConfig
     from reinforce_pro.selfplay.source import SelfPlaySource
@@ -319,7 +329,7 @@ def selfplay_source(args, task, groups, sampler: Sampler, use_gpu: bool):
         n_samples_per_prompt=args.n_samples_per_prompt,
         max_repropose_attempts=args.max_repropose_attempts,
         proposer_train_scope=args.proposer_train_scope,
-        weights={d: flag_weights.get(d, w) for d, w in task.weights.items()},
+        weights={d: flag_weights.get(d, w) for d, w in plan.task.weights.items()},
         format_reward_coef=args.format_reward_coef,
         proposer_reward_coef=args.proposer_reward_coef,
     )
@@ -331,9 +341,12 @@ def selfplay_source(args, task, groups, sampler: Sampler, use_gpu: bool):
             cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
         )  # fmt: skip
         options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0}
-        judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0)]
+        env = with_log_dir(None, plan)
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0, "judge")]
         groups["judge"] = judge
-    return SelfPlaySource(sampler, task, cfg, seed=args.seed, judge_engines=judge)
+    return SelfPlaySource(sampler, plan.task, cfg, seed=args.seed, judge_engines=judge)
 
 
 def loop_config(args) -> LoopConfig:
@@ -451,7 +464,12 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     check_sleep_flags(args, use_gpu)
     args.sync_backend_resolved = sync_backend(args, use_gpu)
     total_steps = optimizer_steps(args, len(plan.prompts))
+    if plan.log_dir is not None:
+        print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
     groups = build_groups(args, plan, use_gpu, total_steps, engines)
+    if args.lora_rank:  # the policy's own line goes to its log file: say it here too
+        summary = ray.get(groups["policy"][0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
+        print(f"[lora] rank {args.lora_rank}, alpha {args.lora_alpha}: {summary}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
     # self-play tasks and agent environments score their own rollouts: no reward function
@@ -460,7 +478,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     builder = ExperienceBuilder(groups["policy"], groups["reference"], groups["critic"], reward_fn, rollout_cfg, kl_ctl)
     sampler = Sampler(groups["engines"], tokenizer, rollout_cfg)
     if plan.task is not None:
-        source = selfplay_source(args, plan.task, groups, sampler, use_gpu)
+        source = selfplay_source(args, plan, groups, sampler, use_gpu)
     elif plan.agent_cls is not None:
         source = agent_source(args, plan.agent_cls, sampler)
     else:

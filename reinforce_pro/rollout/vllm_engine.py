@@ -45,8 +45,12 @@ class _DropBenignReloadWarning(logging.Filter):
 class VLLMEngine:
     """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
 
-    def __init__(self, cfg: EngineConfig, engine_index: int = 0):
+    def __init__(self, cfg: EngineConfig, engine_index: int = 0, name: str = "engine"):
         import torch
+
+        from reinforce_pro.workers.base import capture_output
+
+        capture_output(f"{name}{engine_index}")
 
         on_gpu = torch.cuda.is_available()
         if not on_gpu:

@@ -61,6 +61,27 @@ def use_host_threads() -> None:
         torch.set_num_threads(threads)
 
 
+LOG_DIR_ENV = "REINFORCE_PRO_LOG_DIR"
+
+
+def capture_output(name: str) -> None:
+    """Send this actor's stdout and stderr, Python's and C's alike (vLLM, DeepSpeed, torch, NCCL), to
+    $REINFORCE_PRO_LOG_DIR/<name>.log instead of Ray's stream to the driver's console. The launcher sets
+    the variable unless --verbose; call first thing in an actor's __init__."""
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if not log_dir:
+        return
+    import sys
+
+    os.makedirs(log_dir, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(os.path.join(log_dir, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def setup_distributed(dist: DistInfo) -> None:
     """Set the env torch.distributed reads and start the process group (gloo on CPU, NCCL on GPU)."""
     os.environ.update(

@@ -10,6 +10,7 @@ from reinforce_pro.models.value import ValueModel
 from reinforce_pro.workers.base import (
     DistInfo,
     OptimConfig,
+    capture_output,
     device,
     initialize_deepspeed,
     load_engine_state,
@@ -33,6 +34,7 @@ class CriticWorker:
         head_name: str,
         model_kwargs: dict,
     ):
+        capture_output(f"critic_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + 1000 + dist.rank)
         self.opt, self.dist = opt, dist

@@ -4,6 +4,7 @@ adapters only and hands the engines merged weights (models/lora.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from reinforce_pro.workers.base import (
     DistInfo,
     OptimConfig,
     batched_log_probs,
+    capture_output,
     device,
     initialize_deepspeed,
     load_engine_state,
@@ -68,6 +70,7 @@ class PolicyWorker:
         lora: train LoRA adapters on the frozen pretrained weights instead of every weight."""
         from transformers import AutoModelForCausalLM
 
+        capture_output(f"policy_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + dist.rank)
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
@@ -256,6 +259,7 @@ class ReferenceWorker:
     ):
         from transformers import AutoModelForCausalLM
 
+        capture_output(f"reference_pid{os.getpid()}")
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
         kwargs = dict(model_kwargs or {})

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from reinforce_pro.workers.base import device
+from reinforce_pro.workers.base import capture_output, device
 
 
 class RewardModelWorker:
     def __init__(self, pretrain: str, micro_batch_size: int):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        capture_output("reward_model")
         self.tokenizer = AutoTokenizer.from_pretrained(pretrain)
         self.model = AutoModelForSequenceClassification.from_pretrained(pretrain, num_labels=1, dtype=torch.float32)
         self.model.to(device()).eval()
