@@ -423,3 +423,24 @@ def test_a_failed_start_leaves_no_run_directory(tmp_path, capsys):
     (existing / "keep.txt").write_text("mine")
     _main_error([*argv[:4], "--save_path", str(existing)], capsys)
     assert (existing / "keep.txt").read_text() == "mine"  # a directory the user made is never removed
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "--best_metric_key picks by an eval metric: add --eval_dataset and --eval_steps"),
+        (["--eval_dataset", "held.jsonl", "--eval_steps", "2", "--best_metric_key", "pass@4"], None),
+        (["--eval_dataset", "held.jsonl", "--eval_steps", "2", "--best_metric_key", "eval/held/score_mean"], None),
+        (["--eval_dataset", "held.jsonl", "--eval_steps", "2", "--best_metric_key", "accuracy"],
+         "--best_metric_key accuracy: not an eval metric of this run (eval/held/pass@4, "),
+    ],
+)  # fmt: skip
+def test_best_metric_key_must_name_an_eval_metric_before_anything_starts(extra, message, capsys):
+    argv = ["--best_metric_key", "pass@1", *extra] if not extra else extra
+    if message is None:
+        assert parse_args(argv).best_metric_key == argv[-1]
+        return
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

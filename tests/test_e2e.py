@@ -545,7 +545,7 @@ def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_mod
          "--eval_n_samples_per_prompt", "3", "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.05", "0.95",
          "--use_wandb", "offline", "--wandb_project", "e2e", "--samples_log_steps", "2",
          "--save_steps", "1", "--ckpt_path", str(ckpt), "--max_ckpt_num", "2", "--save_hf_ckpt",
-         "--max_samples", "40", *ASYNC[mode]],
+         "--max_samples", "40", "--best_metric_key", "score_mean", *ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     rows = read_metrics(plan.run_dir / "metrics.jsonl")
@@ -575,6 +575,14 @@ def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_mod
     assert (ckpt / f"global_step{last}" / "policy_hf" / "config.json").is_file()
     state = json.loads((ckpt / f"global_step{last}" / "trainer_state.json").read_text())
     assert state["step"] == last and state["loader"]["position"] == sum(len(c["prompts"]) for c in consumed)
+    # --best_metric_key: best_model/ holds the policy of the first evaluation with the highest score_mean, and
+    # the checkpoint remembers it (a resume must not overwrite it with a worse one)
+    evaluated = [(r["eval/held_out/score_mean"], -r["step"]) for r in rows if "eval/held_out/score_mean" in r]
+    value, minus_step = max(evaluated)
+    best = json.loads((plan.run_dir / "best_model" / "best.json").read_text())
+    assert best == {"step": -minus_step, "key": "eval/held_out/score_mean", "value": value}
+    assert (plan.run_dir / "best_model" / "model.safetensors").is_file()
+    assert state["best"] == best
 
 
 RESUME_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "1", "--max_samples", "40",

@@ -23,7 +23,6 @@ from reinforce_pro.rollout.collective import SYNC_BACKENDS
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
 UNSUPPORTED: dict[str, str] = {
     "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
-    "best_metric_key": "checkpoints are kept by recency (--max_ckpt_num / --max_ckpt_mem), not by a metric",
     "use_ds_universal_ckpt": "resume needs the same number of policy ranks (no universal-checkpoint conversion)",
     "deepcompile": "DeepSpeed compile is not wired in",
     "enable_ema": "no EMA copy of the policy is kept",
@@ -225,7 +224,13 @@ def _add_checkpoint_logging(p) -> None:
         action="store_true",
         help="resume from the latest complete checkpoint in --ckpt_path (none there: start from scratch)",
     )
-    g.add_argument("--best_metric_key", type=str, default="", help="metric that picks the best checkpoint")
+    g.add_argument(
+        "--best_metric_key",
+        type=str,
+        default="",
+        help="an eval metric (eval/<dataset>/pass@1, or just pass@1): after each evaluation that raises it, the "
+        "policy is saved to <save_path>/best_model (higher is better; needs --eval_dataset)",
+    )
     g.add_argument("--use_ds_universal_ckpt", action="store_true", help="DeepSpeed universal checkpoints")
     g.add_argument("--use_wandb", type=str, default=None, help="wandb API key (or 'True' with a login)")
     g.add_argument("--wandb_org", type=str, default=None, help="wandb entity")

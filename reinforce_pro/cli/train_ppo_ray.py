@@ -218,6 +218,10 @@ def invalid_running(args) -> str | None:
             args.eval_dataset or (args.eval_steps <= 0 and not args.eval_before_training),
             "--eval_steps / --eval_before_training need --eval_dataset",
         ),
+        (
+            not args.best_metric_key or (args.eval_dataset and (args.eval_steps > 0 or args.eval_before_training)),
+            "--best_metric_key picks by an eval metric: add --eval_dataset and --eval_steps",
+        ),
         (low < high, f"--dynamic_filtering_reward_range must satisfy LOW < HIGH, got {low} {high}"),
         (
             not args.absolute_zero or not (args.dynamic_filtering or args.eval_dataset),
@@ -228,7 +232,16 @@ def invalid_running(args) -> str | None:
             "--save_hf_ckpt needs --save_steps",
         ),
     ]
-    return next((msg for ok, msg in checks if not ok), None)
+    problem = next((msg for ok, msg in checks if not ok), None)
+    if problem is None and args.best_metric_key:
+        from pathlib import Path
+
+        from reinforce_pro.trainer.evaluation import eval_metric_names
+
+        names = eval_metric_names(Path(args.eval_dataset).stem, args.eval_n_samples_per_prompt)
+        if args.best_metric_key not in names + [n.rsplit("/", 1)[1] for n in names]:
+            problem = f"--best_metric_key {args.best_metric_key}: not an eval metric of this run ({', '.join(names)})"
+    return problem
 
 
 def invalid_agent(args) -> str | None:

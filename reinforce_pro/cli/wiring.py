@@ -349,7 +349,7 @@ def selfplay_source(args, plan, groups, sampler: Sampler, use_gpu: bool):
     return SelfPlaySource(sampler, plan.task, cfg, seed=args.seed, judge_engines=judge)
 
 
-def loop_config(args) -> LoopConfig:
+def loop_config(args, run_dir: Path) -> LoopConfig:
     checkpoints = None
     if args.save_steps > 0 or args.load_checkpoint:
         checkpoints = CheckpointConfig(
@@ -383,6 +383,8 @@ def loop_config(args) -> LoopConfig:
         async_train=args.async_train,
         async_queue_size=args.async_queue_size,
         partial_rollout_chunk=args.partial_rollout_chunk if args.partial_rollout else None,
+        best_metric_key=args.best_metric_key or None,
+        best_model_dir=run_dir / "best_model",
         checkpoints=checkpoints,
     )
 
@@ -490,7 +492,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
         logger = MetricsLogger(plan.run_dir, args.use_tensorboard, wandb_cfg=wandb_config(args))
         trainer = PPOTrainer(
             source, builder, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger,
-            loop_config(args), eval_set(args, tokenizer),
+            loop_config(args, plan.run_dir), eval_set(args, tokenizer),
         )  # fmt: skip
         if resume_from is not None:
             trainer.restore(resume_from)

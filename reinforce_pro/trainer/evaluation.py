@@ -12,6 +12,13 @@ from reinforce_pro.rewards.loader import RewardOutput
 from reinforce_pro.rollout.sampler import Sampler, sampling_params
 
 
+def eval_metric_names(name: str, n: int) -> list[str]:
+    """The keys `evaluate` returns for eval set `name` with `n` samples per prompt."""
+    return [
+        f"eval/{name}/{m}" for m in (f"pass@{n}", "score_mean", "reward_mean", "response_length_mean", "num_prompts")
+    ]
+
+
 def evaluate(
     sampler: Sampler, score: Callable[..., RewardOutput], prompts: list[dict], name: str, n: int, temperature: float
 ) -> dict[str, float]:
@@ -23,10 +30,5 @@ def evaluate(
     out = score(texts, responses, labels)
     scores = out.scores.view(len(prompts), n)
     lengths = torch.tensor([float(len(g.token_ids)) for g in generations])
-    return {
-        f"eval/{name}/pass@{n}": float(scores.max(dim=1).values.mean()),
-        f"eval/{name}/score_mean": float(out.scores.mean()),
-        f"eval/{name}/reward_mean": float(out.rewards.mean()),
-        f"eval/{name}/response_length_mean": float(lengths.mean()),
-        f"eval/{name}/num_prompts": float(len(prompts)),
-    }
+    values = [scores.max(dim=1).values.mean(), out.scores.mean(), out.rewards.mean(), lengths.mean(), len(prompts)]
+    return {key: float(v) for key, v in zip(eval_metric_names(name, n), values, strict=True)}

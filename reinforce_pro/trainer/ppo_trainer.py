@@ -8,6 +8,7 @@ ahead of the trainer (trainer/rollout_stream.py); the rest of the loop is the sa
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -69,6 +70,8 @@ class LoopConfig:
     async_queue_size: int = 1  # with async_train: batches (= policy versions) the producer may run ahead
     # with async_train: sample in chunks of this many tokens, letting weight syncs in between (rollout_stream.py)
     partial_rollout_chunk: int | None = None
+    best_metric_key: str | None = None  # keep the policy with the highest value of this eval metric...
+    best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
 
 
@@ -98,6 +101,7 @@ class PPOTrainer:
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
         self.loader = PromptLoader(prompts, cfg.rollout_batch_size, cfg.num_episodes, cfg.seed)
         self.step = 0  # completed steps (restored by resume) = the policy's weight version
+        self.best: dict | None = None  # --best_metric_key: {"step", "key", "value"} of the saved best policy
         self.history: list[dict[str, float]] = []
         self.weight_sync = make_weight_sync(
             cfg.sync_backend, policy, engines, cfg.sync_dtype, cfg.rollout_staleness, cfg.sync_bucket_mb,
@@ -111,7 +115,9 @@ class PPOTrainer:
     def fit(self) -> list[dict[str, float]]:
         self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
         if self.eval_set and self.cfg.eval_before_training and self.step == 0:
-            self.logger.log(0, self.evaluate())
+            metrics = self.evaluate()
+            self.logger.log(0, metrics)
+            self.keep_best(0, metrics)
         bar = tqdm(total=self.loader.steps(), initial=self.step, desc="RL steps", dynamic_ncols=True)
         with self.rollout_stream() as stream:
             while True:
@@ -130,7 +136,9 @@ class PPOTrainer:
                     self.sync_weights(step)
                 if self.eval_set and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
                     with timed(timings, "eval"):
-                        metrics.update(self.evaluate())
+                        evaluation = self.evaluate()
+                        metrics.update(evaluation)
+                        self.keep_best(step, evaluation)
                 timings["time/step"] = time.perf_counter() - start
                 timings["time/generate"] = batch.generate_s
                 metrics.update(timings)
@@ -214,6 +222,22 @@ class PPOTrainer:
         with self.gate.exclusive():
             return evaluate(self.source.sampler, self.builder.score, e.prompts, e.name, e.n_samples, e.temperature)
 
+    def keep_best(self, step: int, evaluation: dict[str, float]) -> None:
+        """--best_metric_key: save the policy (HF format) when this evaluation beats every earlier one."""
+        key = self.cfg.best_metric_key
+        if not key:
+            return
+        if key not in evaluation:  # the short form, pass@1 (train_ppo_ray.py checked that it names one)
+            key = f"eval/{self.eval_set.name}/{key}"
+        value = evaluation[key]
+        if self.best is not None and value <= self.best["value"]:
+            return
+        out = self.cfg.best_model_dir
+        ray.get([p.save_hf.remote(str(out)) for p in self.policy])
+        self.best = {"step": step, "key": key, "value": value}
+        (out / "best.json").write_text(json.dumps(self.best) + "\n")
+        tqdm.write(f"[best] {key} = {value:.4f} at step {step}: saved {out}")
+
     def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
         self.builder.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
         self.history.append({"step": step, **metrics})
@@ -261,6 +285,7 @@ class PPOTrainer:
             "episode": self.trained_source["loader"]["position"] // max(1, self.loader.per_episode),  # for readers
             **self.trained_source,
             **self.builder.state_dict(),  # kl_coef, reward_moments
+            "best": self.best,
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
@@ -278,6 +303,7 @@ class PPOTrainer:
         self.loader.load_state_dict(state["loader"])
         self.builder.load_state_dict(state)
         self.source.load_state_dict(state.get("source") or _older_source_state(state))
+        self.best = state.get("best")
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
