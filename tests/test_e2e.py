@@ -311,6 +311,19 @@ def test_reward_model_directory(tmp_path, engine, tiny_model, tiny_reward_model)
     assert row["rollout/reward_mean"] != round(row["rollout/reward_mean"])
 
 
+def test_colocate_critic_reward_puts_the_reward_model_in_the_critics_slot(
+    tmp_path, engine, tiny_model, tiny_reward_model
+):
+    _, plan, history = run(
+        ["--advantage_estimator", "gae", "--reward_pretrain", tiny_reward_model, "--colocate_critic_reward",
+         "--max_samples", "8"], tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 1 and history[0]["rollout/reward_std"] > 0 and "critic/value_loss" in history[0]
+    placement = json.loads((plan.run_dir / "placement.json").read_text())
+    (critic,), (reward_model,) = placement["critic"], placement["reward_model"]
+    assert critic["placement_group"] is not None and reward_model["placement_group"] == critic["placement_group"]
+
+
 def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_reward):
     """With --rollout_staleness 1 the engine samples with the previous step's policy: at step 1 both are the
     initial weights (fp32: agree to 1e-4); from step 2 on the trainer is one update ahead, and the IS filter

@@ -22,7 +22,6 @@ from reinforce_pro.rollout.collective import SYNC_BACKENDS
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
 UNSUPPORTED: dict[str, str] = {
-    "colocate_critic_reward": "the reward model runs as its own actor outside the placement groups",
     "use_ds_universal_ckpt": "resume needs the same number of policy ranks (no universal-checkpoint conversion)",
     "deepcompile": "DeepSpeed compile is not wired in",
     "enable_ema": "no EMA copy of the policy is kept",

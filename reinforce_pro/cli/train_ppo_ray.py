@@ -201,6 +201,11 @@ def invalid_combination(args) -> str | None:
             or (args.vllm_tensor_parallel_size == 1 and (args.vllm_num_engines or 1) <= world),
             "--colocate_all_models needs --vllm_tensor_parallel_size 1 and at most one engine per policy rank",
         ),
+        (
+            not args.colocate_critic_reward or (args.advantage_estimator == "gae" and args.reward_pretrain),
+            "--colocate_critic_reward shares the critic's slots with the reward model: it needs both "
+            "(--advantage_estimator gae and --reward_pretrain)",
+        ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
 

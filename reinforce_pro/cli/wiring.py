@@ -237,8 +237,10 @@ def build_groups(args, plan, use_gpu: bool, total_steps: int, engines=None) -> d
         critic_opt = optim_config(args, "critic", spec.size, total_steps)
         pretrain = args.critic_pretrain or plan.pretrain
         head = args.value_head_prefix
+        groups["critic_pg"] = new_pg(spec)
+        critic_share = 0.5 if args.colocate_critic_reward else 1.0  # the other half: the reward model
         groups["critic"] = create_group(
-            CriticWorker, spec, new_pg(spec), use_gpu, 1.0,
+            CriticWorker, spec, groups["critic_pg"], use_gpu, critic_share,
             lambda d: (pretrain, critic_opt, d, args.seed, args.value_clip, head, fwd), trainer_env,
         )  # fmt: skip
     engine_cfg = EngineConfig(
@@ -283,7 +285,7 @@ def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None =
 def record_placement(groups: dict, run_dir: Path) -> dict:
     """Where every actor of the run landed ({role: [{"node_id", "ip"} per rank / engine]}), written to
     placement.json in the run directory and summarised in one line."""
-    roles = {key: groups.get(key) for key in ("policy", "reference", "critic", "engines", "judge")}
+    roles = {key: groups.get(key) for key in ("policy", "reference", "critic", "reward_model", "engines", "judge")}
     placement = {role: [node_of(a) for a in actors] for role, actors in roles.items() if actors}
     (run_dir / "placement.json").write_text(json.dumps(placement, indent=1))
     summary = ", ".join(
@@ -297,7 +299,7 @@ def release_groups(groups: dict) -> None:
     """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
     from ray.util import remove_placement_group
 
-    owned = [a for key in ("policy", "reference", "critic", "judge") for a in (groups.get(key) or [])]
+    owned = [a for key in ("policy", "reference", "critic", "reward_model", "judge") for a in (groups.get(key) or [])]
     if groups.get("owned_engines"):
         owned += groups["engines"]
     for actor in owned:
@@ -306,14 +308,21 @@ def release_groups(groups: dict) -> None:
         remove_placement_group(pg)
 
 
-def reward_function(args, plan, use_gpu: bool):
+def reward_function(args, plan, use_gpu: bool, groups: dict):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("model:"):
         env = with_log_dir(None, plan)
         extra = {"runtime_env": {"env_vars": env}} if env else {}
-        rm = ray.remote(RewardModelWorker).options(num_cpus=1, num_gpus=1 if use_gpu else 0, **extra)
+        share = 1
+        if args.colocate_critic_reward:  # in the critic's first slot, beside critic rank 0
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            share = 0.5
+            extra["scheduling_strategy"] = PlacementGroupSchedulingStrategy(groups["critic_pg"], 0)
+        rm = ray.remote(RewardModelWorker).options(num_cpus=share, num_gpus=share if use_gpu else 0, **extra)
         actor = rm.remote(args.reward_pretrain, args.micro_rollout_batch_size)
+        groups["reward_model"] = [actor]
         return lambda queries, prompts, labels: ray.get(actor.score.remote(queries))
     return load_reward_func(plan.reward_source)
 
@@ -475,7 +484,7 @@ def build_and_fit(args, plan, engines=None) -> list[dict]:
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not args.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(args.init_kl_coef, args.kl_target, args.kl_horizon)
     # self-play tasks and agent environments score their own rollouts: no reward function
-    reward_fn = None if plan.task or plan.agent_cls else reward_function(args, plan, use_gpu)
+    reward_fn = None if plan.task or plan.agent_cls else reward_function(args, plan, use_gpu, groups)
     rollout_cfg = rollout_config(args)
     builder = ExperienceBuilder(groups["policy"], groups["reference"], groups["critic"], reward_fn, rollout_cfg, kl_ctl)
     sampler = Sampler(groups["engines"], tokenizer, rollout_cfg)

@@ -85,12 +85,17 @@ def bundle_of(spec: GroupSpec, rank: int) -> int:
 
 
 def node_of(actor) -> dict:
-    """Where an actor runs: {"node_id", "ip"} (asked of the actor itself)."""
+    """Where an actor runs: {"node_id", "ip", "placement_group"} (asked of the actor itself)."""
     return ray.get(actor.__ray_call__.remote(lambda self: _here()))
 
 
 def _here() -> dict:
-    return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+    ctx = ray.get_runtime_context()
+    return {
+        "node_id": ctx.get_node_id(),
+        "ip": ray.util.get_node_ip_address(),
+        "placement_group": ctx.get_placement_group_id(),
+    }
 
 
 def _free_port() -> tuple[str, int]:
