@@ -35,7 +35,6 @@ UNSUPPORTED: dict[str, str] = {
     "ring_attn_size": "no ring attention (sequence parallelism)",
     "ring_head_stride": "no ring attention (sequence parallelism)",
     "ref_reward_offload": "reference / reward models are not offloaded",
-    "prompt_data_probs": "one prompt dataset at a time",
     "dataloader_num_workers": "prompts are held in memory",
     "perf": "use the time/* and perf/* metrics instead",
     "use_ms": "models load from local paths only (no ModelScope hub)",
@@ -473,8 +472,18 @@ def _add_models_data(p) -> None:
         "rewards (on the last model token), or per_turn: each turn's reward on its own last model token "
         "(reinforce / gae only)",
     )
-    g.add_argument("--prompt_data", type=str, default=None, help="jsonl file or local HF dataset dir (unset: built-in)")
-    g.add_argument("--prompt_data_probs", type=str, default=None, help="mixing probabilities of several datasets")
+    g.add_argument(
+        "--prompt_data",
+        type=str,
+        default=None,
+        help="jsonl file or local HF dataset dir, or several comma-separated (unset: built-in)",
+    )
+    g.add_argument(
+        "--prompt_data_probs",
+        type=str,
+        default=None,
+        help="comma-separated share of each --prompt_data dataset in the mixture (unset: equal shares)",
+    )
     g.add_argument("--prompt_split", type=str, default="train", help="split of a dataset dir")
     g.add_argument("--eval_dataset", type=str, default=None, help="evaluation prompts")
     g.add_argument("--eval_split", type=str, default="train", help="evaluation split")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_records
+from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 
 
@@ -123,7 +123,11 @@ def _first_missing(path: Path) -> Path | None:
 def _prepare_run_dir(args, run_dir: Path, task, agent_cls) -> RunPlan:
     summary: dict = {}
     try:  # the prompt file is read before any model is built: a bad file fails in a second, with one line
-        records = load_records(args.prompt_data, args.prompt_split)[: args.max_samples] if args.prompt_data else None
+        records = None
+        if args.prompt_data:
+            records = load_prompt_records(
+                args.prompt_data, args.prompt_data_probs, args.prompt_split, args.max_samples, args.seed
+            )
         pretrain = args.pretrain or _tiny_model(args, run_dir, summary, task)
         prompts = _seed_records(args, task, records) if task else _prompts(args, pretrain, records)
     except DataError as e:

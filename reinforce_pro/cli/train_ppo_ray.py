@@ -238,6 +238,15 @@ def invalid_running(args) -> str | None:
         ),
     ]
     problem = next((msg for ok, msg in checks if not ok), None)
+    if problem is None and args.prompt_data_probs is not None:
+        from reinforce_pro.data.prompts import DataError, parse_mixture
+
+        try:
+            parse_mixture(args.prompt_data or "", args.prompt_data_probs) if args.prompt_data else None
+        except DataError as e:
+            problem = str(e)
+        if not args.prompt_data:
+            problem = "--prompt_data_probs mixes the datasets of --prompt_data: give them (comma-separated)"
     if problem is None and args.best_metric_key:
         from pathlib import Path
 

@@ -72,6 +72,52 @@ def load_records(path: str | Path, split: str = "train") -> list[dict]:
     return [r for f in files for r in read_jsonl(f)]
 
 
+def parse_mixture(paths: str, probs: str | None) -> list[tuple[str, float]]:
+    """`--prompt_data a.jsonl,b.jsonl --prompt_data_probs 0.7,0.3` (OpenRLHF's comma-separated form) ->
+    [(path, probability)], the probabilities normalised; equal shares when `probs` is None."""
+    names = [p.strip() for p in paths.split(",") if p.strip()]
+    if probs is None:
+        return [(n, 1 / len(names)) for n in names]
+    try:
+        weights = [float(w) for w in probs.split(",")]
+    except ValueError:
+        raise DataError(f"--prompt_data_probs {probs}: expected comma-separated numbers") from None
+    if len(weights) != len(names):
+        raise DataError(f"--prompt_data_probs gives {len(weights)} probabilities for {len(names)} datasets")
+    if any(not w > 0 for w in weights):  # also NaN
+        raise DataError(f"--prompt_data_probs {probs}: every probability must be > 0")
+    return [(n, w / sum(weights)) for n, w in zip(names, weights, strict=True)]
+
+
+def mix(datasets: list[list[dict]], probs: list[float], count: int, seed: int) -> list[dict]:
+    """Up to `count` records, each drawn from dataset i with probability probs[i], each dataset's records in
+    their order and none twice; a dataset that runs out leaves the draw (the others' shares grow). The same
+    seed gives the same mixture."""
+    import random
+
+    rng = random.Random(seed)
+    taken = [0] * len(datasets)
+    out = []
+    while len(out) < count:
+        live = [i for i, d in enumerate(datasets) if taken[i] < len(d)]
+        if not live:
+            break
+        i = rng.choices(live, weights=[probs[j] for j in live])[0]
+        out.append(datasets[i][taken[i]])
+        taken[i] += 1
+    return out
+
+
+def load_prompt_records(paths: str, probs: str | None, split: str, max_samples: int, seed: int) -> list[dict]:
+    """--prompt_data (one path, or several comma-separated and mixed by --prompt_data_probs), cut to
+    --max_samples."""
+    mixture = parse_mixture(paths, probs)
+    if len(mixture) == 1:
+        return load_records(mixture[0][0], split)[:max_samples]
+    datasets = [load_records(path, split) for path, _ in mixture]
+    return mix(datasets, [p for _, p in mixture], max_samples, seed)
+
+
 @dataclass
 class PromptSpec:
     input_key: str = "input"
