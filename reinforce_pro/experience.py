@@ -232,28 +232,32 @@ def pad_actions(per_token: torch.Tensor, num_actions: int) -> torch.Tensor:
     return torch.nn.functional.pad(per_token, (0, num_actions - per_token.size(1)))
 
 
-def budget_chunks(lengths: list[int], max_tokens: int) -> list[int]:
-    """Sizes of consecutive chunks of rows, in order, each costing rows x its longest row <= max_tokens padded
-    tokens (a row longer than the budget goes alone). Rows sorted by length (length_grouped) pack best."""
-    sizes, rows, longest = [], 0, 0
+def budget_chunks(lengths: list[int], max_tokens: int, packed: bool = False) -> list[int]:
+    """Sizes of consecutive chunks of rows, in order, each costing at most max_tokens (a row longer than the
+    budget goes alone). The cost of a chunk is what its forward holds: rows x its longest row when padded,
+    the sum of its lengths when packed (--packing_samples concatenates them). Rows sorted by length
+    (length_grouped) pack best."""
+    sizes, rows, longest, total = [], 0, 0, 0
     for length in lengths:
-        if rows and (rows + 1) * max(longest, length) > max_tokens:
+        cost = total + length if packed else (rows + 1) * max(longest, length)
+        if rows and cost > max_tokens:
             sizes.append(rows)
-            rows, longest = 0, 0
-        rows, longest = rows + 1, max(longest, length)
+            rows, longest, total = 0, 0, 0
+        rows, longest, total = rows + 1, max(longest, length), total + length
     return sizes + [rows] if rows else sizes
 
 
-def split_by_tokens(exp: Experience, parts: int) -> list[Experience]:
-    """`parts` consecutive micro-batches (1 <= parts <= rows) of about equal padded cost: the smallest token
-    budget whose chunks number at most `parts`, then the chunks with the most rows halved until there are
-    `parts` (data-parallel ranks must all run the same number of micro-batches)."""
+def split_by_tokens(exp: Experience, parts: int, packed: bool = False) -> list[Experience]:
+    """`parts` consecutive micro-batches (1 <= parts <= rows) of about equal cost (budget_chunks: padded or
+    packed tokens): the smallest token budget whose chunks number at most `parts`, then the chunks with the
+    most rows halved until there are `parts` (data-parallel ranks must all run the same number of
+    micro-batches)."""
     lengths = exp.attention_mask.sum(-1).tolist()
     low, high = max(lengths), len(lengths) * max(lengths)
     while low < high:  # smallest budget with at most `parts` chunks
         mid = (low + high) // 2
-        low, high = (low, mid) if len(budget_chunks(lengths, mid)) <= parts else (mid + 1, high)
-    sizes = budget_chunks(lengths, low)
+        low, high = (low, mid) if len(budget_chunks(lengths, mid, packed)) <= parts else (mid + 1, high)
+    sizes = budget_chunks(lengths, low, packed)
     while len(sizes) < parts:
         i = max(range(len(sizes)), key=lambda k: sizes[k])
         sizes[i : i + 1] = [sizes[i] - sizes[i] // 2, sizes[i] // 2]

@@ -83,6 +83,18 @@ def test_budget_chunks_respect_the_budget():
     lengths = [2, 3, 3, 5, 8, 9, 20]
     assert budget_chunks(lengths, 16) == [3, 2, 1, 1]  # 3 x 3, 2 x 8, then 9 and 20 (over budget) alone
     assert budget_chunks(lengths, 1000) == [7] and budget_chunks([], 16) == []
+    # packed (--packing_samples), a chunk costs its real tokens: 2+3+3+5 = 13, then 8 and 9 (17 > 16) apart
+    assert budget_chunks(lengths, 16, packed=True) == [4, 1, 1, 1]
+    assert budget_chunks([4, 4, 4, 4], 16, packed=True) == [4]
+    assert budget_chunks([4, 4, 4, 4], 15, packed=True) == [3, 1]
+
+
+def test_split_by_tokens_packed_balances_real_tokens():
+    exp = batch([1] * 5, [1, 1, 1, 1, 4], t_len=6)  # real lengths 2 2 2 2 5
+    packed, padded = split_by_tokens(exp, 2, packed=True), split_by_tokens(exp, 2)
+    # packed: 2+2+2 = 6 and 2+5 = 7 real tokens; padded: 4 rows x 2 = 8 slots, then 1 x 5
+    assert [len(c) for c in packed] == [3, 2] and [int(c.attention_mask.sum()) for c in packed] == [6, 7]
+    assert [len(c) for c in padded] == [4, 1]
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 5, 7])

@@ -375,6 +375,7 @@ def loop_config(args, run_dir: Path) -> LoopConfig:
         train_batch_size=args.train_batch_size,
         micro_train_batch_size=args.micro_train_batch_size,
         train_max_tokens=args.train_max_tokens_per_gpu if args.use_dynamic_batch else None,
+        packing_samples=args.packing_samples,
         max_epochs=args.max_epochs,
         freezing_actor_steps=args.freezing_actor_steps,
         logging_steps=args.logging_steps,

@@ -50,8 +50,10 @@ class LoopConfig:
     rollout_batch_size: int = 8  # prompts per step
     train_batch_size: int = 128  # samples per optimizer step, over all data-parallel ranks
     micro_train_batch_size: int = 4  # samples per forward on one rank
-    # --use_dynamic_batch: micro-batches cut by this many padded tokens (rows x longest row) instead of a count
+    # --use_dynamic_batch: micro-batches cut by this many tokens instead of a count: padded (rows x longest row),
+    # or real ones with packing_samples
     train_max_tokens: int | None = None
+    packing_samples: bool = False  # the budget then counts real tokens: packed micro-batches hold no padding
     max_epochs: int = 1  # passes over each rollout batch
     freezing_actor_steps: int = -1  # train only the critic for the first N steps
     logging_steps: int = 1
@@ -357,8 +359,10 @@ class PPOTrainer:
             split = split_experience
         else:  # as many as the rank that needs the most, within the token budget
             lengths = mini.attention_mask.sum(-1)
-            needed = max(len(budget_chunks(lengths[idx].tolist(), self.cfg.train_max_tokens)) for idx in shards)
-            num_micro, split = min(needed, min(len(idx) for idx in shards)), split_by_tokens
+            packed, budget = self.cfg.packing_samples, self.cfg.train_max_tokens
+            needed = max(len(budget_chunks(lengths[idx].tolist(), budget, packed)) for idx in shards)
+            num_micro = min(needed, min(len(idx) for idx in shards))
+            split = lambda exp, parts: split_by_tokens(exp, parts, packed)  # noqa: E731
         return group.call_sharded(
             "train_minibatch", len(mini), lambda idx: (split(mini.select(idx), num_micro), tokens, seqs)
         )

@@ -160,12 +160,15 @@ def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: i
     return engine
 
 
-def row_chunks(attention_mask: torch.Tensor, micro: int, max_tokens: int | None = None) -> list[slice]:
-    """Consecutive row ranges for a forward pass: `micro` rows each, or under a token budget (budget_chunks)."""
+def row_chunks(
+    attention_mask: torch.Tensor, micro: int, max_tokens: int | None = None, packed: bool = False
+) -> list[slice]:
+    """Consecutive row ranges for a forward pass: `micro` rows each, or under a token budget (budget_chunks:
+    padded tokens, or real ones when the forward is `packed`)."""
     rows = attention_mask.size(0)
     if max_tokens is None:
         return [slice(i, i + micro) for i in range(0, rows, micro)]
-    return consecutive_slices(budget_chunks(attention_mask.sum(-1).tolist(), max_tokens))
+    return consecutive_slices(budget_chunks(attention_mask.sum(-1).tolist(), max_tokens, packed))
 
 
 @torch.no_grad()
@@ -183,7 +186,7 @@ def batched_log_probs(
     time; `packed`: padding-free forwards (--packing_samples)."""
     dev = device()
     out = []
-    for rows in row_chunks(attention_mask, micro, max_tokens):
+    for rows in row_chunks(attention_mask, micro, max_tokens, packed):
         columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
         lp, _ = response_log_probs(model, seq, mask, keep, temperature, packed=packed)
