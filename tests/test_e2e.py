@@ -714,6 +714,7 @@ def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
 
     from safetensors.torch import load
 
+    from reinforce_pro.algos.losses import LossSettings
     from reinforce_pro.experience import Experience, split_experience
     from reinforce_pro.workers.base import DistInfo, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
@@ -721,7 +722,7 @@ def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
     start_ray(logical_cpus=8)
     opt = OptimConfig(learning_rate=1e-2, lr_scheduler="constant", zero_stage=0, param_dtype="fp32",
                       micro_batch_size=8, grad_accum_steps=2)  # fmt: skip
-    loss = PolicyLossConfig(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    loss = PolicyLossConfig(LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro"))
 
     def policy():
         dist = DistInfo(init_method=f"file://{tempfile.gettempdir()}/rp_test_{uuid.uuid4().hex}")

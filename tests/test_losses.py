@@ -405,3 +405,18 @@ def test_value_loss_hand_computed(clip, expected, clip_frac):
     assert float(m["critic/value_clip_frac"]) == pytest.approx(clip_frac, abs=1e-9)
     loss.backward()
     assert values.grad[0, 2] == 0
+
+
+def test_the_loss_takes_its_settings_as_they_are():
+    """One definition of the loss's defaults and checks (LossSettings): PolicyLoss keeps the object it is
+    given, the keyword form builds the same settings, and bad settings fail where they are built."""
+    from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, LossSettings
+
+    settings = LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    assert PolicyLoss(settings).settings is settings
+    assert PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro").settings == settings
+    assert settings.vllm_is_truncated_threshold == DEFAULT_IS_THRESHOLD
+    with pytest.raises(TypeError, match="not both"):
+        PolicyLoss(settings, dual_clip=3.0)
+    with pytest.raises(ValueError, match="dual_clip"):
+        LossSettings(dual_clip=0.5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,40 +45,45 @@ POLICY_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 }
 
 
+@dataclass
+class LossSettings:
+    """What the policy loss is: its one definition of defaults and checks. The CLI builds it from the flags
+    (cli/wiring.py), the policy worker hands it to PolicyLoss unchanged."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip: float | None = None
+    token_level_loss: bool = True
+    policy_loss_type: str = "ppo"
+    enable_vllm_is_correction: bool = False
+    vllm_is_truncated_threshold: tuple[float, float] = DEFAULT_IS_THRESHOLD
+    vllm_is_correction_type: str = "tis"
+
+    def __post_init__(self) -> None:
+        if self.policy_loss_type not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy_loss_type {self.policy_loss_type!r}; valid: {', '.join(POLICY_LOSSES)}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1.0 (Dual-clip PPO, arXiv:1912.09729), got {self.dual_clip}")
+        low, high = self.vllm_is_truncated_threshold
+        validate_is_config(self.vllm_is_correction_type, low, high)
+        self.vllm_is_truncated_threshold = (float(low), float(high))
+
+
 class PolicyLoss(nn.Module):
     """Clipped policy-gradient loss with optional rollout/training-mismatch IS correction."""
 
-    def __init__(
-        self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip: float | None = None,
-        token_level_loss: bool = True,
-        policy_loss_type: str = "ppo",
-        enable_vllm_is_correction: bool = False,
-        vllm_is_truncated_threshold: list[float] | tuple[float, float] | None = None,
-        vllm_is_correction_type: str = "tis",
-    ) -> None:
+    def __init__(self, settings: LossSettings | None = None, **fields) -> None:
+        """`PolicyLoss(settings)`, or `PolicyLoss(**fields)` as shorthand for `PolicyLoss(LossSettings(**fields))`."""
         super().__init__()
-        if policy_loss_type not in POLICY_LOSSES:
-            raise ValueError(f"unknown policy_loss_type {policy_loss_type!r}; valid: {', '.join(POLICY_LOSSES)}")
-        if dual_clip is not None and dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1.0 (Dual-clip PPO, arXiv:1912.09729), got {dual_clip}")
-        low, high = DEFAULT_IS_THRESHOLD if vllm_is_truncated_threshold is None else vllm_is_truncated_threshold
-        validate_is_config(vllm_is_correction_type, low, high)
-        self.clip_eps_low = clip_eps_low
-        self.clip_eps_high = clip_eps_high
-        self.dual_clip = dual_clip
+        if settings is not None and fields:
+            raise TypeError("give PolicyLoss a LossSettings or its fields, not both")
+        self.settings = s = settings if settings is not None else LossSettings(**fields)
         # GSPO is defined on sequences: its loss is always the mean of per-sequence means (as in OpenRLHF).
-        self.token_level_loss = token_level_loss and policy_loss_type != "gspo"
-        self.policy_loss_type = policy_loss_type
-        self.enable_vllm_is_correction = enable_vllm_is_correction
-        self.vllm_is_truncated_threshold = (float(low), float(high))
-        self.vllm_is_correction_type = vllm_is_correction_type
-        if enable_vllm_is_correction and policy_loss_type == "gspo" and vllm_is_correction_type != "tis":
+        self.token_level_loss = s.token_level_loss and s.policy_loss_type != "gspo"
+        if s.enable_vllm_is_correction and s.policy_loss_type == "gspo" and s.vllm_is_correction_type != "tis":
             warnings.warn(
                 f"policy_loss_type=gspo corrects the mismatch through its sequence ratio against the rollout "
-                f"log-probs; vllm_is_correction_type={vllm_is_correction_type!r} is not applied",
+                f"log-probs; vllm_is_correction_type={s.vllm_is_correction_type!r} is not applied",
                 stacklevel=2,
             )
 
@@ -100,7 +106,7 @@ class PolicyLoss(nn.Module):
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
         self._check_inputs(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs)
         mask = action_mask.bool()
-        use_is = self.enable_vllm_is_correction
+        use_is = self.settings.enable_vllm_is_correction
         zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
         # Sanitise before any arithmetic: torch.where keeps a NaN out of the value but not out of the
         # gradient (d exp(x) = 0 * exp(NaN) = NaN), so nothing non-finite may enter the graph at all.
@@ -111,24 +117,24 @@ class PolicyLoss(nn.Module):
         advantages = torch.where(mask, advantages, zero)
         raw_log_ratio = torch.where(live, log_probs - old_log_probs, zero)  # log pi / pi_old
 
-        if self.policy_loss_type == "gspo" and use_is:
+        if self.settings.policy_loss_type == "gspo" and use_is:
             # GSPO with a mismatched engine: the behaviour policy is the rollout policy itself.
             ratio = _gspo_ratio(torch.where(live, log_probs - rollout_log_probs, zero), live)
         else:
-            ratio = POLICY_LOSSES[self.policy_loss_type](raw_log_ratio, live)
+            ratio = POLICY_LOSSES[self.settings.policy_loss_type](raw_log_ratio, live)
 
         surr1 = ratio * advantages
-        surr2 = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
+        surr2 = ratio.clamp(1 - self.settings.clip_eps_low, 1 + self.settings.clip_eps_high) * advantages
         loss = -torch.min(surr1, surr2)
-        if self.dual_clip is not None:
+        if self.settings.dual_clip is not None:
             # Dual clip bounds the loss of negative-advantage tokens whose ratio exploded.
-            loss = torch.where(advantages < 0, torch.min(loss, -self.dual_clip * advantages), loss)
+            loss = torch.where(advantages < 0, torch.min(loss, -self.settings.dual_clip * advantages), loss)
 
         metrics: dict[str, torch.Tensor] = {}
-        if use_is and self.policy_loss_type == "ppo":
-            low, high = self.vllm_is_truncated_threshold
+        if use_is and self.settings.policy_loss_type == "ppo":
+            low, high = self.settings.vllm_is_truncated_threshold
             weights, metrics = compute_is_weights(
-                self.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
+                self.settings.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
             )
             loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, zero)
         elif use_is:
@@ -150,7 +156,7 @@ class PolicyLoss(nn.Module):
         tensors = {"log_probs": log_probs, "old_log_probs": old_log_probs, "action_mask": action_mask}
         if advantages.dim() == 2:
             tensors["advantages"] = advantages
-        if self.enable_vllm_is_correction:
+        if self.settings.enable_vllm_is_correction:
             if rollout_log_probs is None:
                 raise ValueError(
                     "enable_vllm_is_correction needs rollout_log_probs (the engine's per-token log-probs) "

@@ -14,7 +14,7 @@ from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
-from reinforce_pro.algos.losses import POLICY_LOSSES
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
@@ -134,7 +134,7 @@ def _add_vllm(p) -> None:
         dest="vllm_is_truncated_threshold",
         type=float,
         nargs=2,
-        default=[0.5, 5.0],
+        default=list(DEFAULT_IS_THRESHOLD),
         metavar=("LOW", "HIGH"),
         help="IS band [LOW, HIGH], 0 <= LOW < HIGH: clamp bounds for tis, keep-band for the masking types",
     )

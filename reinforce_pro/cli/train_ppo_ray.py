@@ -19,6 +19,7 @@ import warnings
 from datetime import datetime
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
@@ -30,7 +31,7 @@ EMBEDDED_DEFAULTS = {
     "advantage_estimator": "reinforce_baseline",
     "enable_vllm_is_correction": True,
     "vllm_is_correction_type": "reinforce_pro",
-    "vllm_is_truncated_threshold": [0.5, 5.0],
+    "vllm_is_truncated_threshold": list(DEFAULT_IS_THRESHOLD),
     "n_samples_per_prompt": 8,
     "rollout_batch_size": 32,
     "train_batch_size": 256,

@@ -9,6 +9,7 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
+from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.models.lora import LoraSettings, trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
@@ -87,7 +88,7 @@ def optim_config(args, role: str, world: int, total_steps: int) -> OptimConfig:
 
 
 def policy_loss_config(args) -> PolicyLossConfig:
-    return PolicyLossConfig(
+    surrogate = LossSettings(
         clip_eps_low=args.eps_clip_low_high[0],
         clip_eps_high=args.eps_clip_low_high[1],
         dual_clip=args.dual_clip,
@@ -95,6 +96,9 @@ def policy_loss_config(args) -> PolicyLossConfig:
         enable_vllm_is_correction=args.enable_vllm_is_correction,
         vllm_is_truncated_threshold=tuple(args.vllm_is_truncated_threshold),
         vllm_is_correction_type=args.vllm_is_correction_type,
+    )
+    return PolicyLossConfig(
+        surrogate=surrogate,
         use_kl_loss=args.use_kl_loss,
         kl_estimator=args.kl_estimator,
         kl_coef=args.init_kl_coef,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from reinforce_pro.algos.kl import kl_loss
-from reinforce_pro.algos.losses import PolicyLoss
+from reinforce_pro.algos.losses import LossSettings, PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models.logprobs import response_log_probs
@@ -43,14 +43,10 @@ from reinforce_pro.workers.base import (
 
 @dataclass
 class PolicyLossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    dual_clip: float | None = None
-    token_level_loss: bool = True
-    policy_loss_type: str = "ppo"
-    enable_vllm_is_correction: bool = False
-    vllm_is_truncated_threshold: tuple[float, float] = (0.5, 5.0)
-    vllm_is_correction_type: str = "tis"
+    """The policy worker's loss: the surrogate with its IS correction (LossSettings, handed to PolicyLoss as
+    is), and the terms the worker adds to it."""
+
+    surrogate: LossSettings = field(default_factory=LossSettings)
     use_kl_loss: bool = False
     kl_estimator: str = "k1"
     kl_coef: float = 0.0
@@ -84,16 +80,7 @@ class PolicyWorker:
             if dist.rank == 0:
                 print(f"[lora] rank {lora.rank}, alpha {lora.alpha}: {trainable_summary(model)}", flush=True)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
-        self.loss_fn = PolicyLoss(
-            clip_eps_low=loss.clip_eps_low,
-            clip_eps_high=loss.clip_eps_high,
-            dual_clip=loss.dual_clip,
-            token_level_loss=loss.token_level_loss,
-            policy_loss_type=loss.policy_loss_type,
-            enable_vllm_is_correction=loss.enable_vllm_is_correction,
-            vllm_is_truncated_threshold=list(loss.vllm_is_truncated_threshold),
-            vllm_is_correction_type=loss.vllm_is_correction_type,
-        )
+        self.loss_fn = PolicyLoss(loss.surrogate)
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
