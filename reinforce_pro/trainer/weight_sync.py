@@ -19,6 +19,7 @@ from collections import deque
 import ray
 
 from reinforce_pro.rollout.collective import WeightGroupSpec
+from reinforce_pro.workers.launcher import free_port, node_of
 
 
 class ObjectStoreSync:
@@ -65,26 +66,14 @@ class BroadcastSync:
         pass
 
 
-def _node_ip(actor) -> str:
-    return ray.get(actor.__ray_call__.remote(lambda self: ray.util.get_node_ip_address()))
-
-
 def rendezvous(rank0, engines) -> tuple[str, str]:
     """(store, rank 0's address): a file store when every member reports the same node address (one host:
     no TCP listener), else a TCPStore on a free port of rank 0's node."""
-    host = _node_ip(rank0)
-    if all(_node_ip(e) == host for e in engines):
+    host = node_of(rank0)["ip"]
+    if all(node_of(e)["ip"] == host for e in engines):
         return f"file://{tempfile.gettempdir()}/reinforce_pro_weights_{uuid.uuid4().hex}", host
-    port = ray.get(rank0.__ray_call__.remote(lambda self: _free_port(host)))
+    host, port = ray.get(rank0.__ray_call__.remote(lambda self: free_port()))
     return f"tcp://{host}:{port}", host
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def make_weight_sync(backend: str, policy, engines, dtype: str, staleness: int, bucket_mb: float, tp: int = 1):

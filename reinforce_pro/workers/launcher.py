@@ -98,7 +98,8 @@ def _here() -> dict:
     }
 
 
-def _free_port() -> tuple[str, int]:
+def free_port() -> tuple[str, int]:
+    """(this node's address, a port free on it): run where the listener will be."""
     addr = ray.util.get_node_ip_address()  # 127.0.0.1 on the local cluster started by start_ray
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
@@ -107,7 +108,7 @@ def _free_port() -> tuple[str, int]:
 
 def master_address(pg: PlacementGroup) -> tuple[str, int]:
     """(address, free port) on the node holding bundle 0: where rank 0 of the group will listen."""
-    return ray.get(_on_bundle(pg, 0, _free_port))
+    return ray.get(_on_bundle(pg, 0, free_port))
 
 
 def _on_bundle(pg: PlacementGroup, bundle: int, fn):
