@@ -39,9 +39,6 @@ class ObjectStoreSync:
         with gate.syncing(engine_version):
             ray.get([engine.update_weights.remote(blob) for engine in self.engines])
 
-    def close(self) -> None:
-        self.versions.clear()
-
 
 class BroadcastSync:
     def __init__(self, policy, engines, dtype: str, backend: str, bucket_mb: float, tensor_parallel_size: int = 1):
@@ -61,9 +58,6 @@ class BroadcastSync:
             refs = [p.broadcast_weights.remote(self.manifest, self.bucket_bytes) for p in self.policy]
             refs += [e.receive_weights.remote(self.manifest, self.bucket_bytes) for e in self.engines]
             ray.get(refs)
-
-    def close(self) -> None:
-        pass
 
 
 def rendezvous(rank0, engines) -> tuple[str, str]:
