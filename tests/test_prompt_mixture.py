@@ -13,7 +13,7 @@ def test_parse_mixture_normalises_and_defaults_to_equal_shares():
     assert parse_mixture("a.jsonl, b.jsonl", "3,1") == [("a.jsonl", 0.75), ("b.jsonl", 0.25)]
     assert parse_mixture("a.jsonl,b.jsonl", None) == [("a.jsonl", 0.5), ("b.jsonl", 0.5)]
     for probs, message in [("1", "1 probabilities for 2 datasets"), ("1,x", "comma-separated numbers"),
-                           ("1,0", "must be > 0"), ("1,nan", "must be > 0")]:  # fmt: skip
+                           ("1,0", "must be > 0"), ("1,nan", "must be > 0"), ("1,inf", "must be > 0")]:  # fmt: skip
         with pytest.raises(DataError, match=message):
             parse_mixture("a.jsonl,b.jsonl", probs)
 

@@ -84,8 +84,8 @@ def parse_mixture(paths: str, probs: str | None) -> list[tuple[str, float]]:
         raise DataError(f"--prompt_data_probs {probs}: expected comma-separated numbers") from None
     if len(weights) != len(names):
         raise DataError(f"--prompt_data_probs gives {len(weights)} probabilities for {len(names)} datasets")
-    if any(not w > 0 for w in weights):  # also NaN
-        raise DataError(f"--prompt_data_probs {probs}: every probability must be > 0")
+    if any(not 0 < w < float("inf") for w in weights):  # also NaN
+        raise DataError(f"--prompt_data_probs {probs}: every probability must be > 0 and finite")
     return [(n, w / sum(weights)) for n, w in zip(names, weights, strict=True)]
 
 
