@@ -25,6 +25,7 @@ from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.launcher import (
     GroupSpec,
     create_group,
+    env_options,
     gpus_available,
     make_placement_group,
     node_of,
@@ -276,7 +277,7 @@ def rollout_max_tokens(args) -> int | None:
 def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None = None) -> dict:
     """A whole GPU per tensor-parallel rank, or with --colocate_all_models 0.3 of a policy bundle; `env`:
     environment variables of the engine's process (cpu_threads)."""
-    extra = {"runtime_env": {"env_vars": env}} if env else {}
+    extra = env_options(env)
     if not args.colocate_all_models:
         return {"num_cpus": 1, "num_gpus": args.vllm_tensor_parallel_size if use_gpu else 0, **extra}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -286,10 +287,14 @@ def engine_options(args, use_gpu: bool, actor_pg, index: int, env: dict | None =
     return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy, **extra}
 
 
+# The actor roles a run creates itself (engines may be passed in and are released only when owned).
+RUN_ACTORS = ("policy", "reference", "critic", "reward_model", "judge")
+
+
 def record_placement(groups: dict, run_dir: Path) -> dict:
     """Where every actor of the run landed ({role: [{"node_id", "ip"} per rank / engine]}), written to
     placement.json in the run directory and summarised in one line."""
-    roles = {key: groups.get(key) for key in ("policy", "reference", "critic", "reward_model", "engines", "judge")}
+    roles = {key: groups.get(key) for key in (*RUN_ACTORS, "engines")}
     placement = {role: [node_of(a) for a in actors] for role, actors in roles.items() if actors}
     (run_dir / "placement.json").write_text(json.dumps(placement, indent=1))
     summary = ", ".join(
@@ -303,7 +308,7 @@ def release_groups(groups: dict) -> None:
     """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
     from ray.util import remove_placement_group
 
-    owned = [a for key in ("policy", "reference", "critic", "reward_model", "judge") for a in (groups.get(key) or [])]
+    owned = [a for key in RUN_ACTORS for a in (groups.get(key) or [])]
     if groups.get("owned_engines"):
         owned += groups["engines"]
     for actor in owned:
@@ -316,8 +321,7 @@ def reward_function(args, plan, use_gpu: bool, groups: dict):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("model:"):
-        env = with_log_dir(None, plan)
-        extra = {"runtime_env": {"env_vars": env}} if env else {}
+        extra = env_options(with_log_dir(None, plan))
         share = 1
         if args.colocate_critic_reward:  # in the critic's first slot, beside critic rank 0
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -353,10 +357,7 @@ def selfplay_source(args, plan, groups, sampler: Sampler, use_gpu: bool):
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=args.max_len,
             cpu_kv_cache_gib=args.vllm_cpu_kvcache_gib,
         )  # fmt: skip
-        options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0}
-        env = with_log_dir(None, plan)
-        if env:
-            options["runtime_env"] = {"env_vars": env}
+        options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0, **env_options(with_log_dir(None, plan))}
         judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0, "judge")]
         groups["judge"] = judge
     return SelfPlaySource(sampler, plan.task, cfg, seed=args.seed, judge_engines=judge)

@@ -123,6 +123,11 @@ def one_host(pg: PlacementGroup) -> bool:
     return len(set(ips)) == 1
 
 
+def env_options(env: dict | None) -> dict:
+    """Ray actor options that give the actor's process these environment variables (none: {})."""
+    return {"runtime_env": {"env_vars": env}} if env else {}
+
+
 def create_group(
     cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None
 ) -> ActorGroup:
@@ -139,7 +144,5 @@ def create_group(
         bundle = bundle_of(spec, rank)
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
         options = dict(num_cpus=share, num_gpus=share if use_gpu else 0, scheduling_strategy=strategy)
-        if env:
-            options["runtime_env"] = {"env_vars": env}
-        actors.append(actor_cls.options(**options).remote(*make_args(dist)))
+        actors.append(actor_cls.options(**options, **env_options(env)).remote(*make_args(dist)))
     return ActorGroup(actors)

@@ -160,9 +160,11 @@ class PolicyWorker:
         must call it (ZeRO-3 shards are gathered first, layer by layer)."""
         from safetensors.torch import save
 
+        if self.dist.rank != 0:
+            self._join_gathers()
+            return None
         target = getattr(torch, dtype)
-        state = {name: t.to("cpu", target, copy=True).contiguous() for name, t in self._weights()}
-        return save(state) if self.dist.rank == 0 else None
+        return save({name: t.to("cpu", target, copy=True).contiguous() for name, t in self._weights()})
 
     # Collective weight sync (--vllm_sync_backend gloo|nccl, rollout/collective.py): rank 0 joins a process
     # group with every engine worker; every rank walks the weights (ZeRO-3 gathers are collective), rank 0
@@ -184,10 +186,15 @@ class PolicyWorker:
         """Broadcast the current weights to the group (rank 0) bucket by bucket; returns bytes sent (0 on the
         other ranks, which only take part in the ZeRO-3 gathers)."""
         if self.dist.rank != 0:
-            for _ in self._weights():
-                pass
+            self._join_gathers()
             return 0
         return send(self.weight_group, self._weights(), manifest, bucket_bytes, self.weight_device)
+
+    def _join_gathers(self) -> None:
+        """What a rank other than 0 does during a sync: walk the weights without copying them, so that
+        ZeRO-3's collective gathers pair up with rank 0's (a cheap loop below stage 3)."""
+        for _ in self._weights():
+            pass
 
     def _weights(self):
         """merged_weights of the model, ZeRO-3 shards gathered one block (layer) at a time."""
