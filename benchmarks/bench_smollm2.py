@@ -110,6 +110,7 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
 
 
 def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
+    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import prepare
     from reinforce_pro.cli.train_ppo_ray import parse_args
     from reinforce_pro.cli.wiring import build_and_fit
@@ -118,9 +119,9 @@ def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], 
     argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]
     if eval_steps:
         argv += ["--eval_before_training", "--eval_steps", str(eval_steps)]
-    args = parse_args(argv)
+    cfg = run_config(parse_args(argv))
     start = time.perf_counter()
-    history = build_and_fit(args, prepare(args))
+    history = build_and_fit(cfg, prepare(cfg))
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [[r["step"], r["eval/eval/pass@1"]] for r in rows if "eval/eval/pass@1" in r]

@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
 
-CONDITIONS = {  # name -> extra train_ppo_ray flags
-    "control": ["--vllm_dtype", "float32"],
-    "bf16": ["--vllm_dtype", "bfloat16"],
-    "stale1": ["--vllm_dtype", "float32", "--rollout_staleness", "1"],
-    "stale2": ["--vllm_dtype", "float32", "--rollout_staleness", "2"],
-    "stale4": ["--vllm_dtype", "float32", "--rollout_staleness", "4"],
-    "async1": ["--vllm_dtype", "float32", "--async_train", "--async_queue_size", "1"],
-    "async2": ["--vllm_dtype", "float32", "--async_train", "--async_queue_size", "2"],
+CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size; 0: synchronous)
+    "control": ("float32", 0, 0),
+    "bf16": ("bfloat16", 0, 0),
+    "stale1": ("float32", 1, 0),
+    "stale2": ("float32", 2, 0),
+    "stale4": ("float32", 4, 0),
+    "async1": ("float32", 0, 1),
+    "async2": ("float32", 0, 2),
 }
 TRAIN_CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
 SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl", "rollout/logprob_abs_diff_mean",
@@ -80,20 +80,35 @@ def warm_start(seed: int, workdir: Path) -> str:
     return str(out)
 
 
-def run_argv(pretrain: str, correction: str, condition: str, seed: int, steps: int, save: Path) -> list[str]:
-    """The embedded default's settings, made explicit (a --pretrain run gets no presets)."""
-    from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS
+def base_config(pretrain: str, seed: int, steps: int):
+    """The embedded default's run config for `pretrain`: a --pretrain run gets no presets, so they are applied
+    here to the flag defaults (the sections' own checks run in run_config)."""
+    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, parse_args
 
-    argv = []
-    for dest, value in EMBEDDED_DEFAULTS.items():
-        if dest in ("enable_vllm_is_correction", "vllm_is_correction_type", "vllm_dtype", "max_samples"):
-            continue
-        argv += [f"--{dest}", *map(str, value if isinstance(value, list) else [value])]
+    args = parse_args(["--pretrain", pretrain])
+    presets = {
+        k: v for k, v in EMBEDDED_DEFAULTS.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")
+    }
+    vars(args).update(presets, seed=seed, max_samples=32 * steps)  # the correction is each run's (run_config_for)
+    return run_config(args)
+
+
+def run_config_for(base, correction: str, condition: str, save: Path):
+    """`base` with one correction (none: IS off) under one condition, writing to `save`."""
+    from dataclasses import replace
+
+    dtype, staleness, queue = CONDITIONS[condition]
+    surrogate = replace(base.loss.surrogate, enable_vllm_is_correction=correction != "none")
     if correction != "none":
-        argv += ["--enable_vllm_is_correction", "--vllm_is_correction_type", correction]
-    argv += CONDITIONS[condition]
-    argv += ["--pretrain", pretrain, "--seed", str(seed), "--max_samples", str(32 * steps), "--save_path", str(save)]
-    return argv
+        surrogate = replace(surrogate, vllm_is_correction_type=correction)
+    return replace(
+        base,
+        loss=replace(base.loss, surrogate=surrogate),
+        engines=replace(base.engines, config=replace(base.engines.config, dtype=dtype)),
+        loop=replace(base.loop, rollout_staleness=staleness, async_train=queue > 0, async_queue_size=max(1, queue)),
+        output=replace(base.output, save_path=str(save)),
+    )
 
 
 def summarise_run(history: list[dict], wall: float) -> dict:
@@ -126,7 +141,6 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
     import ray
 
     from reinforce_pro.cli.run import prepare
-    from reinforce_pro.cli.train_ppo_ray import parse_args
     from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
     from reinforce_pro.workers.launcher import start_ray
@@ -151,7 +165,7 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
             continue
         pretrain = warm_start(seed, workdir)
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
-        dtypes = sorted({CONDITIONS[c][1] for c in conditions})  # each condition's --vllm_dtype value
+        dtypes = sorted({CONDITIONS[c][0] for c in conditions})  # each condition's engine dtype
         engines = {
             dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
             for dtype in dtypes
@@ -160,10 +174,10 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
         ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])
         for condition, correction in todo:
             print(f"[training] seed {seed} {condition} {correction}", flush=True)
-            argv = run_argv(pretrain, correction, condition, seed, steps, workdir / f"{seed}_{condition}_{correction}")
-            args = parse_args(argv)
+            save = workdir / f"{seed}_{condition}_{correction}"
+            cfg = run_config_for(base_config(pretrain, seed, steps), correction, condition, save)
             start = time.perf_counter()
-            history = build_and_fit(args, prepare(args), engines=[engines[args.vllm_dtype]])
+            history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
             runs.append({"seed": seed, "condition": condition, "correction": correction,
                          **summarise_run(history, time.perf_counter() - start)})  # fmt: skip
             if on_run is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.config import run_config
 from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, main, parse_args
 
 # CI clones the repository with shared/ beside it.
@@ -93,7 +94,7 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        pytest.param(["--vllm_is_truncated_threshold", "5", "0.5"], "0 <= LOW < HIGH, got 5.0 0.5", id="threshold"),
+        pytest.param(["--vllm_is_truncated_threshold", "5", "0.5"], "0 <= low < high, got [5.0, 0.5]", id="threshold"),
         pytest.param(["--train_batch_size", "100"], "multiple of --train_batch_size 100", id="batch-divides"),
         pytest.param(["--micro_train_batch_size", "48"], "multiple of --micro_train_batch_size 48", id="micro"),
         pytest.param(
@@ -223,12 +224,12 @@ def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeyp
     from reinforce_pro.cli import wiring
     from reinforce_pro.rewards.loader import RewardFileError
 
-    def failing(args, plan):
+    def failing(cfg, plan):
         raise RewardFileError("step 3: reward_func raised ZeroDivisionError: division by zero")
 
     monkeypatch.setattr(wiring, "build_and_fit", failing)
     args = parse_args(["--remote_rm_url", "r.py", "--pretrain", "m", "--save_path", str(tmp_path)])
-    assert run_mod.run(args, plan=None) == 2
+    assert run_mod.run(run_config(args), plan=None) == 2
     err = capsys.readouterr().err
     assert (
         err == "train_ppo_ray: error: --remote_rm_url r.py: step 3: reward_func raised ZeroDivisionError: "
@@ -325,7 +326,7 @@ def test_module_entry_point_exits_2_without_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "train_ppo_ray: error: --vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got 2.0 1.0"
+        "train_ppo_ray: error: --vllm_is_truncated_threshold must satisfy 0 <= low < high, got [2.0, 1.0]"
     ]
 
 

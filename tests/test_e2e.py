@@ -22,6 +22,7 @@ pytest.importorskip("deepspeed")
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
+from reinforce_pro.cli.config import run_config  # noqa: E402
 from reinforce_pro.cli.run import prepare  # noqa: E402
 from reinforce_pro.cli.train_ppo_ray import parse_args  # noqa: E402
 from reinforce_pro.cli.wiring import build_and_fit  # noqa: E402
@@ -82,9 +83,10 @@ def engine(tiny_model):
 
 def run(argv, tmp_path, engine, tiny_model):
     args = parse_args(BASE_ARGS + argv + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run")])
-    plan = prepare(args)
-    history = build_and_fit(args, plan, engines=[engine])
-    return args, plan, history
+    cfg = run_config(args)
+    plan = prepare(cfg)
+    history = build_and_fit(cfg, plan, engines=[engine])
+    return cfg, plan, history
 
 
 def trainer_log_probs(model_dir: str, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
@@ -99,7 +101,7 @@ def trainer_log_probs(model_dir: str, prompt_ids: list[int], response_ids: list[
 
 
 def test_reinforce_pro_run_trains_syncs_and_logs(tmp_path, engine, tiny_model, digit_reward):
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction",
          "--vllm_is_correction_type", "reinforce_pro", "--remote_rm_url", digit_reward],
         tmp_path, engine, tiny_model,
@@ -143,7 +145,7 @@ LORA_ARGS = ["--advantage_estimator", "reinforce_baseline", "--lora_rank", "4", 
 
 
 def test_lora_trains_adapters_only_and_the_engine_serves_the_merged_policy(tmp_path, engine, tiny_model, digit_reward):
-    args, plan, history = run(
+    cfg, plan, history = run(
         [*LORA_ARGS, "--remote_rm_url", digit_reward, "--lora_save_merged"], tmp_path, engine, tiny_model
     )
     assert len(history) == 3
@@ -205,11 +207,12 @@ def test_each_sync_backend_keeps_the_engine_on_the_trained_policy(
     worker, rejoined by every run) or through the object store, from two ZeRO-3 ranks that gather layer by
     layer: after every sync the engine's log-probs are the trainer's, and after the run it serves the final
     policy."""
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--vllm_sync_backend", backend, "--remote_rm_url", digit_reward, "--lora_save_merged" if "--lora_rank" in extra
          else "--save_hf_ckpt", *extra], tmp_path, engine, tiny_model,
     )  # fmt: skip
-    assert len(history) == 3 and args.sync_backend_resolved == backend
+    started = json.loads((plan.run_dir / "config.json").read_text())  # the config the run started with
+    assert len(history) == 3 and started["loop"]["sync_backend"] == backend
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in history)
     final = plan.run_dir / ("final_model_merged" if "--lora_rank" in extra else "final_model")
     from safetensors.torch import load_file
@@ -236,8 +239,9 @@ def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_pa
         "--max_samples", "16", "--samples_log_steps", "1", "--save_path", str(tmp_path / "run"),
     ]  # fmt: skip
     args = parse_args(argv)
-    plan = prepare(args)
-    history = build_and_fit(args, plan)  # engines=None: one built from the Llama, removed at the end
+    cfg = run_config(args)
+    plan = prepare(cfg)
+    history = build_and_fit(cfg, plan)  # engines=None: one built from the Llama, removed at the end
     assert len(history) == 2
     rows = read_metrics(plan.run_dir / "metrics.jsonl")
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)  # untied lm_head synced too
@@ -255,13 +259,13 @@ def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_pa
 
 
 def test_gae_with_critic_and_reference_one_step(tmp_path, engine, tiny_model, digit_reward):
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--advantage_estimator", "gae", "--remote_rm_url", digit_reward, "--init_kl_coef", "0.01",
          "--kl_estimator", "k3", "--max_samples", "8",
          "--critic_learning_rate", "1e-3", "--save_value_network"],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
-    assert args.needs_critic and args.needs_reference
+    assert cfg.needs_critic and cfg.needs_reference
     (row,) = read_metrics(plan.run_dir / "metrics.jsonl")
     assert "critic/value_loss" in row and "critic/grad_norm" in row
     assert "kl/ref_kl_mean" in row and row["kl/ref_kl_mean"] == pytest.approx(0.0, abs=1e-6)  # policy == ref at start
@@ -511,7 +515,7 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model, mode
     task.write_text(DIGIT_TASK)
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("".join(f'{{"input": "{a}+{a + 1}"}}\n' for a in range(8)))
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--absolute_zero", "--selfplay_task_path", str(task), "--prompt_data", str(seeds), "--max_samples", "8",
          "--rollout_batch_size", "4", "--n_questions_per_prompt", "3", "--advantage_estimator", "reinforce_baseline",
          "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", *ASYNC[mode]],
@@ -552,7 +556,7 @@ def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_mod
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text(HELD_OUT)
     ckpt = tmp_path / "ckpt"
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--label_key", "label",
          "--eval_dataset", str(held_out), "--eval_steps", "2", "--eval_before_training",
          "--eval_n_samples_per_prompt", "3", "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.05", "0.95",
@@ -635,7 +639,7 @@ def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine
     assert killed_at is not None and load_state(killed_at)["step"] in (2, 3)
 
     resume_dir = tmp_path / "killed"
-    args, plan, history = run(argv + ["--ckpt_path", str(ckpt), "--load_checkpoint"], resume_dir, engine, tiny_model)
+    cfg, plan, history = run(argv + ["--ckpt_path", str(ckpt), "--load_checkpoint"], resume_dir, engine, tiny_model)
     assert history[0]["step"] == load_state(killed_at)["step"] + 1
     assert (plan.run_dir / "consumed.jsonl").read_text() == want
     assert [r["step"] for r in read_metrics(plan.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
@@ -651,7 +655,7 @@ def _rows(path: Path) -> int:
 @pytest.mark.parametrize("mode", list(ASYNC))
 def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
-    args, plan, history = run(
+    cfg, plan, history = run(
         ["--agent_func_path", str(calculator), "--agent_max_turns", "3", "--advantage_estimator", "reinforce_baseline",
          "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--max_samples", "16",
          "--label_key", "label", *ASYNC[mode]],
@@ -700,7 +704,8 @@ def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, dig
     args = parse_args(argv + sized)
     assert (args.vllm_is_correction_type, args.n_samples_per_prompt, args.save_path) == (
         "reinforce_pro", 8, str(tmp_path / "run"))  # fmt: skip
-    history = build_and_fit(args, prepare(args), engines=[engine])
+    cfg = run_config(args)
+    history = build_and_fit(cfg, prepare(cfg), engines=[engine])
     assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 
 

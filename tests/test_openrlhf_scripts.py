@@ -176,11 +176,12 @@ def test_a_refusal_names_both_spellings(capsys):
 
 
 def test_critic_optimizer_follows_the_policy_unless_given():
-    from reinforce_pro.cli.wiring import optim_config
+    from reinforce_pro.cli.config import run_config
 
     args = parse_args(["--actor.adam.betas", "0.9", "0.99", "--actor.adam.weight_decay", "0.1", "--critic.max_norm",
                        "0.5", "--actor.min_lr_ratio", "0.2"])  # fmt: skip
-    actor, critic = optim_config(args, "actor", 1, 10), optim_config(args, "critic", 1, 10)
+    cfg = run_config(args)
+    actor, critic = cfg.actor_optim, cfg.critic_optim
     assert (actor.adam_betas, actor.l2, actor.max_norm, actor.min_lr_ratio) == ((0.9, 0.99), 0.1, 1.0, 0.2)
     assert (critic.adam_betas, critic.l2, critic.max_norm, critic.min_lr_ratio) == ((0.9, 0.99), 0.1, 0.5, 0.2)
     assert (actor.learning_rate, critic.learning_rate) == (args.actor_learning_rate, args.critic_learning_rate)

@@ -126,10 +126,11 @@ def test_merged_weights_gathers_one_layer_at_a_time_and_equals_the_merged_state_
 )
 def test_sync_backend_resolution(argv, use_gpu, want, capsys):
     pytest.importorskip("ray")
+    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
     from reinforce_pro.cli.wiring import sync_backend
 
-    assert sync_backend(parse_args(argv), use_gpu) == want
+    assert sync_backend(run_config(parse_args(argv)), use_gpu) == want
     notice = capsys.readouterr().out
     assert ("[weight sync]" in notice) == (want != "nccl" and not any("sync" in a for a in argv))
 

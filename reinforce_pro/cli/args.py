@@ -49,6 +49,24 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
+# dest -> why its value changes nothing. Settings of a refused feature, and launcher artefacts that OpenRLHF's
+# scripts pass: accepted so those scripts run unchanged, and docs/flags.md says why they do nothing. Every
+# other flag is read by a section of the run config (cli/config.py; tests/test_config.py checks it).
+NO_EFFECT: dict[str, str] = {
+    "local_rank": "Ray places the ranks",
+    "reward_num_nodes": "the reward model runs as one actor (one GPU, or one CPU slot) that scores each batch",
+    "reward_num_gpus_per_node": "the reward model runs as one actor (one GPU, or one CPU slot) that scores each batch",
+    "ptx_coef": "the PTX loss needs pretraining data, which train_ppo_ray takes no flag for",
+    "ema_beta": "the EMA's decay, and --enable_ema is refused",
+    "image_key": "a vision-language field, and --max_images_per_prompt is refused",
+    **{
+        f"{role}_muon_{name}": f"a Muon setting, and --{role}.optim muon is refused"
+        for role in ("actor", "critic")
+        for name in ("lr", "momentum", "ns_steps", "nesterov")
+    },
+}
+
+
 class BothSpellingsFormatter(argparse.HelpFormatter):
     """--help lists a flag's spellings once each with its value after them (`--zero_stage / --ds.zero_stage
     {0,1,2,3}`), instead of argparse's value-after-every-spelling."""
@@ -71,8 +89,8 @@ def _add_placement(p) -> None:
     g = both_spellings(
         p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
     )
-    for role, default_nodes in (("ref", 1), ("reward", 1), ("actor", 1), ("critic", 1)):
-        g.add_argument(f"--{role}_num_nodes", type=int, default=default_nodes, help=f"nodes for the {role} group")
+    for role in ("ref", "reward", "actor", "critic"):
+        g.add_argument(f"--{role}_num_nodes", type=int, default=1, help=f"nodes for the {role} group")
         g.add_argument(
             f"--{role}_num_gpus_per_node",
             type=int,
@@ -252,7 +270,7 @@ def _add_checkpoint_logging(p) -> None:
 
 def _add_deepspeed(p) -> None:
     g = both_spellings(p.add_argument_group("DeepSpeed (policy and critic)"))
-    g.add_argument("--local_rank", type=int, default=-1, help="set by launchers; ignored (Ray places the ranks)")
+    g.add_argument("--local_rank", type=int, default=-1, help="rank given by torch launchers")
     g.add_argument("--zero_stage", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage")
     g.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward")
     g.add_argument("--deepcompile", action="store_true", help="DeepSpeed compile")
@@ -342,7 +360,7 @@ def _add_training(p) -> None:
     g.add_argument("--max_samples", type=int, default=100_000_000, help="use at most this many prompts")
     g.add_argument("--max_norm", type=float, default=1.0, help="gradient clipping norm")
     g.add_argument("--l2", type=float, default=0.0, help="AdamW weight decay")
-    g.add_argument("--ptx_coef", type=float, default=0.05, help="pretraining loss coefficient (no pretrain data here)")
+    g.add_argument("--ptx_coef", type=float, default=0.05, help="pretraining (PTX) loss coefficient")
     g.add_argument("--eps_clip", type=float, default=0.2, help="PPO clip range")
     g.add_argument("--eps_clip_low_high", type=float, nargs=2, default=None, help="asymmetric PPO clip (low, high)")
     g.add_argument("--dual_clip", type=float, default=None, help="dual-clip constant (> 1)")
@@ -571,4 +589,7 @@ def build_parser() -> OneLineParser:
         _add_models_data, _add_selfplay,
     ):  # fmt: skip
         add(p)
+    for action in p._actions:
+        if action.dest in NO_EFFECT:
+            action.help = f"{action.help} (no effect: {NO_EFFECT[action.dest]})"
     return p

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.config import flag_sections
 from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS
 
 
@@ -24,6 +25,7 @@ def _default(action: argparse.Action) -> str:
 
 def render() -> str:
     parser = build_parser()
+    readers = flag_sections()
     lines = [
         "# Flags of `python -m reinforce_pro.cli.train_ppo_ray`",
         "",
@@ -31,7 +33,9 @@ def render() -> str:
         "Each setting has OpenRLHF v0.9.10's flat name and, where OpenRLHF has one, the dotted name of v0.10.2",
         "onwards (v0.11); a script may mix the two, and giving one setting twice in two spellings with different",
         "values is an error. `[reinforce_pro]` marks flags this project adds. A flag marked *refused* is",
-        "recognised, but giving it a non-default value stops with the reason shown.",
+        "recognised, but giving it a non-default value stops with the reason shown; one marked *no effect* is",
+        "accepted (OpenRLHF's scripts pass it) and its help says why it changes nothing. The *config* column names",
+        "the sections of the typed run config (`reinforce_pro/cli/config.py`: `RunConfig`) that read the flag.",
         "With no `--pretrain` and no `--prompt_data` the embedded default runs; its presets (below) fill only",
         "the flags you did not give.",
         "",
@@ -40,7 +44,8 @@ def render() -> str:
         actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
         if not actions:
             continue
-        lines += [f"## {group.title}", "", "| flat | dotted (v0.11) | default | meaning |", "|---|---|---|---|"]
+        lines += [f"## {group.title}", "", "| flat | dotted (v0.11) | default | config | meaning |"]
+        lines.append("|---|---|---|---|---|")
         for a in actions:
             flat = ", ".join(f"`{o}`" for o in a.option_strings if "." not in o)
             dotted = ", ".join(f"`{o}`" for o in a.option_strings if "." in o)
@@ -49,7 +54,8 @@ def render() -> str:
                 meaning += " Choices: " + ", ".join(f"`{c}`" for c in a.choices) + "."
             if a.dest in UNSUPPORTED:
                 meaning += f" *Refused:* {UNSUPPORTED[a.dest]}."
-            lines.append(f"| {flat} | {dotted} | {_default(a)} | {meaning} |")
+            config = ", ".join(f"`{s}`" for s in readers.get(a.dest, [])) or "-"
+            lines.append(f"| {flat} | {dotted} | {_default(a)} | {config} | {meaning} |")
         lines.append("")
     lines += ["## Embedded-default presets", "", "| flag | value |", "|---|---|"]
     lines += [f"| `--{k}` | `{v}` |" for k, v in EMBEDDED_DEFAULTS.items()]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from reinforce_pro.cli.config import Data, RunConfig
 from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 
@@ -71,41 +72,47 @@ def _check_sandbox() -> None:
         raise UserInputError(f"--selfplay_task runs model-written code, but {e}") from None
 
 
-def prepare(args) -> RunPlan:
-    for flag in ("pretrain", "critic_pretrain", "reward_pretrain", "selfplay_judge_pretrain"):
-        _check_model_dir(f"--{flag}", getattr(args, flag))
-    if args.save_path:
-        _check_output_dir("--save_path", args.save_path)
-    if args.save_steps > 0 or args.load_checkpoint:
-        _check_output_dir("--ckpt_path", args.ckpt_path)
+def prepare(cfg: RunConfig) -> RunPlan:
+    """Check every path the config names, read the prompts, build the built-in model if asked: a bad input
+    stops here, in one line, before Ray or any engine starts."""
+    models = cfg.models
+    judge = cfg.selfplay.judge_pretrain if cfg.selfplay else None
+    model_dirs = {"--pretrain": models.pretrain, "--critic_pretrain": models.critic_pretrain,
+                  "--reward_pretrain": models.reward_pretrain, "--selfplay_judge_pretrain": judge}  # fmt: skip
+    for flag, path in model_dirs.items():
+        _check_model_dir(flag, path)
+    if cfg.output.save_path:
+        _check_output_dir("--save_path", cfg.output.save_path)
+    if cfg.loop.checkpoints is not None:
+        _check_output_dir("--ckpt_path", str(cfg.loop.checkpoints.ckpt_path))
     task = None
-    if args.absolute_zero:
+    if cfg.selfplay is not None:
         from reinforce_pro.selfplay.tasks import load_task
 
         try:
-            task = load_task(args.selfplay_task, args.selfplay_task_path)
+            task = load_task(cfg.selfplay.task, cfg.selfplay.task_path)
         except ValueError as e:
             raise UserInputError(str(e)) from None
         if getattr(task, "runs_code", False):  # task files are duck-typed
             _check_sandbox()
     agent_cls = None
-    if args.agent_func_path:
+    if cfg.agent is not None:
         from reinforce_pro.agents.contract import AgentFileError, load_agent_class
 
         try:
-            agent_cls = load_agent_class(args.agent_func_path)
+            agent_cls = load_agent_class(cfg.agent.func_path)
         except AgentFileError as e:
             raise UserInputError(str(e)) from None
-    if args.remote_rm_url:
+    if models.remote_rm_url:
         try:
-            load_reward_func(args.remote_rm_url)
+            load_reward_func(models.remote_rm_url)
         except RewardFileError as e:
             raise UserInputError(str(e)) from None
-    run_dir = Path(args.save_path or f"runs/{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
+    run_dir = Path(cfg.output.save_path or f"runs/{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
     created = _first_missing(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _prepare_run_dir(args, run_dir, task, agent_cls)
+        return _prepare_run_dir(cfg, run_dir, task, agent_cls)
     except BaseException:
         if created is not None:  # a failed start leaves no half-made run directory behind (base_model/...)
             shutil.rmtree(created, ignore_errors=True)
@@ -120,109 +127,113 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _prepare_run_dir(args, run_dir: Path, task, agent_cls) -> RunPlan:
+def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
     summary: dict = {}
+    data = cfg.data
     try:  # the prompt file is read before any model is built: a bad file fails in a second, with one line
         records = None
-        if args.prompt_data:
+        if data.prompt_data:
             records = load_prompt_records(
-                args.prompt_data, args.prompt_data_probs, args.prompt_split, args.max_samples, args.seed
+                data.prompt_data, data.prompt_data_probs, data.prompt_split, data.max_samples, cfg.seed
             )
-        pretrain = args.pretrain or _tiny_model(args, run_dir, summary, task)
-        prompts = _seed_records(args, task, records) if task else _prompts(args, pretrain, records)
+        pretrain = cfg.models.pretrain or _tiny_model(cfg, run_dir, summary, task)
+        prompts = _seed_records(cfg, task, records) if task else _prompts(cfg, pretrain, records)
     except DataError as e:
         raise UserInputError(str(e)) from None
     if not prompts:
         raise UserInputError("no prompts to train on")
-    if len(prompts) < args.rollout_batch_size:
-        raise UserInputError(f"{len(prompts)} prompts, fewer than --rollout_batch_size {args.rollout_batch_size}")
+    if len(prompts) < cfg.loop.rollout_batch_size:
+        raise UserInputError(f"{len(prompts)} prompts, fewer than --rollout_batch_size {cfg.loop.rollout_batch_size}")
     if task is not None:
         source = f"selfplay:{task.name}"
-    elif args.agent_func_path:
-        source = f"agent:{Path(args.agent_func_path).resolve()}"
-    elif args.remote_rm_url:
-        source = str(Path(args.remote_rm_url).resolve())
-    elif args.reward_pretrain:
-        source = f"model:{args.reward_pretrain}"
+    elif cfg.agent is not None:
+        source = f"agent:{Path(cfg.agent.func_path).resolve()}"
+    elif cfg.models.remote_rm_url:
+        source = str(Path(cfg.models.remote_rm_url).resolve())
+    elif cfg.models.reward_pretrain:
+        source = f"model:{cfg.models.reward_pretrain}"
     else:
         source = "builtin:exact_match"
-    _check_max_len(args.max_len, pretrain)
-    (run_dir / "args.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
-    log_dir = None if args.verbose else run_dir / "logs"
+    _check_max_len(data.max_len, pretrain)
+    (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
+    log_dir = None if cfg.output.verbose else run_dir / "logs"
     return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls, log_dir)
 
 
-def _tiny_model(args, run_dir: Path, summary: dict, task=None) -> str:
+def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     """The built-in model; warm-started on the built-in task (or the self-play task's examples of both
     roles) when that is what we train on."""
     from reinforce_pro.models.tiny import build_tiny_model
     from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start, sft_warm_start
 
-    base = build_tiny_model(run_dir / "base_model", seed=args.seed)
-    examples = task.warm_start_examples(2048, seed=args.seed + 1) if task else None
-    if args.prompt_data is not None or args.sft_warmup_steps <= 0 or examples == []:
+    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed)
+    examples = task.warm_start_examples(2048, seed=cfg.seed + 1) if task else None
+    steps = cfg.models.sft_warmup_steps
+    if cfg.data.prompt_data is not None or steps <= 0 or examples == []:
         return str(base)
-    out, steps = run_dir / "warmstart", args.sft_warmup_steps
+    out = run_dir / "warmstart"
     if examples:
-        stats = sft_warm_start(base, out, examples, steps=steps, seed=args.seed)
+        stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
     else:
-        stats = arithmetic_warm_start(base, out, steps=steps, seed=args.seed)
+        stats = arithmetic_warm_start(base, out, steps=steps, seed=cfg.seed)
     summary.update(stats)
-    print(f"[warm start] {args.sft_warmup_steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
+    print(f"[warm start] {steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
     return str(run_dir / "warmstart")
 
 
-def _prompts(args, pretrain: str, records: list[dict] | None) -> list[dict]:
+def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:
     from transformers import AutoTokenizer
 
     from reinforce_pro.data.arithmetic import arithmetic_records
 
-    tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not args.disable_fast_tokenizer)
-    if args.prompt_data is None:
-        records = arithmetic_records(min(args.max_samples, 100_000), seed=args.seed)
-        spec = PromptSpec("input", "label", args.input_template, args.apply_chat_template)
+    data = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
+    if data.prompt_data is None:
+        records = arithmetic_records(min(data.max_samples, 100_000), seed=cfg.seed)
+        spec = PromptSpec("input", "label", data.input_template, data.apply_chat_template)
         source = "built-in arithmetic"
     else:
-        spec = PromptSpec(args.input_key, args.label_key, args.input_template, args.apply_chat_template)
-        source = args.prompt_data
+        spec = PromptSpec(data.input_key, data.label_key, data.input_template, data.apply_chat_template)
+        source = data.prompt_data
     prompts = build_prompts(records, spec, tokenizer, source)
-    _check_prompts_fit(prompts, tokenizer, args)
+    _check_prompts_fit(prompts, tokenizer, data)
     return prompts
 
 
-def _check_prompts_fit(prompts: list[dict], tokenizer, args) -> None:
+def _check_prompts_fit(prompts: list[dict], tokenizer, data: Data) -> None:
     """A prompt (after --prompt_max_len keeps its end) must leave room for one response token in --max_len:
     otherwise vLLM rejects it inside Ray a minute later. Only possible when prompt_max_len >= max_len, so
     only then is every prompt tokenised."""
-    if args.prompt_max_len < args.max_len:
+    if data.prompt_max_len < data.max_len:
         return
     from reinforce_pro.rollout.sampler import encode_prompt
 
     for i, p in enumerate(prompts):
-        n = len(encode_prompt(tokenizer, p["prompt"], args.prompt_max_len))
-        if n >= args.max_len:
+        n = len(encode_prompt(tokenizer, p["prompt"], data.prompt_max_len))
+        if n >= data.max_len:
             raise UserInputError(
-                f"prompt {i} is {n} tokens (after --prompt_max_len {args.prompt_max_len}), leaving no room for a "
-                f"response in --max_len {args.max_len}: raise --max_len or lower --prompt_max_len"
+                f"prompt {i} is {n} tokens (after --prompt_max_len {data.prompt_max_len}), leaving no room for a "
+                f"response in --max_len {data.max_len}: raise --max_len or lower --prompt_max_len"
             )
 
 
-def _seed_records(args, task, records: list[dict] | None) -> list[dict]:
+def _seed_records(cfg: RunConfig, task, records: list[dict] | None) -> list[dict]:
     """Self-play seeds: --prompt_data records as they are (the task reads them), or the task's own."""
-    if args.prompt_data is None:
-        return task.seed_records(min(args.max_samples, 100_000), seed=args.seed)
+    if cfg.data.prompt_data is None:
+        return task.seed_records(min(cfg.data.max_samples, 100_000), seed=cfg.seed)
     return records
 
 
-def run(args, plan: RunPlan) -> int:
+def run(cfg: RunConfig, plan: RunPlan) -> int:
     from reinforce_pro.cli.wiring import build_and_fit
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        history = build_and_fit(args, plan)
+        history = build_and_fit(cfg, plan)
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
-        where = f"--remote_rm_url {args.remote_rm_url}: " if args.remote_rm_url else ""
+        url = cfg.models.remote_rm_url
+        where = f"--remote_rm_url {url}: " if url else ""
         print(f"train_ppo_ray: error: {where}{e}", file=sys.stderr)
         return 2
     except UserInputError as e:  # known only once Ray says what the machine has (e.g. GPU-only flags)

@@ -16,7 +16,6 @@ import argparse
 import math
 import sys
 import warnings
-from datetime import datetime
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
@@ -93,8 +92,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if problem:
         parser.error(problem)
-    finalize(args)
+    warn_about_combinations(args)
+    if problem := config_problem(args):
+        parser.error(problem)
     return args
+
+
+def config_problem(args) -> str | None:
+    """What a section of the run config refuses (each section checks its own values: cli/config.py), worded
+    with the flag: `dual_clip must be > 1.0 ...` becomes `--dual_clip must be > 1.0 ...`."""
+    from reinforce_pro.cli.config import run_config
+
+    try:
+        run_config(args)
+    except ValueError as e:
+        message = str(e)
+        return f"--{message}" if hasattr(args, message.split(" ", 1)[0]) else message
+    return None
 
 
 def unsupported_flag(args, parser) -> str | None:
@@ -117,7 +131,6 @@ def template_problem(template: str) -> str | None:
 
 def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
-    low, high = args.vllm_is_truncated_threshold
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
                 "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
@@ -158,16 +171,11 @@ def invalid_combination(args) -> str | None:
         return f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {args.vllm_sync_backend}"
     if args.vllm_sync_backend == "gloo" and not args.vllm_sync_with_ray and args.rollout_staleness > 0:
         return "--rollout_staleness serves older weights, which only --vllm_sync_backend object_store keeps"
-    if args.vllm_sync_bucket_mb <= 0:
-        return f"--vllm_sync_bucket_mb must be > 0, got {args.vllm_sync_bucket_mb}"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [
-        (0 <= low < high, f"--vllm_is_truncated_threshold must satisfy 0 <= LOW < HIGH, got {low} {high}"),
-        (args.dual_clip is None or args.dual_clip > 1, f"--dual_clip must be > 1, got {args.dual_clip}"),
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
-        (args.vllm_num_engines is None or args.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
         (
             args.advantage_estimator not in GROUP_ESTIMATORS or args.n_samples_per_prompt >= 2,
             f"--advantage_estimator {args.advantage_estimator} compares samples of a prompt: "
@@ -312,20 +320,9 @@ def invalid_selfplay(args) -> str | None:
     return next((msg for ok, msg in checks if not ok), None)
 
 
-def finalize(args) -> None:
-    """Derived values, written down once (each one is documented in the flag's help)."""
-    if args.eps_clip_low_high is None:
-        args.eps_clip_low_high = [args.eps_clip, args.eps_clip]
-    if args.vllm_num_engines is None:
-        args.vllm_num_engines = 1
-    if args.max_new_tokens is None:
-        args.max_new_tokens = 1024
-    if args.partial_rollout and args.partial_rollout_chunk is None:
-        args.partial_rollout_chunk = max(1, args.max_new_tokens // 4)
-    if args.wandb_run_name is None:
-        args.wandb_run_name = f"ppo_{datetime.now().strftime('%m%dT%H:%M')}"
-    args.needs_reference = args.init_kl_coef > 0 or args.use_kl_loss
-    args.needs_critic = args.advantage_estimator == "gae"
+def warn_about_combinations(args) -> None:
+    """Warnings about flag combinations that run but may not mean what the user expects. (Values derived from
+    flags, such as an unset --eps_clip_low_high or --max_new_tokens, are derived in cli/config.py.)"""
     if args.enable_vllm_is_correction and (args.top_p < 1 or args.top_k > 0):
         warnings.warn(
             "IS correction with --top_p < 1 or --top_k: the engine's log-probs are of the truncated "
@@ -335,15 +332,16 @@ def finalize(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import UserInputError, prepare, run
 
+    cfg = run_config(parse_args(argv))
     try:
-        plan = prepare(args)
+        plan = prepare(cfg)
     except UserInputError as e:
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)
         return 2
-    return run(args, plan)
+    return run(cfg, plan)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class CheckpointConfig:
     max_ckpt_mem: float = float("inf")  # GB
     save_hf_ckpt: bool = False
     disable_ds_ckpt: bool = False
+    resume: bool = False  # --load_checkpoint: start from the latest complete checkpoint in ckpt_path
 
 
 @dataclass

@@ -1,0 +1,495 @@
+"""The run's typed config: the flags, read once, as the dataclasses the workers, sources and trainer take.
+
+    flags (cli/args.py) -> run_config(args) -> RunConfig -> prepare (cli/run.py) -> build_and_fit (cli/wiring.py)
+
+`RunConfig` has one section per concern, and each section is built by one function of `SECTIONS` whose
+parameters are named after the flags it reads (their argparse dests). The table "flag -> section" is
+therefore the builders' signatures: `flag_sections()` derives it, docs/flags.md prints it, and
+tests/test_config.py checks that every flag is read by some section, refused (args.UNSUPPORTED) or listed
+with why it has no effect (args.NO_EFFECT); nothing is accepted and silently ignored.
+
+A section dataclass carries its own defaults and checks (`LossSettings.__post_init__` is the one check of
+the IS band, `KLSettings` of the adaptive KL pair, ...); parse_args builds the config once so those checks
+end a bad command line in one line. Checks across sections (batch sizes against ranks, flags that need
+each other) stay in train_ppo_ray.py, which words them in flags.
+
+Values only known once the run starts are filled in by cli/wiring.start_config with dataclasses.replace:
+the policy's starting weights (after the warm start: `Engines.config.model_path`), the optimizer's step
+count (`OptimConfig.total_steps`, from the number of prompts), the weight-sync backend the machine allows
+(`LoopConfig.sync_backend`) and the run directory; the loop's copies of engine settings (`sync_dtype`, ...)
+are taken from the engines section there, so each is set in one place.
+"""
+
+from __future__ import annotations
+
+import inspect
+from argparse import Namespace
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.algos.losses import LossSettings
+from reinforce_pro.models.lora import LoraSettings
+from reinforce_pro.rollout.sampler import RolloutConfig
+from reinforce_pro.rollout.vllm_engine import EngineConfig
+from reinforce_pro.selfplay.controller import SelfPlayConfig
+from reinforce_pro.trainer.logger import WandbConfig
+from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
+from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.launcher import GroupSpec
+from reinforce_pro.workers.policy import PolicyLossConfig
+
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULT_MAX_NEW_TOKENS = 1024  # --max_new_tokens unset (OpenRLHF's default)
+
+
+@dataclass(frozen=True)
+class Placement:
+    actor: GroupSpec
+    ref: GroupSpec
+    critic: GroupSpec
+    colocate_actor_ref: bool = False  # reference ranks on the policy's bundles
+    colocate_critic_reward: bool = False  # the reward model in the critic's first bundle
+    colocate_all_models: bool = False  # policy, reference and engines share the policy's bundles
+
+
+@dataclass(frozen=True)
+class Engines:
+    count: int
+    config: EngineConfig  # model_path: filled in once the starting weights exist
+    sync_backend: str = "nccl"  # as asked (object_store with --vllm_sync_with_ray); resolved per machine
+    sync_bucket_mb: float = 256.0
+    sleep_flags: tuple[str, ...] = ()  # --vllm_enable_sleep / --deepspeed_enable_sleep as given
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"vllm_num_engines must be >= 1, got {self.count}")
+        if self.sync_bucket_mb <= 0:
+            raise ValueError(f"vllm_sync_bucket_mb must be > 0, got {self.sync_bucket_mb}")
+
+
+@dataclass(frozen=True)
+class Forward:
+    """How the log-prob / value forwards that score a rollout are cut (policy, reference, critic)."""
+
+    attn_implementation: str
+    micro_batch_size: int  # rows per forward
+    max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
+    packing_samples: bool = False
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    init_coef: float = 0.01
+    target: float | None = None  # None: a fixed coefficient
+    horizon: int = 10000
+
+    def __post_init__(self) -> None:
+        if self.init_coef < 0:
+            raise ValueError(f"init_kl_coef must be >= 0, got {self.init_coef}")
+        if self.target is not None and not (self.target > 0 and self.horizon > 0):
+            raise ValueError(f"kl_target and kl_horizon must be > 0 for the adaptive KL, got {self.target}, "
+                             f"{self.horizon}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Models:
+    pretrain: str | None  # None: the built-in tiny model (prepare builds it and fills Engines.config)
+    critic_pretrain: str | None = None  # None: the policy's starting weights
+    reward_pretrain: str | None = None
+    remote_rm_url: str | None = None
+    value_head_prefix: str = "score"
+    value_clip: float = 0.5
+    sft_warmup_steps: int = 200  # the built-in model's warm start
+    disable_fast_tokenizer: bool = False
+    lora: LoraSettings | None = None
+    lora_save_merged: bool = False
+    save_value_network: bool = False
+
+
+@dataclass(frozen=True)
+class Data:
+    prompt_data: str | None  # None: built-in prompts (arithmetic, or the self-play task's seeds)
+    prompt_data_probs: str | None = None
+    prompt_split: str = "train"
+    max_samples: int = 100_000_000
+    input_key: str = "input"
+    label_key: str | None = None
+    input_template: str | None = None
+    apply_chat_template: bool = False
+    prompt_max_len: int = 1024
+    max_len: int = 2048
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    dataset: str
+    split: str = "train"
+    n_samples_per_prompt: int = 4
+    temperature: float = 0.6
+
+
+@dataclass(frozen=True)
+class SelfPlay:
+    task: str
+    task_path: str | None
+    judge_pretrain: str | None
+    config: SelfPlayConfig  # weights: the flags' safety / completion weights; the task's own are merged in
+
+
+@dataclass(frozen=True)
+class Agent:
+    func_path: str  # the user's file defining AgentInstance
+    config: AgentConfig
+
+
+@dataclass(frozen=True)
+class Output:
+    save_path: str | None  # None: ./runs/<time>
+    verbose: bool = False
+    tensorboard: str | None = None
+    wandb: WandbConfig | None = None  # its `config` is the run's config, filled in at start
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int
+    placement: Placement
+    engines: Engines
+    forward: Forward
+    actor_optim: OptimConfig
+    critic_optim: OptimConfig
+    loss: PolicyLossConfig
+    kl: KLSettings
+    rollout: RolloutConfig
+    loop: LoopConfig
+    models: Models
+    data: Data
+    evaluation: Evaluation | None
+    selfplay: SelfPlay | None
+    agent: Agent | None
+    output: Output
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.init_coef > 0 or self.loss.use_kl_loss
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.rollout.advantage_estimator == "gae"
+
+    def as_dict(self) -> dict:
+        """JSON-ready (config.json, wandb), never the wandb key."""
+        out = asdict(self)
+        if out["output"]["wandb"]:
+            out["output"]["wandb"] = {k: v for k, v in out["output"]["wandb"].items() if k not in ("key", "config")}
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ sections
+# Each builder's parameters are flag dests; run_config passes exactly those.
+
+
+def seed(seed):
+    return seed
+
+
+def placement(
+    actor_num_nodes, actor_num_gpus_per_node, ref_num_nodes, ref_num_gpus_per_node, critic_num_nodes,
+    critic_num_gpus_per_node, colocate_actor_ref, colocate_critic_reward, colocate_all_models,
+) -> Placement:  # fmt: skip
+    return Placement(
+        GroupSpec("actor", actor_num_nodes, actor_num_gpus_per_node),
+        GroupSpec("ref", ref_num_nodes, ref_num_gpus_per_node),
+        GroupSpec("critic", critic_num_nodes, critic_num_gpus_per_node),
+        colocate_actor_ref, colocate_critic_reward, colocate_all_models,
+    )  # fmt: skip
+
+
+def engine_dtype(vllm_dtype: str, param_dtype: str) -> str:
+    """--vllm_dtype, where auto means the trainer's --param_dtype."""
+    return VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
+
+
+def engines(
+    vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, seed, vllm_gpu_memory_utilization,
+    enforce_eager, enable_prefix_caching, max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray,
+    vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep,
+) -> Engines:  # fmt: skip
+    config = EngineConfig(
+        model_path="",
+        dtype=engine_dtype(vllm_dtype, param_dtype),
+        seed=seed,
+        tensor_parallel_size=vllm_tensor_parallel_size,
+        gpu_memory_utilization=vllm_gpu_memory_utilization,
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=enable_prefix_caching,
+        max_model_len=max_len,
+        cpu_kv_cache_gib=vllm_cpu_kvcache_gib,
+    )
+    sleep = {"vllm_enable_sleep": vllm_enable_sleep, "deepspeed_enable_sleep": deepspeed_enable_sleep}
+    return Engines(
+        count=1 if vllm_num_engines is None else vllm_num_engines,  # unset: one engine
+        config=config,
+        sync_backend="object_store" if vllm_sync_with_ray else vllm_sync_backend,
+        sync_bucket_mb=vllm_sync_bucket_mb,
+        sleep_flags=tuple(flag for flag, on in sleep.items() if on),
+    )
+
+
+def forward(
+    attn_implementation, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu,
+    train_max_tokens_per_gpu, packing_samples,
+) -> Forward:  # fmt: skip
+    # OpenRLHF: the scoring forwards' budget is twice the training one when not given
+    budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
+    return Forward(attn_implementation, micro_rollout_batch_size, budget, packing_samples)
+
+
+def _optim(world: int, **settings) -> OptimConfig:
+    micro, batch = settings["micro_batch_size"], settings.pop("train_batch_size")
+    return OptimConfig(**settings, grad_accum_steps=batch // (micro * world))
+
+
+def actor_optim(
+    actor_learning_rate, adam_betas, adam_eps, l2, lr_scheduler, lr_warmup_ratio, min_lr_ratio, max_norm,
+    zero_stage, param_dtype, adam_offload, overlap_comm, gradient_checkpointing,
+    gradient_checkpointing_use_reentrant, micro_train_batch_size, train_batch_size, actor_num_nodes,
+    actor_num_gpus_per_node,
+) -> OptimConfig:  # fmt: skip
+    return _optim(
+        actor_num_nodes * actor_num_gpus_per_node, learning_rate=actor_learning_rate, adam_betas=tuple(adam_betas),
+        adam_eps=adam_eps, l2=l2, lr_scheduler=lr_scheduler, lr_warmup_ratio=lr_warmup_ratio,
+        min_lr_ratio=min_lr_ratio, max_norm=max_norm, zero_stage=zero_stage, param_dtype=param_dtype,
+        adam_offload=adam_offload, overlap_comm=overlap_comm, gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing_use_reentrant=gradient_checkpointing_use_reentrant,
+        micro_batch_size=micro_train_batch_size, train_batch_size=train_batch_size,
+    )  # fmt: skip
+
+
+def critic_optim(
+    critic_learning_rate, adam_betas, critic_adam_betas, adam_eps, critic_adam_eps, l2, critic_l2, lr_scheduler,
+    critic_lr_scheduler, lr_warmup_ratio, critic_lr_warmup_ratio, min_lr_ratio, critic_min_lr_ratio, max_norm,
+    critic_max_norm, zero_stage, param_dtype, adam_offload, overlap_comm, gradient_checkpointing,
+    gradient_checkpointing_use_reentrant, micro_train_batch_size, train_batch_size, critic_num_nodes,
+    critic_num_gpus_per_node,
+) -> OptimConfig:  # fmt: skip
+    """The critic's dotted-only settings (--critic.adam.betas, ...) left unset follow the policy's, as
+    v0.9.10's shared flags did."""
+
+    def own(critic_value, policy_value):
+        return policy_value if critic_value is None else critic_value
+
+    return _optim(
+        critic_num_nodes * critic_num_gpus_per_node, learning_rate=critic_learning_rate,
+        adam_betas=tuple(own(critic_adam_betas, adam_betas)), adam_eps=own(critic_adam_eps, adam_eps),
+        l2=own(critic_l2, l2), lr_scheduler=own(critic_lr_scheduler, lr_scheduler),
+        lr_warmup_ratio=own(critic_lr_warmup_ratio, lr_warmup_ratio),
+        min_lr_ratio=own(critic_min_lr_ratio, min_lr_ratio), max_norm=own(critic_max_norm, max_norm),
+        zero_stage=zero_stage, param_dtype=param_dtype, adam_offload=adam_offload, overlap_comm=overlap_comm,
+        gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing_use_reentrant=gradient_checkpointing_use_reentrant,
+        micro_batch_size=micro_train_batch_size, train_batch_size=train_batch_size,
+    )  # fmt: skip
+
+
+def loss(
+    eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
+    vllm_is_truncated_threshold, vllm_is_correction_type, use_kl_loss, kl_estimator, init_kl_coef,
+    entropy_loss_coef, temperature,
+) -> PolicyLossConfig:  # fmt: skip
+    low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
+    surrogate = LossSettings(
+        clip_eps_low=low,
+        clip_eps_high=high,
+        dual_clip=dual_clip,
+        policy_loss_type=policy_loss_type,
+        enable_vllm_is_correction=enable_vllm_is_correction,
+        vllm_is_truncated_threshold=tuple(vllm_is_truncated_threshold),
+        vllm_is_correction_type=vllm_is_correction_type,
+    )
+    return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, init_kl_coef, entropy_loss_coef, temperature)
+
+
+def kl(init_kl_coef, kl_target, kl_horizon) -> KLSettings:
+    return KLSettings(init_kl_coef, kl_target, kl_horizon)
+
+
+def rollout(
+    n_samples_per_prompt, prompt_max_len, max_new_tokens, max_len, temperature, top_p, top_k, advantage_estimator,
+    gamma, lambd, no_advantage_std_norm, reward_clip_range, reward_nan_policy, overlong_buffer_len,
+    overlong_penalty_factor, stop_properly_penalty_coef, normalize_reward, kl_estimator, use_kl_loss,
+) -> RolloutConfig:  # fmt: skip
+    return RolloutConfig(
+        n_samples_per_prompt=n_samples_per_prompt,
+        prompt_max_len=prompt_max_len,
+        max_new_tokens=min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        advantage_estimator=advantage_estimator,
+        gamma=gamma,
+        lambd=lambd,
+        std_norm=not no_advantage_std_norm,
+        reward_clip_range=tuple(reward_clip_range),
+        reward_nan_policy=reward_nan_policy,
+        overlong_buffer_len=overlong_buffer_len,
+        overlong_penalty_factor=overlong_penalty_factor,
+        stop_properly_penalty_coef=stop_properly_penalty_coef,
+        normalize_reward=normalize_reward,
+        kl_estimator=kl_estimator,
+        use_kl_loss=use_kl_loss,
+    )
+
+
+def loop(
+    num_episodes, rollout_batch_size, train_batch_size, micro_train_batch_size, use_dynamic_batch,
+    train_max_tokens_per_gpu, packing_samples, max_epochs, freezing_actor_steps, logging_steps, seed,
+    rollout_staleness, dynamic_filtering,
+    dynamic_filtering_reward_range, eval_steps, eval_before_training, samples_log_steps, recompute_old_log_probs,
+    async_train, async_queue_size, partial_rollout, partial_rollout_chunk, max_new_tokens, best_metric_key,
+    save_steps, load_checkpoint, ckpt_path, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
+) -> LoopConfig:  # fmt: skip
+    checkpoints = None
+    if save_steps > 0 or load_checkpoint:
+        checkpoints = CheckpointConfig(
+            Path(ckpt_path).resolve(),
+            save_steps,
+            max_ckpt_num,
+            max_ckpt_mem,
+            save_hf_ckpt,
+            disable_ds_ckpt,
+            resume=load_checkpoint,
+        )
+    chunk = None
+    if partial_rollout:  # default chunk: a quarter of the response budget
+        chunk = partial_rollout_chunk or max(1, (max_new_tokens or DEFAULT_MAX_NEW_TOKENS) // 4)
+    return LoopConfig(
+        num_episodes=num_episodes,
+        rollout_batch_size=rollout_batch_size,
+        train_batch_size=train_batch_size,
+        micro_train_batch_size=micro_train_batch_size,
+        train_max_tokens=train_max_tokens_per_gpu if use_dynamic_batch else None,
+        packing_samples=packing_samples,
+        max_epochs=max_epochs,
+        freezing_actor_steps=freezing_actor_steps,
+        logging_steps=logging_steps,
+        seed=seed,
+        rollout_staleness=rollout_staleness,
+        dynamic_filtering_reward_range=tuple(dynamic_filtering_reward_range) if dynamic_filtering else None,
+        eval_steps=eval_steps,
+        eval_before_training=eval_before_training,
+        samples_log_steps=samples_log_steps,
+        recompute_old_log_probs=recompute_old_log_probs,
+        async_train=async_train,
+        async_queue_size=async_queue_size,
+        partial_rollout_chunk=chunk,
+        best_metric_key=best_metric_key or None,
+        # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
+        checkpoints=checkpoints,
+    )
+
+
+def models(
+    pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
+    disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
+    save_value_network,
+) -> Models:  # fmt: skip
+    lora_settings = LoraSettings(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
+    return Models(
+        pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
+        disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network,
+    )  # fmt: skip
+
+
+def data(
+    prompt_data, prompt_data_probs, prompt_split, max_samples, input_key, label_key, input_template,
+    apply_chat_template, prompt_max_len, max_len,
+) -> Data:  # fmt: skip
+    return Data(
+        prompt_data, prompt_data_probs, prompt_split, max_samples, input_key, label_key, input_template,
+        apply_chat_template, prompt_max_len, max_len,
+    )  # fmt: skip
+
+
+def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) -> Evaluation | None:
+    return Evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) if eval_dataset else None
+
+
+def selfplay(
+    absolute_zero, selfplay_task, selfplay_task_path, selfplay_judge_pretrain, n_questions_per_prompt,
+    n_samples_per_prompt, max_repropose_attempts, proposer_train_scope, safety_reward_weight,
+    task_completion_weight, format_reward_coef, proposer_reward_coef,
+) -> SelfPlay | None:  # fmt: skip
+    if not absolute_zero:
+        return None
+    config = SelfPlayConfig(
+        n_questions_per_prompt=n_questions_per_prompt,
+        n_samples_per_prompt=n_samples_per_prompt,
+        max_repropose_attempts=max_repropose_attempts,
+        proposer_train_scope=proposer_train_scope,
+        weights={"safety": safety_reward_weight, "completion": task_completion_weight},
+        format_reward_coef=format_reward_coef,
+        proposer_reward_coef=proposer_reward_coef,
+    )
+    return SelfPlay(selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config)
+
+
+def agent(agent_func_path, agent_max_turns, max_len, prompt_max_len, agent_reward_mode) -> Agent | None:
+    if not agent_func_path:
+        return None
+    return Agent(agent_func_path, AgentConfig(agent_max_turns, max_len, prompt_max_len, agent_reward_mode))
+
+
+def output(
+    save_path, verbose, use_tensorboard, use_wandb, wandb_project, wandb_group, wandb_run_name, wandb_org
+) -> Output:
+    wandb = None
+    if use_wandb:
+        run_name = wandb_run_name or f"ppo_{datetime.now().strftime('%m%dT%H:%M')}"
+        wandb = WandbConfig(use_wandb, wandb_project, wandb_group, run_name, wandb_org, {})
+    return Output(save_path, verbose, use_tensorboard, wandb)
+
+
+# RunConfig field -> its builder, in RunConfig's order
+SECTIONS = {
+    "seed": seed,
+    "placement": placement,
+    "engines": engines,
+    "forward": forward,
+    "actor_optim": actor_optim,
+    "critic_optim": critic_optim,
+    "loss": loss,
+    "kl": kl,
+    "rollout": rollout,
+    "loop": loop,
+    "models": models,
+    "data": data,
+    "evaluation": evaluation,
+    "selfplay": selfplay,
+    "agent": agent,
+    "output": output,
+}
+
+
+def flags_of(builder) -> tuple[str, ...]:
+    return tuple(inspect.signature(builder).parameters)
+
+
+def flag_sections() -> dict[str, list[str]]:
+    """flag dest -> the RunConfig sections that read it (docs/flags.md's "config" column)."""
+    table: dict[str, list[str]] = {}
+    for section, builder in SECTIONS.items():
+        for flag in flags_of(builder):
+            table.setdefault(flag, []).append(section)
+    return table
+
+
+def run_config(args: Namespace) -> RunConfig:
+    """The one place that reads the namespace for the run. Raises ValueError from a section's own checks."""
+    return RunConfig(**{name: build(**flag_values(args, build)) for name, build in SECTIONS.items()})
+
+
+def flag_values(args: Namespace, builder) -> dict:
+    return {flag: getattr(args, flag) for flag in flags_of(builder)}

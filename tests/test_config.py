@@ -1,0 +1,100 @@
+"""cli/config.py: one typed run config, read from the flags once.
+
+Every flag is read by a section, refused, or listed with why it has no effect; the sections' defaults are the
+flags' defaults; a section's own check ends a bad command line in one line; the IS benchmark's typed configs
+are the ones the equivalent command lines give.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from reinforce_pro.algos.losses import LossSettings
+from reinforce_pro.cli.args import NO_EFFECT, UNSUPPORTED, build_parser
+from reinforce_pro.cli.config import SECTIONS, KLSettings, RunConfig, flag_sections, run_config
+from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, parse_args
+from reinforce_pro.rollout.sampler import RolloutConfig
+from reinforce_pro.workers.base import OptimConfig
+
+
+def _dests() -> set[str]:
+    return {a.dest for a in build_parser()._actions if a.dest != "help"}
+
+
+def test_every_flag_is_read_by_a_section_refused_or_without_effect():
+    read, refused, inert = set(flag_sections()), set(UNSUPPORTED), set(NO_EFFECT)
+    assert read <= _dests(), f"builders read names that are not flags: {sorted(read - _dests())}"
+    assert not read & refused and not read & inert and not refused & inert
+    assert _dests() == read | refused | inert, f"accepted and ignored: {sorted(_dests() - read - refused - inert)}"
+
+
+def test_sections_are_runconfig_fields_in_order():
+    assert list(SECTIONS) == list(RunConfig.__dataclass_fields__)
+
+
+def test_section_defaults_are_the_flag_defaults():
+    """A run with no presets (--pretrain given) gets exactly the dataclasses' own defaults for the loss, KL and
+    rollout, and the optimizer's but for the accumulation (which follows the 8 default ranks)."""
+    cfg = run_config(parse_args(["--pretrain", "m"]))
+    assert cfg.loss.surrogate == LossSettings()
+    assert cfg.kl == KLSettings()
+    assert cfg.rollout == RolloutConfig()
+    assert cfg.actor_optim == replace(OptimConfig(), grad_accum_steps=128 // (4 * 8))
+    assert cfg.critic_optim == replace(cfg.actor_optim, learning_rate=9e-6)
+
+
+def test_derived_values_are_derived_once():
+    cfg = run_config(parse_args(["--pretrain", "m", "--max_len", "512", "--eps_clip", "0.1", "--partial_rollout",
+                                 "--async_train"]))  # fmt: skip
+    assert (cfg.loss.surrogate.clip_eps_low, cfg.loss.surrogate.clip_eps_high) == (0.1, 0.1)
+    assert cfg.rollout.max_new_tokens == 511  # unset 1024, capped by the context
+    assert cfg.loop.partial_rollout_chunk == 256  # a quarter of the unset 1024
+    assert cfg.engines.count == 1 and cfg.engines.sync_backend == "nccl"
+    asym = run_config(parse_args(["--pretrain", "m", "--eps_clip_low_high", "0.2", "0.28", "--vllm_sync_with_ray"]))
+    assert (asym.loss.surrogate.clip_eps_low, asym.loss.surrogate.clip_eps_high) == (0.2, 0.28)
+    assert asym.engines.sync_backend == "object_store"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        pytest.param(["--kl_target", "-1"], "--kl_target and kl_horizon must be > 0", id="kl-target"),
+        pytest.param(["--init_kl_coef", "-0.1"], "--init_kl_coef must be >= 0, got -0.1", id="kl-coef"),
+        pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1.0", id="dual-clip"),
+        pytest.param(["--vllm_num_engines", "0"], "--vllm_num_engines must be >= 1, got 0", id="engines"),
+        pytest.param(["--vllm_sync_bucket_mb", "0"], "--vllm_sync_bucket_mb must be > 0", id="bucket"),
+    ],
+)
+def test_a_section_check_is_one_line_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_no_effect_flags_say_so_in_help():
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    assert all(f"(no effect: {why})" in helps[dest] for dest, why in NO_EFFECT.items())
+
+
+def test_the_is_benchmark_builds_the_config_the_command_line_gives(tmp_path):
+    """compare_is_correction.py varies typed sections instead of argv strings; the result is the config of
+    the equivalent command line (embedded presets written out, plus the condition's flags)."""
+    from benchmarks.compare_is_correction import base_config, run_config_for
+
+    preset = []
+    for dest, value in EMBEDDED_DEFAULTS.items():
+        if dest not in ("enable_vllm_is_correction", "vllm_is_correction_type", "vllm_dtype", "max_samples"):
+            preset += [f"--{dest}", *map(str, value if isinstance(value, list) else [value])]
+    common = ["--pretrain", "m", "--seed", "3", "--max_samples", str(32 * 10), "--save_path", str(tmp_path)]
+    cases = {
+        ("reinforce_pro", "bf16"): ["--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
+                                    "--vllm_dtype", "bfloat16"],
+        ("none", "stale2"): ["--vllm_dtype", "float32", "--rollout_staleness", "2"],
+        ("icepop", "async2"): ["--enable_vllm_is_correction", "--vllm_is_correction_type", "icepop",
+                               "--vllm_dtype", "float32", "--async_train", "--async_queue_size", "2"],
+    }  # fmt: skip
+    base = base_config("m", seed=3, steps=10)
+    for (correction, condition), flags in cases.items():
+        want = run_config(parse_args(preset + common + flags))
+        assert run_config_for(base, correction, condition, tmp_path) == want, (correction, condition)
