@@ -80,6 +80,8 @@ def train(run_dir: Path, inputs, extra: list[str], address: str | None) -> list[
     engine_log = "".join(p.read_text() for p in (run_dir / "logs").glob("engine*.log"))
     reloads = "Reloading and processing weights"
     assert (reloads in console, reloads in engine_log) == ((True, False) if "--verbose" in extra else (False, True))
+    ray_info = "Started a local Ray instance" in console or "Connected to Ray cluster" in console
+    assert ray_info == ("--verbose" in extra)  # Ray's own INFO lines too
     assert "RL steps" in console and "[done]" in console
     return read_metrics(run_dir / "metrics.jsonl")
 

@@ -344,7 +344,7 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
     (the end-to-end tests) share already-started rollout engines."""
     from transformers import AutoTokenizer
 
-    start_ray(logical_cpus(cfg))
+    start_ray(logical_cpus(cfg), quiet=not cfg.output.verbose)
     use_gpu = gpus_available()
     check_sleep_flags(cfg, use_gpu)
     cfg = start_config(cfg, plan, use_gpu)

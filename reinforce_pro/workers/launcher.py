@@ -13,6 +13,7 @@ bundles, each actor taking a fraction of a slot.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -27,13 +28,16 @@ from reinforce_pro.workers.base import DistInfo
 from reinforce_pro.workers.group import ActorGroup
 
 
-def start_ray(logical_cpus: int) -> None:
+def start_ray(logical_cpus: int, quiet: bool = False) -> None:
     """Join the cluster in RAY_ADDRESS (ray job submit sets it) or start a local one on 127.0.0.1 (the
-    loopback settings were put in the environment when the package was imported: reinforce_pro/ray_env.py)."""
+    loopback settings were put in the environment when the package was imported: reinforce_pro/ray_env.py).
+    `quiet`: Ray's own INFO lines ("Started a local Ray instance", "Connecting to existing Ray cluster") stay
+    off the console; its warnings and errors do not."""
     if ray.is_initialized():
         return
+    level = logging.WARNING if quiet else logging.INFO
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, logging_level=level)
         return
     # address="local": always a new cluster. Without it ray.init() joins whatever `ray start` last wrote
     # to /tmp/ray/ray_current_cluster, and fails (or joins a stranger's cluster) when that file is stale.
@@ -44,6 +48,7 @@ def start_ray(logical_cpus: int) -> None:
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
+        logging_level=level,
     )
 
 
