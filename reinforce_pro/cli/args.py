@@ -54,8 +54,8 @@ UNSUPPORTED: dict[str, str] = {
 # other flag is read by a section of the run config (cli/config.py; tests/test_config.py checks it).
 NO_EFFECT: dict[str, str] = {
     "local_rank": "Ray places the ranks",
-    "reward_num_nodes": "the reward model runs as one actor (one GPU, or one CPU slot) that scores each batch",
-    "reward_num_gpus_per_node": "the reward model runs as one actor (one GPU, or one CPU slot) that scores each batch",
+    "reward_num_nodes": "the reward model is one actor, on one GPU or CPU slot, scoring each batch",
+    "reward_num_gpus_per_node": "the reward model is one actor, on one GPU or CPU slot, scoring each batch",
     "ptx_coef": "the PTX loss needs pretraining data, which train_ppo_ray takes no flag for",
     "ema_beta": "the EMA's decay, and --enable_ema is refused",
     "image_key": "a vision-language field, and --max_images_per_prompt is refused",
@@ -90,12 +90,13 @@ def _add_placement(p) -> None:
         p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
     )
     for role in ("ref", "reward", "actor", "critic"):
+        ranks = "reward-model GPUs" if role == "reward" else f"{role} data-parallel ranks"
         g.add_argument(f"--{role}_num_nodes", type=int, default=1, help=f"nodes for the {role} group")
         g.add_argument(
             f"--{role}_num_gpus_per_node",
             type=int,
             default=8,
-            help=f"{role} data-parallel ranks per node (GPUs per node; CPU slots without GPUs)",
+            help=f"{ranks} per node (GPUs per node; CPU slots without GPUs)",
         )
     g.add_argument("--colocate_actor_ref", action="store_true", help="put reference ranks on the policy's bundles")
     g.add_argument("--colocate_critic_reward", action="store_true", help="put reward-model ranks on the critic's")
