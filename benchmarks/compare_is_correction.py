@@ -164,6 +164,7 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
         if not todo:
             continue
         pretrain = warm_start(seed, workdir)
+        base = base_config(pretrain, seed, steps)
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
         dtypes = sorted({CONDITIONS[c][0] for c in conditions})  # each condition's engine dtype
         engines = {
@@ -175,7 +176,7 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
         for condition, correction in todo:
             print(f"[training] seed {seed} {condition} {correction}", flush=True)
             save = workdir / f"{seed}_{condition}_{correction}"
-            cfg = run_config_for(base_config(pretrain, seed, steps), correction, condition, save)
+            cfg = run_config_for(base, correction, condition, save)
             start = time.perf_counter()
             history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
             runs.append({"seed": seed, "condition": condition, "correction": correction,

@@ -247,9 +247,9 @@ def forward(
     return Forward(attn_implementation, micro_rollout_batch_size, budget, packing_samples)
 
 
-def _optim(world: int, **settings) -> OptimConfig:
-    micro, batch = settings["micro_batch_size"], settings.pop("train_batch_size")
-    return OptimConfig(**settings, grad_accum_steps=batch // (micro * world))
+def _optim(world: int, train_batch_size: int, **settings) -> OptimConfig:
+    """`settings` plus the micro-batches each of `world` ranks accumulates per optimizer step."""
+    return OptimConfig(**settings, grad_accum_steps=train_batch_size // (settings["micro_batch_size"] * world))
 
 
 def actor_optim(

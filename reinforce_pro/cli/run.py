@@ -155,7 +155,6 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
     else:
         source = "builtin:exact_match"
     _check_max_len(data.max_len, pretrain)
-    (run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
     log_dir = None if cfg.output.verbose else run_dir / "logs"
     return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls, log_dir)
 
