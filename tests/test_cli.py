@@ -251,6 +251,15 @@ def test_save_path_that_cannot_be_a_directory(tmp_path, capsys, where):
     assert f"--save_path {save}: {blocker} is a file, not a directory" in err
 
 
+@pytest.mark.parametrize("flag", ["--save_path", "--ckpt_path"])
+def test_output_dir_the_kernel_refuses_is_one_line(tmp_path, capsys, flag):
+    """Issue 29: /proc passes a permission check as root, but no directory can be made there."""
+    argv = ["--save_path", str(tmp_path / "run"), "--save_steps", "5", flag, "/proc/rp_run"]
+    err = _main_error(argv, capsys)
+    assert f"{flag} /proc/rp_run: cannot create a directory and write in it" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_ckpt_path_under_a_file(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     argv = ["--save_path", str(tmp_path / "run"), "--save_steps", "5", "--ckpt_path", str(tmp_path / "f" / "ckpt")]

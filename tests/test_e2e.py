@@ -709,53 +709,72 @@ def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, dig
     assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 
 
-def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
-    """One epoch on one mini-batch: the policy's detached training log-probs replace the separate old-log-prob
-    forward (PPOTrainer.old_log_probs_needed). Two identical policies, one given the old log-probs from that
-    forward and one given none, must return the same numbers and make the same update."""
+def _policy_workers(tiny_model, world_size: int, loss=None):
+    """`world_size` PolicyWorker ranks of one fresh policy (zero stage 0, fp32, lr 1e-2), one process group."""
     import tempfile
     import uuid
-    from dataclasses import replace
-
-    from safetensors.torch import load
 
     from reinforce_pro.algos.losses import LossSettings
-    from reinforce_pro.experience import Experience, split_experience
     from reinforce_pro.workers.base import DistInfo, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     start_ray(logical_cpus=8)
     opt = OptimConfig(learning_rate=1e-2, lr_scheduler="constant", zero_stage=0, param_dtype="fp32",
                       micro_batch_size=8, grad_accum_steps=2)  # fmt: skip
-    loss = PolicyLossConfig(LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro"))
+    loss = loss or PolicyLossConfig(
+        LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    )
+    init = f"file://{tempfile.gettempdir()}/rp_test_{uuid.uuid4().hex}"
+    ranks = [DistInfo(rank=r, world_size=world_size, init_method=init) for r in range(world_size)]
+    return [
+        ray.remote(PolicyWorker)
+        .options(num_cpus=0)
+        .remote(tiny_model, opt, loss, d, 0, {"attn_implementation": "sdpa"})
+        for d in ranks
+    ]
 
-    def policy():
-        dist = DistInfo(init_method=f"file://{tempfile.gettempdir()}/rp_test_{uuid.uuid4().hex}")
-        args = (tiny_model, opt, loss, dist, 0, {"attn_implementation": "sdpa"})
-        return ray.remote(PolicyWorker).options(num_cpus=0).remote(*args)
+
+def _random_experience(b: int = 16, p: int = 7, t: int = 9):
+    """Rows with left-padded prompts and responses of different lengths, random advantages and engine log-probs."""
+    from reinforce_pro.experience import Experience
 
     gen = torch.Generator().manual_seed(0)
-    b, p, t = 16, 7, 9
     seq = torch.randint(4, 99, (b, p + t), generator=gen)
     attn = torch.ones(b, p + t, dtype=torch.long)
     for i in range(b):
         attn[i, : i % 3] = 0  # left padding of the prompt
-        attn[i, p + t - i % 4 :] = 0  # right padding of the response
+        attn[i, p + t - i % 4 - (i % 5) :] = 0  # right padding of the response
     action_mask = attn[:, p:].bool()
-    exp = Experience(
+    return Experience(
         sequences=seq, attention_mask=attn, action_mask=action_mask, old_log_probs=None,
         rollout_log_probs=-torch.rand(b, t, generator=gen) * 5, advantages=torch.randn(b, t, generator=gen),
         returns=torch.zeros(b, t), rewards=torch.zeros(b),
     )  # fmt: skip
-    separate, reusing = policy(), policy()
+
+
+def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
+    """One epoch on one mini-batch: the policy's detached training log-probs replace the separate old-log-prob
+    forward (PPOTrainer.old_log_probs_needed). Two identical policies, one given the old log-probs from that
+    forward and one given none, must return the same numbers and make the same update."""
+    from dataclasses import replace
+
+    from safetensors.torch import load
+
+    from reinforce_pro.algos.stats import reduce_stats
+    from reinforce_pro.experience import split_experience
+
+    exp = _random_experience()
+    seq, attn, action_mask, t = exp.sequences, exp.attention_mask, exp.action_mask, exp.num_actions
+    (separate,), (reusing,) = _policy_workers(tiny_model, 1), _policy_workers(tiny_model, 1)
     old = ray.get(separate.log_probs.remote(seq, attn, t))
-    tokens, seqs = float(action_mask.sum()), float(b)
+    tokens, seqs = float(action_mask.sum()), float(len(exp))
     stats_a, none = ray.get(
         separate.train_minibatch.remote(split_experience(replace(exp, old_log_probs=old), 2), tokens, seqs)
     )
     stats_b, reused = ray.get(reusing.train_minibatch.remote(split_experience(exp, 2), tokens, seqs))
     assert none is None
     torch.testing.assert_close(reused[action_mask], old[action_mask], atol=1e-6, rtol=0)
+    stats_a, stats_b = reduce_stats([stats_a]), reduce_stats([stats_b])
     for key in ("policy/pg_loss", "is/vllm_kl", "is/token_masked_frac", "policy/clip_frac"):
         assert stats_b[key] == pytest.approx(stats_a[key], abs=1e-6), key
     after_a, after_b = (load(ray.get(w.state_dict_bytes.remote())) for w in (separate, reusing))
@@ -764,4 +783,77 @@ def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
     before = load((Path(tiny_model) / "model.safetensors").read_bytes())
     assert not torch.equal(before["model.norm.weight"], after_a["model.norm.weight"])  # the step moved weights
     for w in (separate, reusing):
+        ray.kill(w)
+
+
+def test_two_ranks_log_the_metrics_of_the_whole_batch(tiny_model):
+    """Issue 29: the same mini-batch trained by one rank and by two ranks with shards of different sizes (and
+    different token counts) logs the same metrics once every rank's are merged (algos/stats.py), and the
+    logged policy/pg_loss is the PolicyLoss of the whole batch recomputed on the driver."""
+    from reinforce_pro.algos.losses import PolicyLoss
+    from reinforce_pro.algos.stats import reduce_stats
+    from reinforce_pro.experience import split_experience
+
+    exp = _random_experience()
+    tokens, seqs = float(exp.action_mask.sum()), float(len(exp))
+    single, pair = _policy_workers(tiny_model, 1), _policy_workers(tiny_model, 2)
+    shards = [list(range(0, 5)), list(range(5, 16))]  # uneven on purpose: 5 and 11 rows
+    one_ref = single[0].train_minibatch.remote(split_experience(exp, 2), tokens, seqs)
+    two_refs = [w.train_minibatch.remote(split_experience(exp.select(torch.tensor(rows)), 2), tokens, seqs)
+                for w, rows in zip(pair, shards, strict=True)]  # fmt: skip
+    (one_stats, one_lp), two = ray.get(one_ref), ray.get(two_refs)
+    one, merged = reduce_stats([one_stats]), reduce_stats([stats for stats, _ in two])
+    rank0 = reduce_stats([two[0][0]])
+    assert set(merged) == set(one)
+    for key, value in one.items():
+        assert merged[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert any(rank0[k] != pytest.approx(one[k], rel=1e-3) for k in ("is/vllm_kl", "policy/pg_loss", "is/ratio_max"))
+    # the loss that was optimised, on the whole batch: the training log-probs are the old ones (ratio 1)
+    loss, _ = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")(
+        one_lp, one_lp, exp.advantages, exp.action_mask, exp.rollout_log_probs
+    )
+    assert merged["policy/pg_loss"] == pytest.approx(float(loss), rel=1e-4, abs=1e-7)
+    for w in single + pair:
+        ray.kill(w)
+
+
+def test_adaptive_kl_coefficient_is_the_one_the_kl_loss_uses(tmp_path, engine, tiny_model, digit_reward):
+    """Issue 29: with --use_kl_loss and --kl_target, the coefficient adapts, is logged as kl/coef at the step that
+    used it, and is checkpointed; the policy worker's KL term takes the coefficient handed to it each step."""
+    from dataclasses import replace
+
+    from safetensors.torch import load
+
+    from reinforce_pro.algos.kl import AdaptiveKLController
+    from reinforce_pro.algos.losses import LossSettings
+    from reinforce_pro.experience import split_experience
+    from reinforce_pro.workers.policy import PolicyLossConfig
+
+    _, plan, history = run(
+        ["--advantage_estimator", "rloo", "--use_kl_loss", "--kl_estimator", "k3", "--init_kl_coef", "0.05",
+         "--kl_target", "1e-6", "--kl_horizon", "64", "--remote_rm_url", digit_reward, "--save_steps", "3",
+         "--ckpt_path", str(tmp_path / "ckpt")],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 3
+    ctl = AdaptiveKLController(0.05, 1e-6, 64)  # replays the controller on the logged KL
+    for row in history:
+        assert row["kl/coef"] == pytest.approx(ctl.value, rel=1e-9)
+        ctl.update(row["kl/ref_kl_mean"], int(row["rollout/num_samples"]))
+    assert len({row["kl/coef"] for row in history}) == 3  # it moved at every step
+    state = load_state(find_latest(tmp_path / "ckpt"))
+    assert state["kl_coef"] == pytest.approx(ctl.value, rel=1e-9)  # the next step's coefficient
+
+    # the worker's KL term uses the coefficient of the call: 0 trains like no KL loss, 5 does not
+    exp = _random_experience()
+    exp = replace(exp, ref_log_probs=exp.rollout_log_probs - 0.5)
+    no_kl, kl_loss_cfg = PolicyLossConfig(LossSettings()), PolicyLossConfig(LossSettings(), True, "k3")
+    (plain,), (zero,), (five,) = (_policy_workers(tiny_model, 1, cfg) for cfg in (no_kl, kl_loss_cfg, kl_loss_cfg))
+    tokens, seqs = float(exp.action_mask.sum()), float(len(exp))
+    ray.get([w.train_minibatch.remote(split_experience(exp, 2), tokens, seqs, coef)
+             for w, coef in ((plain, 0.0), (zero, 0.0), (five, 5.0))])  # fmt: skip
+    after = [load(ray.get(w.state_dict_bytes.remote())) for w in (plain, zero, five)]
+    torch.testing.assert_close(after[1]["model.norm.weight"], after[0]["model.norm.weight"], atol=1e-6, rtol=0)
+    assert not torch.allclose(after[2]["model.norm.weight"], after[0]["model.norm.weight"], atol=1e-5)
+    for w in (plain, zero, five):
         ray.kill(w)

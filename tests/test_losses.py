@@ -329,7 +329,7 @@ def test_prop_masked_positions_change_nothing(batch, name, kind, loss_type, data
     assert torch.equal(ref[2], out[2])
     assert (out[2][~mask] == 0).all()
     for k in ref[1]:
-        assert torch.equal(ref[1][k], out[1][k]), k
+        assert ref[1][k].item() == out[1][k].item(), k
 
 
 @settings(max_examples=60, deadline=None)
@@ -347,7 +347,7 @@ def test_prop_nonfinite_logprobs_never_reach_loss(batch, name, kind, data):
     (g,) = torch.autograd.grad(loss, lp)
     assert torch.isfinite(loss)
     assert torch.isfinite(g).all()
-    assert all(torch.isfinite(v) for v in m.values())
+    assert all(math.isfinite(float(v)) for v in m.values())
 
 
 # ----------------------------------------------------------------------- bad input

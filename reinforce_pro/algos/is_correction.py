@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforce_pro.algos.masked import masked_mean
+from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
 
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far outside any useful band, still finite in float32
 
@@ -46,13 +47,12 @@ class ISInputs:
     valid: torch.Tensor  # (B, T) bool, action tokens whose old and rollout log-probs are both finite
     nonfinite: torch.Tensor  # (B, T) bool, action tokens with a NaN/inf old or rollout log-prob
     any_nonfinite: bool  # nonfinite.any(), read once so the common case skips the prefix-break scan
-    n_valid: torch.Tensor  # 0-dim, number of valid tokens (at least 1), in the log-ratio dtype
     low: float
     high: float
 
 
 # A correction returns (weights (B, T), keep (B, T) bool: the filter's decision, extra metrics).
-Correction = Callable[[ISInputs], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+Correction = Callable[[ISInputs], tuple[torch.Tensor, torch.Tensor, dict[str, Stat]]]
 
 
 def _in_band(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -79,17 +79,14 @@ def _reinforce_pro(inp: ISInputs):
     # log_ratio is already 0 off the valid tokens, so its cumsum is the sum over valid tokens <= t.
     count = torch.cumsum(inp.valid, dim=-1, dtype=torch.int32).clamp_(min=1)  # int cumsum: faster on CPU
     prefix_is = torch.cumsum(inp.log_ratio, dim=-1).div_(count).exp_()  # (B, T) geometric mean of rho_{<=t}
-    live, n_live = inp.valid, inp.n_valid
+    live = inp.valid
     if inp.any_nonfinite:  # a non-finite action token poisons every later prefix of its sequence
         live = live & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
-        n_live = live.sum().clamp(min=1).to(prefix_is.dtype)
     keep = live & _in_band(prefix_is, inp.low, inp.high)
-    # prefix_is > 0, so filling with 0 leaves the max and the sum of the live tokens unchanged.
-    live_prefix = torch.where(live, prefix_is, torch.zeros((), dtype=prefix_is.dtype, device=prefix_is.device))
     metrics = {
-        "is/prefix_is_mean": live_prefix.sum() / n_live,
-        "is/prefix_is_min": _masked_extreme(prefix_is, live, torch.amin),
-        "is/prefix_is_max": live_prefix.amax(),
+        "is/prefix_is_mean": mean_stat(prefix_is, live),
+        "is/prefix_is_min": extreme_stat(prefix_is, live, "min"),
+        "is/prefix_is_max": extreme_stat(prefix_is, live, "max"),
     }
     return inp.ratio, keep, metrics
 
@@ -117,11 +114,12 @@ def compute_is_weights(
     action_mask: torch.Tensor,
     low: float,
     high: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, dict[str, Stat]]:
     """Per-token IS weights (B, T), detached, 0 where action_mask is 0, and the `is/*` metrics.
 
     old_log_probs, rollout_log_probs: (B, T) log-probs of the sampled tokens under the trainer's old
-    policy and the rollout engine; action_mask: (B, T) 1 on trained tokens. Metrics are 0-dim tensors.
+    policy and the rollout engine; action_mask: (B, T) 1 on trained tokens. Metrics are Stats of 0-dim
+    tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
     """
     validate_is_config(correction_type, low, high)
     _check_same_shape(old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, action_mask=action_mask)
@@ -141,7 +139,6 @@ def compute_is_weights(
             valid=valid,
             nonfinite=nonfinite,
             any_nonfinite=bool(nonfinite.any()),
-            n_valid=valid.sum().clamp(min=1).to(dtype),
             low=float(low),
             high=float(high),
         )
@@ -154,43 +151,36 @@ def compute_is_weights(
     return weights, metrics
 
 
-def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dict[str, Stat]:
+    """The `is/*` metrics, each a Stat with its reduction over micro-batches and ranks (algos/stats.py)."""
     action, valid, ratio = inp.action_mask, inp.valid, inp.ratio
     masked = action & ~keep  # action tokens the filter gave weight 0 (non-finite ones included)
     dtype = weights.dtype
-    n_action = action.sum().clamp(min=1).to(dtype)
-    seq_has_action = action.any(dim=-1)
-    seq_masked = masked.any(dim=-1)
-    w_sum, w_sq_sum = weights.sum(), weights.square().sum()
-    ess = torch.where(w_sq_sum > 0, w_sum.square() / w_sq_sum.clamp(min=1e-30), torch.zeros_like(w_sum))
+    n_action = action.sum()
+    w_mean, w_sq_mean = mean_stat(weights, action), mean_stat(weights.square(), action)
+    ess = torch.where(w_sq_mean.value > 0, w_mean.value.square() / w_sq_mean.value.clamp(min=1e-30), 0.0)
     return {
-        "is/vllm_kl": -inp.log_ratio.sum() / inp.n_valid,  # mean(rollout - old); log_ratio is 0 off valid
-        "is/ratio_mean": masked_mean(ratio, valid),
-        "is/ratio_min": _masked_extreme(ratio, valid, torch.amin),
-        "is/ratio_max": _masked_extreme(ratio, valid, torch.amax),
-        "is/weight_mean": masked_mean(weights, action),
-        "is/token_masked_frac": masked.sum().to(dtype) / n_action,
-        "is/seq_masked_frac": seq_masked.sum().to(dtype) / seq_has_action.sum().clamp(min=1).to(dtype),
-        "is/ess": ess / n_action,
-        "is/nonfinite_tokens": inp.nonfinite.sum().to(dtype),
+        "is/vllm_kl": mean_stat(-inp.log_ratio, valid),  # mean(rollout - old)
+        "is/ratio_mean": mean_stat(ratio, valid),
+        "is/ratio_min": extreme_stat(ratio, valid, "min"),
+        "is/ratio_max": extreme_stat(ratio, valid, "max"),
+        "is/weight_mean": w_mean,
+        "is/weight_sq_mean": w_sq_mean,
+        "is/token_masked_frac": mean_stat(masked.to(dtype), action),
+        "is/seq_masked_frac": mean_stat(masked.any(dim=-1).to(dtype), action.any(dim=-1)),
+        "is/ess": Stat(ess, n_action, "derived"),  # weight_mean^2 / weight_sq_mean (stats.DERIVED)
+        "is/nonfinite_tokens": Stat(inp.nonfinite.sum().to(dtype), n_action, "sum"),
         "is/first_masked_pos_mean": _first_masked_position_mean(action, masked, dtype),
     }
 
 
-def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce) -> torch.Tensor:
-    """min/max of values where mask holds; 0 when the mask is empty (keeps metrics finite).
-    Written without host syncs so that it costs nothing extra on a GPU."""
-    fill = torch.tensor(torch.inf if reduce is torch.amin else -torch.inf, dtype=values.dtype, device=values.device)
-    return reduce(torch.where(mask, values, fill)).nan_to_num(posinf=0.0, neginf=0.0)
-
-
-def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) -> Stat:
     """Mean, over sequences with a masked token, of that token's index counted from the first action
     token of its sequence (so left context does not shift it); -1 when no sequence has one."""
     has_masked = masked.any(dim=-1)
     offset = masked.to(torch.int8).argmax(dim=-1) - action.to(torch.int8).argmax(dim=-1)
-    mean = masked_mean(offset.to(dtype), has_masked)
-    return torch.where(has_masked.any(), mean, torch.full_like(mean, -1.0))
+    mean = mean_stat(offset.to(dtype), has_masked)
+    return Stat(torch.where(has_masked.any(), mean.value, -1.0), mean.weight, "mean")
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from reinforce_pro.algos.masked import aggregate_loss
+from reinforce_pro.algos.stats import Stat, loss_stat
 
 KL_CLAMP = 10.0
 
@@ -70,11 +71,13 @@ def kl_loss(
     dp_size: int = 1,
     batch_num_tokens: float | None = None,
     global_batch_size: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`--use_kl_loss`: kl_coef * aggregate(KL estimate), same aggregation as the policy loss."""
+) -> tuple[torch.Tensor, dict[str, Stat]]:
+    """`--use_kl_loss`: kl_coef * aggregate(KL estimate), same aggregation as the policy loss; the metric
+    `kl/loss_kl` is the aggregated estimate before the coefficient."""
+    agg = (token_level_loss, dp_size, batch_num_tokens, global_batch_size)
     kl = compute_approx_kl(estimator, log_probs, ref_log_probs, action_mask)
-    mean_kl = aggregate_loss(kl, action_mask, token_level_loss, dp_size, batch_num_tokens, global_batch_size)
-    return kl_coef * mean_kl, {"kl/loss_kl": mean_kl.detach()}
+    mean_kl = aggregate_loss(kl, action_mask, *agg)
+    return kl_coef * mean_kl, {"kl/loss_kl": loss_stat(mean_kl, action_mask, *agg)}
 
 
 class FixedKLController:

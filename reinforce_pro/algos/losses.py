@@ -21,6 +21,7 @@ from torch import nn
 
 from reinforce_pro.algos.is_correction import compute_is_weights, validate_is_config
 from reinforce_pro.algos.masked import aggregate_loss, masked_mean
+from reinforce_pro.algos.stats import Stat, loss_stat, mean_stat
 
 PPO_LOG_RATIO_BOUND = 20.0
 DEFAULT_IS_THRESHOLD = (0.5, 5.0)
@@ -97,10 +98,11 @@ class PolicyLoss(nn.Module):
         dp_size: int = 1,
         batch_num_tokens: float | None = None,
         global_batch_size: float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, dict[str, Stat]]:
         """log_probs (B, T) with grad; old_log_probs, rollout_log_probs, advantages, action_mask (B, T).
 
-        Returns the scalar loss and metrics (`policy/clip_frac`, `policy/ppo_kl`, `is/*`), 0-dim tensors.
+        Returns the scalar loss and metrics (`policy/clip_frac`, `policy/ppo_kl`, `is/*`): Stats of 0-dim
+        tensors, each with its reduction over micro-batches and ranks (algos/stats.py).
         """
         if action_mask is None:
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
@@ -130,7 +132,7 @@ class PolicyLoss(nn.Module):
             # Dual clip bounds the loss of negative-advantage tokens whose ratio exploded.
             loss = torch.where(advantages < 0, torch.min(loss, -self.settings.dual_clip * advantages), loss)
 
-        metrics: dict[str, torch.Tensor] = {}
+        metrics: dict[str, Stat] = {}
         if use_is and self.settings.policy_loss_type == "ppo":
             low, high = self.settings.vllm_is_truncated_threshold
             weights, metrics = compute_is_weights(
@@ -138,7 +140,7 @@ class PolicyLoss(nn.Module):
             )
             loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, zero)
         elif use_is:
-            metrics["is/vllm_kl"] = masked_mean((rollout_log_probs - old_log_probs).detach(), live)
+            metrics["is/vllm_kl"] = mean_stat((rollout_log_probs - old_log_probs).detach(), live)
 
         loss = aggregate_loss(
             loss,
@@ -148,8 +150,8 @@ class PolicyLoss(nn.Module):
             batch_num_tokens=batch_num_tokens,
             global_batch_size=global_batch_size,
         )
-        metrics["policy/clip_frac"] = masked_mean((surr2 < surr1).to(log_probs.dtype), mask).detach()
-        metrics["policy/ppo_kl"] = masked_mean(-raw_log_ratio.detach(), live)
+        metrics["policy/clip_frac"] = mean_stat((surr2 < surr1).to(log_probs.dtype).detach(), mask)
+        metrics["policy/ppo_kl"] = mean_stat(-raw_log_ratio.detach(), live)
         return loss, metrics
 
     def _check_inputs(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) -> None:
@@ -185,8 +187,8 @@ class ValueLoss(nn.Module):
         dp_size: int = 1,
         batch_num_tokens: float | None = None,
         global_batch_size: float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """values (B, T) with grad; old_values, returns, action_mask (B, T). Returns (loss, metrics)."""
+    ) -> tuple[torch.Tensor, dict[str, Stat]]:
+        """values (B, T) with grad; old_values, returns, action_mask (B, T). Returns (loss, metrics: Stats)."""
         shapes = {"values": values.shape, "old_values": old_values.shape, "returns": returns.shape}
         if action_mask is None:
             action_mask = torch.ones_like(values, dtype=torch.bool)
@@ -199,13 +201,16 @@ class ValueLoss(nn.Module):
             clipped_values = old_values + (values - old_values).clamp(-self.clip_eps, self.clip_eps)
             clipped = (clipped_values - returns).square()
             loss = torch.max(clipped, unclipped)
-            clip_frac = masked_mean((clipped > unclipped).to(values.dtype), mask).detach()
+            clip_frac = mean_stat((clipped > unclipped).to(values.dtype).detach(), mask)
         else:
             loss = unclipped
-            clip_frac = torch.zeros((), dtype=values.dtype, device=values.device)
+            clip_frac = mean_stat(torch.zeros_like(values.detach()), mask)
         loss = 0.5 * aggregate_loss(loss, mask, self.token_level_loss, dp_size, batch_num_tokens, global_batch_size)
         metrics = {
             "critic/value_clip_frac": clip_frac,
-            "critic/values_mean": masked_mean(values.detach(), mask),
+            "critic/values_mean": mean_stat(values.detach(), mask),
+            "critic/value_loss": loss_stat(
+                loss, mask, self.token_level_loss, dp_size, batch_num_tokens, global_batch_size
+            ),
         }
         return loss, metrics

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,7 +45,9 @@ def _check_model_dir(flag: str, path: str | None) -> None:
 
 
 def _check_output_dir(flag: str, path: str) -> None:
-    """`path` must be (or be creatable as) a directory we can write: checked before any model is built."""
+    """`path` must be (or be creatable as) a directory we can write: checked before any model is built, by
+    creating it and a file in it, then removing what the check created. Permission bits alone are not the
+    answer: root may "write" to /proc or a read-only mount, and only mkdir says no."""
     target = Path(path).resolve()
     missing = _first_missing(target)
     probe = missing.parent if missing is not None else target  # the deepest part that exists
@@ -52,6 +55,14 @@ def _check_output_dir(flag: str, path: str) -> None:
         raise UserInputError(f"{flag} {path}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserInputError(f"{flag} {path}: {probe} is not writable")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=target).close()
+    except OSError as e:
+        raise UserInputError(f"{flag} {path}: cannot create a directory and write in it ({e.strerror})") from None
+    finally:
+        if missing is not None:
+            shutil.rmtree(missing, ignore_errors=True)
 
 
 def _check_max_len(max_len: int, model_dir: str) -> None:

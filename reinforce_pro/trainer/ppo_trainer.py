@@ -20,6 +20,7 @@ import ray
 import torch
 from tqdm import tqdm
 
+from reinforce_pro.algos.stats import Stat, reduce_stats
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout
@@ -314,10 +315,12 @@ class PPOTrainer:
 
     def train(self, exp: Experience, step: int) -> dict[str, float]:
         """`max_epochs` passes over the rollout batch in shuffled mini-batches of about train_batch_size
-        (self-play batches vary in size: they are cut into ceil(rows / train_batch_size) equal parts)."""
+        (self-play batches vary in size: they are cut into ceil(rows / train_batch_size) equal parts).
+        The metrics of every micro-batch of every rank are merged once, each by its own reduction
+        (algos/stats.py), so they describe the whole batch whatever the sharding."""
         gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + step)
         train_policy = step > self.cfg.freezing_actor_steps
-        history = []
+        parts: list[dict[str, Stat]] = []
         old_log_probs = torch.zeros(exp.action_mask.shape) if exp.old_log_probs is None else None
         lengths = exp.attention_mask.sum(-1)
         for _ in range(self.cfg.max_epochs):
@@ -325,33 +328,36 @@ class PPOTrainer:
             for rows in torch.tensor_split(order, math.ceil(len(exp) / self.cfg.train_batch_size)):
                 rows = length_grouped(rows, lengths, len(self.policy))
                 stats, trained_log_probs = self._train_minibatch(exp.select(rows), train_policy)
-                history.append(stats)
+                parts += stats
                 if old_log_probs is not None:
                     old_log_probs[rows] = trained_log_probs
-        metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        metrics = reduce_stats(parts, passes=self.cfg.max_epochs)
         if old_log_probs is not None:  # filled by the policy's training forward (old_log_probs_needed)
             exp.old_log_probs = old_log_probs
             metrics.update(self.builder.old_log_prob_metrics(exp))
         return metrics
 
-    def _train_minibatch(self, mini: Experience, train_policy: bool) -> tuple[dict[str, float], torch.Tensor | None]:
-        """One optimizer step of the policy (and critic) on `mini`: (rank 0's stats, the policy's detached
+    def _train_minibatch(
+        self, mini: Experience, train_policy: bool
+    ) -> tuple[list[dict[str, Stat]], torch.Tensor | None]:
+        """One optimizer step of the policy (and critic) on `mini`: (every rank's metrics, the policy's detached
         training log-probs (B, T) when mini.old_log_probs is None, else None)."""
         tokens = float(mini.action_mask.sum())
         seqs = float((mini.action_mask.sum(-1) > 0).sum())
-        critic_refs = self._shard_train(self.critic, mini, tokens, seqs) if self.critic else None
-        policy_refs = self._shard_train(self.policy, mini, tokens, seqs) if train_policy else None
-        stats: dict[str, float] = {}
-        if critic_refs:
-            stats.update(ray.get(critic_refs)[0])  # rank 0 speaks for the group (DP ranks hold the same model)
+        critic_refs = self._shard_train(self.critic, mini, tokens, seqs) if self.critic else []
+        kl_coef = float(self.builder.kl_ctl.value)  # the --use_kl_loss coefficient: the one kl/coef logs
+        policy_refs = self._shard_train(self.policy, mini, tokens, seqs, kl_coef) if train_policy else []
+        stats = ray.get(critic_refs)
         if not policy_refs:
             return stats, None
         results = ray.get(policy_refs)
-        stats.update(results[0][0])
+        stats += [r[0] for r in results]
         log_probs = torch.cat([r[1] for r in results]) if mini.old_log_probs is None else None
         return stats, log_probs
 
-    def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float) -> list:
+    def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float, *extra) -> list:
+        """train_minibatch on every rank of `group`, each on its shard of `mini` cut into micro-batches;
+        `extra`: further arguments of that call (the policy's KL coefficient)."""
         group = ActorGroup(group)
         shards = group.shards(len(mini))
         # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
@@ -365,7 +371,7 @@ class PPOTrainer:
             num_micro = min(needed, min(len(idx) for idx in shards))
             split = lambda exp, parts: split_by_tokens(exp, parts, packed)  # noqa: E731
         return group.call_sharded(
-            "train_minibatch", len(mini), lambda idx: (split(mini.select(idx), num_micro), tokens, seqs)
+            "train_minibatch", len(mini), lambda idx: (split(mini.select(idx), num_micro), tokens, seqs, *extra)
         )
 
     def sync_weights(self, version: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforce_pro.algos.stats import Stat, merge_stats
 from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
 from reinforce_pro.models.logprobs import response_log_probs
 
@@ -194,20 +195,15 @@ def batched_log_probs(
     return torch.cat(out, dim=0)
 
 
-def optimizer_step_stats(engine, history: list[dict[str, float]], group: str) -> dict[str, float]:
-    """The micro-batch metrics of one optimizer step averaged, plus `<group>/grad_norm` and `<group>/lr`."""
-    stats = mean_metrics(history)
+def optimizer_step_stats(engine, history: list[dict[str, Stat]], group: str) -> dict[str, Stat]:
+    """The micro-batch metrics of one optimizer step merged, each by its own reduction (algos/stats.py),
+    plus `<group>/grad_norm` and `<group>/lr`: one value per optimizer step, the same on every rank."""
+    stats = merge_stats(history)
     grad_norm = engine.get_global_grad_norm()
     if grad_norm is not None:
-        stats[f"{group}/grad_norm"] = float(grad_norm)
-    stats[f"{group}/lr"] = engine.get_lr()[0]
+        stats[f"{group}/grad_norm"] = Stat(float(grad_norm))
+    stats[f"{group}/lr"] = Stat(float(engine.get_lr()[0]))
     return stats
-
-
-def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
-    """Average each key over the micro-batches that reported it."""
-    keys = {k for h in history for k in h}
-    return {k: sum(h[k] for h in history if k in h) / sum(1 for h in history if k in h) for k in keys}
 
 
 DS_TAG = "state"  # one DeepSpeed tag per checkpoint directory: the directory itself names the step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from reinforce_pro.algos.losses import ValueLoss
+from reinforce_pro.algos.stats import Stat
 from reinforce_pro.experience import Experience
 from reinforce_pro.models.value import ValueModel
 from reinforce_pro.workers.base import (
@@ -52,7 +53,10 @@ class CriticWorker:
             out.append(self.engine(sequences[rows].to(dev), attention_mask[rows].to(dev), num_actions).cpu())
         return torch.cat(out)
 
-    def train_minibatch(self, micro_batches: list[Experience], global_tokens: float, global_seqs: float) -> dict:
+    def train_minibatch(
+        self, micro_batches: list[Experience], global_tokens: float, global_seqs: float
+    ) -> dict[str, Stat]:
+        """One optimizer step over this rank's micro-batches (see PolicyWorker.train_minibatch): its metrics."""
         self.engine.train()
         dev, history = device(), []
         for i, exp in enumerate(micro_batches):
@@ -70,8 +74,7 @@ class CriticWorker:
             )
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
-            metrics["critic/value_loss"] = loss.detach()
-            history.append({k: float(v) for k, v in metrics.items()})
+            history.append({k: v.item() for k, v in metrics.items()})
         return optimizer_step_stats(self.engine, history, "critic")
 
     def save_checkpoint(self, path: str) -> None:

@@ -9,8 +9,8 @@ import torch
 
 
 class ActorGroup(list):
-    """A list of Ray actor handles, rank order. Stays a list so that `for rank in group` and `group[0]`
-    (rank 0 speaks for the group) read as before."""
+    """A list of Ray actor handles, rank order. Stays a list so that `for rank in group` and `group[0]` (the
+    rank that writes files for the group) read as before. Metrics come from every rank (algos/stats.py)."""
 
     def shards(self, rows: int) -> list[torch.Tensor]:
         """Row indices of each rank: consecutive, sizes differing by at most one (rank 0 gets the most)."""

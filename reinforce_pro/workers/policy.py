@@ -15,6 +15,7 @@ import torch
 from reinforce_pro.algos.kl import kl_loss
 from reinforce_pro.algos.losses import LossSettings, PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
+from reinforce_pro.algos.stats import Stat, loss_stat
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.lora import (
@@ -47,9 +48,8 @@ class PolicyLossConfig:
     is), and the terms the worker adds to it."""
 
     surrogate: LossSettings = field(default_factory=LossSettings)
-    use_kl_loss: bool = False
+    use_kl_loss: bool = False  # its coefficient comes with each mini-batch: the trainer's KL controller owns it
     kl_estimator: str = "k1"
-    kl_coef: float = 0.0
     entropy_loss_coef: float | None = None
     temperature: float = 1.0
 
@@ -91,13 +91,14 @@ class PolicyWorker:
         )  # fmt: skip
 
     def train_minibatch(
-        self, micro_batches: list[Experience], global_tokens: float, global_seqs: float
-    ) -> tuple[dict, torch.Tensor | None]:
-        """One optimizer step over this rank's micro-batches of a global mini-batch: (stats, the detached
+        self, micro_batches: list[Experience], global_tokens: float, global_seqs: float, kl_coef: float = 0.0
+    ) -> tuple[dict[str, Stat], torch.Tensor | None]:
+        """One optimizer step over this rank's micro-batches of a global mini-batch: (metrics, the detached
         training log-probs (B, T) of these rows when the micro-batches carry no old log-probs, else None).
 
         `global_tokens` / `global_seqs` count the action tokens / sequences of the whole mini-batch over
-        all ranks, so that aggregate_loss gives the same gradient however the batch is sharded. Without old
+        all ranks, so that aggregate_loss gives the same gradient however the batch is sharded. `kl_coef`:
+        the coefficient of the --use_kl_loss term this step (the trainer's KL controller). Without old
         log-probs (one epoch, one mini-batch: PPOTrainer.old_log_probs_needed) the training forward's own
         log-probs, detached, are the old ones: the weights have not moved since the rollout was scored.
         """
@@ -106,13 +107,15 @@ class PolicyWorker:
         for i, exp in enumerate(micro_batches):
             # the optimizer steps after the last micro-batch, however many there are (self-play varies it)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
-            stats, lp = self._micro_step(exp, global_tokens, global_seqs)
+            stats, lp = self._micro_step(exp, global_tokens, global_seqs, kl_coef)
             history.append(stats)
             log_probs.append(lp)
         old = torch.cat(log_probs).float().cpu() if micro_batches[0].old_log_probs is None else None
         return optimizer_step_stats(self.engine, history, "policy"), old
 
-    def _micro_step(self, exp: Experience, global_tokens: float, global_seqs: float) -> tuple[dict, torch.Tensor]:
+    def _micro_step(
+        self, exp: Experience, global_tokens: float, global_seqs: float, kl_coef: float
+    ) -> tuple[dict[str, Stat], torch.Tensor]:
         dev, cfg, num_actions = device(), self.loss_cfg, exp.num_actions
         exp = exp.trim_padding()
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
@@ -130,23 +133,23 @@ class PolicyWorker:
             rollout_log_probs=exp.rollout_log_probs.to(dev),
             **agg,
         )
-        metrics["policy/pg_loss"] = loss.detach()
+        level = self.loss_fn.token_level_loss
+        metrics["policy/pg_loss"] = loss_stat(loss, action_mask, level, **agg)
         if cfg.use_kl_loss:
             kl, kl_metrics = kl_loss(
-                cfg.kl_estimator, log_probs, exp.ref_log_probs.to(dev), action_mask, cfg.kl_coef,
-                self.loss_fn.token_level_loss, **agg,
-            )  # fmt: skip
+                cfg.kl_estimator, log_probs, exp.ref_log_probs.to(dev), action_mask, kl_coef, level, **agg
+            )
             loss = loss + kl
             metrics.update(kl_metrics)
         if want_entropy:
-            ent = aggregate_loss(entropy, action_mask, self.loss_fn.token_level_loss, **agg)
+            ent = aggregate_loss(entropy, action_mask, level, **agg)
             loss = loss - cfg.entropy_loss_coef * ent
-            metrics["policy/entropy"] = ent.detach()
+            metrics["policy/entropy"] = loss_stat(ent, action_mask, level, **agg)
         # aggregate_loss already divides by the global counts: DeepSpeed must not divide again by the
         # number of accumulation steps.
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
-        return {k: float(v) for k, v in metrics.items()}, pad_actions(log_probs.detach(), num_actions)
+        return {k: v.item() for k, v in metrics.items()}, pad_actions(log_probs.detach(), num_actions)
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
