@@ -272,3 +272,49 @@ def test_advantages_are_computed_per_segment():
         want_adv, want_ret = compute_advantages("reinforce_baseline", inp)
         torch.testing.assert_close(adv[start:end], want_adv.float(), rtol=0, atol=1e-6)
         torch.testing.assert_close(ret[start:end], want_ret.float(), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- empty batches
+
+
+def _scripted_source(proposals: list[str]):
+    """A SelfPlaySource over a real Sampler (the built-in character tokenizer) whose engine is a script:
+    proposer prompts get `proposals` in turn, solver prompts the answer "2"."""
+    pytest.importorskip("ray")
+    from reinforce_pro.models.tiny import build_tokenizer
+    from reinforce_pro.rollout.sampler import RolloutConfig, Sampler
+    from reinforce_pro.rollout.vllm_engine import Generation
+    from reinforce_pro.selfplay.source import SelfPlaySource
+
+    class ScriptedSampler(Sampler):
+        def sample(self, prompt_ids, sampling=None, engines=None):
+            self.calls.append(len(prompt_ids))
+            if not prompt_ids:
+                return super().sample(prompt_ids, sampling, engines)  # the real empty path
+            texts = [proposals[i % len(proposals)] if self.decode_prompt(p).startswith("[") else "2"
+                     for i, p in enumerate(prompt_ids)]  # fmt: skip
+            return [
+                Generation(self.tokenizer.encode(t, add_special_tokens=False), [0.0] * len(t), "stop") for t in texts
+            ]
+
+        def decode_prompt(self, ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    sampler = ScriptedSampler([object()], build_tokenizer(), RolloutConfig(n_samples_per_prompt=N))
+    sampler.calls = []  # prompts per sample() call
+    cfg = SelfPlayConfig(n_questions_per_prompt=2, n_samples_per_prompt=N, max_repropose_attempts=2,
+                         weights={"completion": 1.0})  # fmt: skip
+    return SelfPlaySource(sampler, ArithmeticTask(), cfg, seed=0), sampler
+
+
+def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
+    """Issue 32: the README's --absolute_zero run crashed at step 143 when every proposal of a round was
+    invalid: no solver prompt, and the tokenizer decoded the empty batch to one empty text."""
+    source, sampler = _scripted_source(["oops", "nope"])
+    assert source.sampler.decode([]) == [] and source.generate_texts([]) == []
+    batch = source.controller.step([{"input": "1+0="}, {"input": "2+0="}], random.Random(0))
+    assert sampler.calls == [0, 4, 0, 4, 0, 4, 0]  # generate_texts([]), then 3 rounds with no solver prompt
+    assert batch.metrics["selfplay/arithmetic/valid_ratio"] == 0.0
+    assert batch.metrics["repropose/final_non_learnable"] == 2
+    assert [s.role for s in batch.samples] == ["proposer", "proposer"]
+    assert [s.reward for s in batch.samples] == [-0.5, -0.5]

@@ -92,6 +92,8 @@ class Sampler:
     def sample(self, prompt_ids: list[list[int]], sampling: dict | None = None, engines=None) -> list[Generation]:
         """One response per prompt, in order, the prompts split evenly over `engines` (the rollout engines
         by default), sampled with `sampling` (the rollout's sampling_params by default)."""
+        if not prompt_ids:  # nothing to sample (a self-play round with no valid question): no engine call
+            return []
         engines = engines or self.engines
         sampling = sampling or sampling_params(self.cfg)
         chunk = math.ceil(len(prompt_ids) / len(engines))
@@ -137,6 +139,10 @@ class Sampler:
         return ids, generations, self.decode(generations)
 
     def decode(self, generations: list[Generation]) -> list[str]:
+        """One text per generation. HF fast tokenizers decode an empty batch to [""], one text for no
+        generation (the README self-play crash of issue 32): nothing in, nothing out."""
+        if not generations:
+            return []
         return self.tokenizer.batch_decode(
             [g.token_ids for g in generations], skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
