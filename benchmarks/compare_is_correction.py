@@ -80,9 +80,10 @@ def warm_start(seed: int, workdir: Path) -> str:
     return str(out)
 
 
-def base_config(pretrain: str, seed: int, steps: int):
+def base_config(pretrain: str, seed: int, steps: int, overrides: dict | None = None):
     """The embedded default's run config for `pretrain`: a --pretrain run gets no presets, so they are applied
-    here to the flag defaults (the sections' own checks run in run_config)."""
+    here to the flag defaults, then `overrides` (flag dests -> values; the sections' own checks run in
+    run_config)."""
     from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, parse_args
 
@@ -91,6 +92,7 @@ def base_config(pretrain: str, seed: int, steps: int):
         k: v for k, v in EMBEDDED_DEFAULTS.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")
     }
     vars(args).update(presets, seed=seed, max_samples=32 * steps)  # the correction is each run's (run_config_for)
+    vars(args).update(overrides or {})
     return run_config(args)
 
 

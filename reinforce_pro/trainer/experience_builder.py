@@ -122,8 +122,10 @@ class ExperienceBuilder:
         """What is read off the old log-probs: the rollout/trainer mismatch before any update of this step
         (the quantity IS correction fights) and, with a reference model, the KL to it."""
         diff = (exp.old_log_probs - exp.rollout_log_probs).abs()
+        tokens = diff[exp.action_mask.bool()]
         m = {
             "rollout/logprob_abs_diff_mean": float(masked_mean(diff, exp.action_mask)),
+            "rollout/logprob_abs_diff_p99": float(tokens.float().quantile(0.99)) if tokens.numel() else 0.0,
             "rollout/logprob_abs_diff_max": float((diff * exp.action_mask).max()),
         }
         if exp.ref_log_probs is not None:

@@ -203,6 +203,9 @@ class PPOTrainer:
             versions = batch.samples.token_version.masked_fill(~tokens, -1)
             oldest = batch.samples.token_version.masked_fill(~tokens, 1 << 62).min(-1).values
             m["async/partial_mixed_rows"] = float((versions.max(-1).values > oldest).float().mean())
+            # versions are non-decreasing along a row: each change of version starts one more
+            changes = (versions[:, 1:] != versions[:, :-1]) & tokens[:, 1:] & tokens[:, :-1]
+            m["async/partial_versions_per_row"] = float((1 + changes.sum(-1)).float().mean())
         if self.cfg.async_train:
             m["async/trainer_wait_s"] = waited
             m["async/producer_wait_s"] = batch.gate_wait_s

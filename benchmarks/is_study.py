@@ -1,0 +1,271 @@
+"""Which IS correction, when (issue 31): the corrections on regimes that stress them, paired over seeds.
+
+    python benchmarks/is_study.py --seeds 1-8                       # every regime x correction (hours on 2 cores)
+    python benchmarks/is_study.py --seeds 1-2 --regimes async8-partial --corrections none reinforce_pro --steps 120
+    python benchmarks/is_study.py --render benchmarks/results/is_study.json
+
+The embedded default task (a tiny Qwen2 warm-started on additions, reinforce_baseline, a bf16 engine sampling
+for an fp32 trainer), run under each regime with each correction (`none`: IS off). Each seed has one warm
+start, one prompt order and one sampling seed shared by every correction (paired). A regime is a mechanism
+users run (REGIMES): asynchronous training with deep queues and partial rollouts, off-policy reuse, a
+low-precision engine; its strength (queue depth, learning rate, epochs) is chosen so that `none` degrades.
+
+Results accumulate in one JSON (machine, commit, configuration, one record per run). The study resumes where
+it stopped: a run already in the JSON (same seed, regime, correction, steps) is not run again, so it can be
+stopped at any point and continued in another sitting, or extended with more seeds. Tables (verdict: the
+paired difference to `none` and to `tis` with a bootstrap 95% interval) and plots are rendered from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
+from benchmarks.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict  # noqa: E402
+
+NAME = "is_study"
+CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
+STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
+
+
+@dataclass(frozen=True)
+class Regime:
+    what: str
+    flags: dict  # train_ppo_ray flag dests -> values, on top of the embedded default
+
+
+REGIMES = {
+    "bf16": Regime("the embedded default: bf16 engine, fp32 trainer, synchronous", {}),
+    "bf16-lr1e-3": Regime("bf16 engine, 5x the learning rate (bigger updates)", {"actor_learning_rate": 1e-3}),
+    "async4-partial": Regime(
+        "asynchronous, queue 4, partial rollouts (2-token chunks), lr 5e-4",
+        {"async_train": True, "async_queue_size": 4, "partial_rollout": True, "partial_rollout_chunk": 2,
+         "actor_learning_rate": 5e-4},
+    ),
+    "async8-partial": Regime(
+        "asynchronous, queue 8, partial rollouts (2-token chunks), lr 5e-4",
+        {"async_train": True, "async_queue_size": 8, "partial_rollout": True, "partial_rollout_chunk": 2,
+         "actor_learning_rate": 5e-4},
+    ),
+    "epochs4": Regime(
+        "off-policy reuse: 4 epochs over each rollout batch in mini-batches of 64 (16 optimizer steps per batch)",
+        {"max_epochs": 4, "train_batch_size": 64},
+    ),
+}  # fmt: skip
+
+
+def with_correction(cfg, correction: str, save: Path):
+    """`cfg` with one IS correction (`none`: IS off), writing to `save`."""
+    surrogate = replace(cfg.loss.surrogate, enable_vllm_is_correction=correction != "none")
+    if correction != "none":
+        surrogate = replace(surrogate, vllm_is_correction_type=correction)
+    return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
+
+
+def summarise(history: list[dict], wall: float) -> dict:
+    """compare_is_correction's per-run summary plus what this study reads: collapse, mismatch, mixed rows."""
+    out = summarise_run(history, wall)
+
+    def mean_of(key):
+        values = [h[key] for h in history if key in h]
+        return statistics.fmean(values) if values else None
+
+    out.update(
+        collapsed=collapsed([h["rollout/reward_mean"] for h in history], [h.get("policy/grad_norm") for h in history]),
+        mean_abs_log_ratio=mean_of("rollout/logprob_abs_diff_mean"),
+        p99_abs_log_ratio=mean_of("rollout/logprob_abs_diff_p99"),
+        masked_frac=mean_of("is/token_masked_frac"),
+        mixed_rows=mean_of("async/partial_mixed_rows"),
+        versions_per_row=mean_of("async/partial_versions_per_row"),
+        series={k: [h.get(k, float("nan")) for h in history[:: out["series_step_every"]]] for k in STUDY_SERIES},
+    )
+    return out
+
+
+def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
+    """Run every (seed, regime, correction) not yet in `runs`; `save(runs)` after each run."""
+    import ray
+
+    from reinforce_pro.cli.run import prepare
+    from reinforce_pro.cli.wiring import build_and_fit
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.workers.launcher import start_ray
+
+    done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
+    todo = {s: [(g, c) for g in regimes for c in corrections if (s, g, c, steps) not in done] for s in seeds}
+    total, count = sum(map(len, todo.values())), 0
+    if not total:
+        return runs
+    workdir = Path(tempfile.mkdtemp(prefix="is_study_"))
+    start_ray(logical_cpus=8)
+    for seed, pending in todo.items():
+        if not pending:
+            continue
+        pretrain = warm_start(seed, workdir)
+        configs = {g: base_config(pretrain, seed, steps, REGIMES[g].flags) for g, _ in pending}
+        engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
+        engines = {
+            dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
+            for dtype in {cfg.engines.config.dtype for cfg in configs.values()}
+        }
+        ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])  # warm-up
+        for regime, correction in pending:
+            count += 1
+            print(f"[is_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
+            cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+            start = time.perf_counter()
+            history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
+            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps}
+            runs.append({**record, **summarise(history, time.perf_counter() - start)})
+            save(runs)
+        for engine in engines.values():
+            ray.kill(engine)
+    return runs
+
+
+# ------------------------------------------------------------------------------------------ analysis
+def paired(runs: list[dict], regime: str, a: str, b: str, key: str) -> list[float]:
+    """Per-seed differences a - b of `key` in `regime`, over the seeds where both ran."""
+    by = {(r["seed"], r["correction"]): r[key] for r in runs if r["regime"] == regime}
+    return [by[s, a] - by[s, b] for s in sorted({s for s, _ in by}) if (s, a) in by and (s, b) in by]
+
+
+def analyse(runs: list[dict]) -> list[dict]:
+    """One row per regime x correction: means, paired differences to `none` and `tis`, verdicts, collapses."""
+    rows = []
+    for regime in dict.fromkeys(r["regime"] for r in runs):
+        for correction in CORRECTIONS:
+            sel = [r for r in runs if r["regime"] == regime and r["correction"] == correction]
+            if not sel:
+                continue
+            row = {"regime": regime, "correction": correction, "seeds": len(sel),
+                   "collapses": sum(r["collapsed"] for r in sel)}  # fmt: skip
+            for key in ("final_reward", "auc_reward", "masked_frac", "mean_abs_log_ratio", "p99_abs_log_ratio",
+                        "mixed_rows", "versions_per_row", "wall_s"):  # fmt: skip
+                values = [r[key] for r in sel if r.get(key) is not None]
+                row[key] = statistics.fmean(values) if values else None
+            for base in ("none", "tis"):
+                for key in ("final_reward", "auc_reward"):
+                    diffs = paired(runs, regime, correction, base, key)
+                    if correction != base and len(diffs) >= 2:
+                        mean, low, high = paired_bootstrap(diffs)
+                        row[f"{key}_vs_{base}"] = {"mean": mean, "low": low, "high": high, "n": len(diffs),
+                                                   "detectable": detectable_difference(diffs),
+                                                   "verdict": verdict(diffs)}  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def _diff(row: dict, key: str) -> str:
+    d = row.get(key)
+    if d is None:
+        return "-"
+    mark = "**" if d["verdict"] in ("better", "worse") else ""
+    return f"{mark}{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]{mark}"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    runs = payload["results"]["runs"]
+    rows = analyse(runs)
+    lines = [
+        "| regime | correction | seeds | final reward | vs none (95% CI) | vs tis (95% CI) | AUC vs none | "
+        "collapses | masked | mean / p99 abs dlogp | mixed rows | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['regime']} | {r['correction']} | {r['seeds']} | {_fmt(r['final_reward'], '.3f')} | "
+            f"{_diff(r, 'final_reward_vs_none')} | {_diff(r, 'final_reward_vs_tis')} | "
+            f"{_diff(r, 'auc_reward_vs_none')} | "
+            f"{r['collapses']} | {_fmt(r['masked_frac'], '.2%')} | {_fmt(r['mean_abs_log_ratio'], '.3f')} / "
+            f"{_fmt(r['p99_abs_log_ratio'], '.3f')} | {_fmt(r['mixed_rows'], '.2f')} | {_fmt(r['wall_s'], '.0f')} |"
+        )
+    lines.append("")
+    lines.append("Bold: the paired 95% bootstrap interval excludes 0. Otherwise no difference at these seeds; the "
+                 "smallest difference the seeds could detect (5% two-sided, 80% power):")  # fmt: skip
+    for r in rows:
+        d = r.get("final_reward_vs_none")
+        if d is not None and d["verdict"] not in ("better", "worse"):
+            lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
+    m = payload["machine"]
+    lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
+    text = "\n".join(lines)
+    (out_dir / f"{NAME}.md").write_text(text + "\n")
+    _plot(runs, out_dir / f"{NAME}.png")
+    return text
+
+
+def _plot(runs: list[dict], path: Path) -> None:
+    """Mean reward curve over seeds, one panel per regime, one line per correction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = list(dict.fromkeys(r["regime"] for r in runs))
+    fig, axes = plt.subplots(1, len(regimes), figsize=(4.5 * len(regimes), 3.2), squeeze=False)
+    for ax, regime in zip(axes[0], regimes, strict=True):
+        for correction in CORRECTIONS:
+            sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction)]
+            if sel:
+                curves = [r["series"]["rollout/reward_mean"] for r in sel]
+                n, every = min(map(len, curves)), sel[0]["series_step_every"]
+                ax.plot([i * every for i in range(n)], [statistics.fmean(c[i] for c in curves) for i in range(n)],
+                        label=correction, linewidth=1)  # fmt: skip
+        ax.set_title(f"{regime} ({len({r['seed'] for r in runs if r['regime'] == regime})} seeds)")
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("reward (mean over seeds)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        low, high = map(int, text.split("-"))
+        return list(range(low, high + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=_seeds, default=_seeds("1-8"), help="e.g. 1-8 or 1,3,5")
+    p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
+    p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
+    p.add_argument("--steps", type=int, default=200, help="RL steps per run")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of is_study.json and its renders")
+    p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text()), args.render.parent))
+        return 0
+    path = args.output / f"{NAME}.json"
+    runs = json.loads(path.read_text())["results"]["runs"] if path.exists() else []
+
+    def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
+        config = {"regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
+        write_result(NAME, config, {"runs": current}, args.output)
+
+    runs = run_study(args.seeds, args.regimes, args.corrections, args.steps, runs, save)
+    print(render(json.loads(path.read_text()), args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Paired statistics for training studies run at several seeds (benchmarks/is_study.py).
+
+Every correction of a study runs at the same seeds with the same warm start and prompts, so the unit of
+comparison is the per-seed difference between two corrections (paired), not two independent means: the
+seed-to-seed spread that swamped the older 3-seed study cancels in the difference.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+Z_95, Z_80_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
+
+
+def paired_bootstrap(diffs: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean paired difference and its 95% percentile-bootstrap interval (seeds
+    resampled with replacement)."""
+    if not diffs:
+        raise ValueError("no paired differences")
+    rng, n = random.Random(seed), len(diffs)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    return statistics.fmean(diffs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def detectable_difference(diffs: list[float]) -> float:
+    """The smallest mean difference these seeds could have detected (two-sided 5%, 80% power) given the
+    spread of the paired differences: (z_0.975 + z_0.8) * sd / sqrt(n). inf with fewer than 2 seeds."""
+    if len(diffs) < 2:
+        return math.inf
+    return (Z_95 + Z_80_POWER) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def verdict(diffs: list[float]) -> str:
+    """ "better" / "worse" when the interval excludes 0, else "no difference at N seeds (detectable: D)"."""
+    mean, low, high = paired_bootstrap(diffs)
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return f"no difference at {len(diffs)} seeds (detectable: {detectable_difference(diffs):.3f})"
+
+
+def collapsed(
+    rewards: list[float], grad_norms: list[float], window: int = 10, margin: float = 0.05, blowup: float = 10.0
+) -> bool:
+    """A run collapsed when its reward, as a `window`-step moving average, stays more than `margin` below its
+    start (the mean of the first `window` steps) for `window` or more consecutive steps, or a gradient norm is
+    non-finite or exceeds `blowup` x the run's median. The moving average and the margin keep one noisy
+    32-prompt batch from counting: a flat run's raw reward is below its start half of the time."""
+    if len(rewards) < 2 * window:
+        return False
+    start, run = statistics.fmean(rewards[:window]), 0
+    for i in range(window, len(rewards) + 1):
+        run = run + 1 if statistics.fmean(rewards[i - window : i]) < start - margin else 0
+        if run >= window:
+            return True
+    norms = [g for g in grad_norms if g is not None and math.isfinite(g)]
+    if len(norms) != len(grad_norms):
+        return True
+    median = statistics.median(norms) if norms else 0.0
+    return median > 0 and max(norms) > blowup * median

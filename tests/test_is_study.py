@@ -1,0 +1,68 @@
+"""The IS study's statistics and analysis (benchmarks/study_stats.py, benchmarks/is_study.py) on constructed runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict
+
+
+def test_paired_bootstrap_interval_brackets_the_mean_and_excludes_zero_for_a_clear_gain():
+    diffs = [0.05, 0.07, 0.06, 0.04, 0.08, 0.05, 0.06, 0.07]
+    mean, low, high = paired_bootstrap(diffs)
+    assert mean == pytest.approx(0.06)
+    assert 0 < low < mean < high < 0.08
+    assert verdict(diffs) == "better" and verdict([-d for d in diffs]) == "worse"
+
+
+def test_noise_gives_no_difference_with_the_detectable_size():
+    diffs = [0.1, -0.12, 0.05, -0.03, 0.08, -0.1, 0.02, -0.04]
+    _, low, high = paired_bootstrap(diffs)
+    assert low < 0 < high
+    sd = math.sqrt(sum((d + 0.005) ** 2 for d in diffs) / 7)  # mean -0.005
+    assert detectable_difference(diffs) == pytest.approx((1.959964 + 0.841621) * sd / math.sqrt(8), rel=1e-6)
+    assert verdict(diffs).startswith("no difference at 8 seeds (detectable: 0.")
+    assert detectable_difference([0.1]) == math.inf
+
+
+@pytest.mark.parametrize(
+    "rewards, norms, expected",
+    [
+        pytest.param([0.3] * 10 + [0.31, 0.29] * 20, [1.0] * 50, False, id="flat-noisy"),
+        pytest.param([0.3] * 10 + [0.1] * 25, [1.0] * 35, True, id="reward-drops"),
+        pytest.param([0.3] * 10 + [0.1] * 6 + [0.4] * 20, [1.0] * 36, False, id="brief-dip"),
+        pytest.param([0.3] * 30, [1.0] * 29 + [50.0], True, id="grad-blowup"),
+        pytest.param([0.3] * 30, [1.0] * 29 + [float("nan")], True, id="nonfinite-grad"),
+        pytest.param([0.3] * 5, [1.0] * 5, False, id="too-short"),
+    ],
+)
+def test_collapse(rewards, norms, expected):
+    assert collapsed(rewards, norms) is expected
+
+
+def test_analysis_pairs_seeds_and_renders(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.is_study import analyse, paired, render
+
+    runs = []
+    for seed in range(1, 6):
+        for correction, final in (("none", 0.20), ("tis", 0.25), ("reinforce_pro", 0.30)):
+            runs.append({
+                "seed": seed, "regime": "async8-partial", "correction": correction, "steps": 10,
+                "final_reward": final + 0.01 * seed, "auc_reward": final,
+                "collapsed": correction == "none" and seed == 1,
+                "masked_frac": 0.02, "mean_abs_log_ratio": 0.1, "p99_abs_log_ratio": 0.9, "mixed_rows": 0.5,
+                "versions_per_row": 1.7, "wall_s": 60.0, "series_step_every": 1,
+                "series": {"rollout/reward_mean": [final] * 10},
+            })  # fmt: skip
+    assert paired(runs, "async8-partial", "tis", "none", "final_reward") == pytest.approx([0.05] * 5)
+    rows = {r["correction"]: r for r in analyse(runs)}
+    assert rows["reinforce_pro"]["final_reward_vs_none"]["mean"] == pytest.approx(0.10)
+    assert rows["reinforce_pro"]["final_reward_vs_tis"]["verdict"] == "better"
+    assert rows["none"]["collapses"] == 1 and "final_reward_vs_none" not in rows["none"]
+    payload = {"results": {"runs": runs}, "machine": {"cpu": "x", "cpu_count": 2, "torch": "t"}, "commit": "abc"}
+    text = render(payload, tmp_path)
+    assert "| async8-partial | reinforce_pro | 5 | 0.330 | **+0.100" in text
+    assert (tmp_path / "is_study.png").exists()
