@@ -34,6 +34,7 @@ from benchmarks.compare_is_correction import SERIES, base_config, summarise_run,
 from benchmarks.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict  # noqa: E402
 
 NAME = "is_study"
+STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
 CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
 STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
 
@@ -73,7 +74,8 @@ def with_correction(cfg, correction: str, save: Path):
 
 
 def summarise(history: list[dict], wall: float) -> dict:
-    """compare_is_correction's per-run summary plus what this study reads: collapse, mismatch, mixed rows."""
+    """compare_is_correction's per-run summary plus what this study reads: every step's reward and gradient
+    norm (collapse is judged from them at analysis time), mismatch, masked fraction, mixed rows."""
     out = summarise_run(history, wall)
 
     def mean_of(key):
@@ -81,13 +83,15 @@ def summarise(history: list[dict], wall: float) -> dict:
         return statistics.fmean(values) if values else None
 
     out.update(
-        collapsed=collapsed([h["rollout/reward_mean"] for h in history], [h.get("policy/grad_norm") for h in history]),
+        rewards=[h["rollout/reward_mean"] for h in history],  # every step: collapse is judged from these
+        grad_norms=[h.get("policy/grad_norm") for h in history],
         mean_abs_log_ratio=mean_of("rollout/logprob_abs_diff_mean"),
         p99_abs_log_ratio=mean_of("rollout/logprob_abs_diff_p99"),
         masked_frac=mean_of("is/token_masked_frac"),
         mixed_rows=mean_of("async/partial_mixed_rows"),
         versions_per_row=mean_of("async/partial_versions_per_row"),
         series={k: [h.get(k, float("nan")) for h in history[:: out["series_step_every"]]] for k in STUDY_SERIES},
+        positions={k: mean_of(k) for k in history[0] if k.startswith("is_pos/")},  # means over the run's steps
     )
     return out
 
@@ -112,7 +116,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
         if not pending:
             continue
         pretrain = warm_start(seed, workdir)
-        configs = {g: base_config(pretrain, seed, steps, REGIMES[g].flags) for g, _ in pending}
+        configs = {g: base_config(pretrain, seed, steps, {**REGIMES[g].flags, **STUDY_FLAGS}) for g, _ in pending}
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
         engines = {
             dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
@@ -149,7 +153,7 @@ def analyse(runs: list[dict]) -> list[dict]:
             if not sel:
                 continue
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
-                   "collapses": sum(r["collapsed"] for r in sel)}  # fmt: skip
+                   "collapses": sum(collapsed(r["rewards"], r["grad_norms"]) for r in sel)}  # fmt: skip
             for key in ("final_reward", "auc_reward", "masked_frac", "mean_abs_log_ratio", "p99_abs_log_ratio",
                         "mixed_rows", "versions_per_row", "wall_s"):  # fmt: skip
                 values = [r[key] for r in sel if r.get(key) is not None]

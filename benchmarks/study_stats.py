@@ -43,21 +43,33 @@ def verdict(diffs: list[float]) -> str:
 
 
 def collapsed(
-    rewards: list[float], grad_norms: list[float], window: int = 10, margin: float = 0.05, blowup: float = 10.0
+    rewards: list[float], grad_norms: list[float], window: int = 10, margin: float = 0.05, blowup: float = 5.0
 ) -> bool:
     """A run collapsed when its reward, as a `window`-step moving average, stays more than `margin` below its
-    start (the mean of the first `window` steps) for `window` or more consecutive steps, or a gradient norm is
-    non-finite or exceeds `blowup` x the run's median. The moving average and the margin keep one noisy
-    32-prompt batch from counting: a flat run's raw reward is below its start half of the time."""
+    start (the mean of the first `window` steps) for `window` or more consecutive steps, or its gradient norm
+    blows up: non-finite, or a `window`-step moving average above `blowup` x the run's median. Moving averages
+    and the margin keep single steps from counting: a flat run's raw reward is below its start half of the
+    time, and on the embedded task one step's gradient norm reaches 10x the median in healthy runs."""
     if len(rewards) < 2 * window:
         return False
-    start, run = statistics.fmean(rewards[:window]), 0
-    for i in range(window, len(rewards) + 1):
-        run = run + 1 if statistics.fmean(rewards[i - window : i]) < start - margin else 0
-        if run >= window:
-            return True
-    norms = [g for g in grad_norms if g is not None and math.isfinite(g)]
-    if len(norms) != len(grad_norms):
+    start = statistics.fmean(rewards[:window])
+    if _longest_run(_moving(rewards, window), lambda m: m < start - margin) >= window:
+        return True
+    norms = [g if g is not None else math.nan for g in grad_norms]
+    if not all(math.isfinite(g) for g in norms):
         return True
     median = statistics.median(norms) if norms else 0.0
-    return median > 0 and max(norms) > blowup * median
+    return median > 0 and any(m > blowup * median for m in _moving(norms, window))
+
+
+def _moving(values: list[float], window: int) -> list[float]:
+    """Means of every `window` consecutive values."""
+    return [statistics.fmean(values[i - window : i]) for i in range(window, len(values) + 1)]
+
+
+def _longest_run(values: list[float], holds) -> int:
+    longest = run = 0
+    for v in values:
+        run = run + 1 if holds(v) else 0
+        longest = max(longest, run)
+    return longest

@@ -243,3 +243,51 @@ def test_prop_early_burst_masks_until_mean_returns(burst_over, length, n_prompt,
     assert torch.equal(pro_masked[~boundary], prefix_out[~boundary])
     ice_masked = w_ice[0, n_prompt:] == 0
     assert ice_masked[0] and not ice_masked[1:].any()
+
+
+# ---------------------------------------------------------------------------------------------- positions
+def _drift_late():
+    """Row 0 drifts by log ratio 4 from response position 3 on; row 1 (first action token in column 1) not."""
+    old = torch.tensor([[0.0, 0, 0, 4, 4, 4], [0, 0, 0, 0, 0, 0]], dtype=torch.float64) - 5.0
+    rollout = torch.full_like(old, -5.0)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    return old, rollout, mask
+
+
+@pytest.mark.parametrize(
+    "correction, masked, first",
+    [
+        # band [0.5, 5]: icepop drops every token with ratio e^4; reinforce_pro only where the prefix
+        # mean of the log ratios exceeds log 5 (position 5: 12 / 6 = 2); seq-mask-tis the whole of row 0
+        pytest.param("tis", (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), id="tis"),
+        pytest.param("icepop", (0.0, 0.25, 1.0), (0.0, 1.0, 0.0), id="icepop"),
+        pytest.param("reinforce_pro", (0.0, 0.0, 0.5), (0.0, 0.0, 1.0), id="reinforce_pro"),
+        pytest.param("seq-mask-tis", (0.5, 0.5, 1.0), (1.0, 0.0, 0.0), id="seq-mask-tis"),
+    ],
+)
+def test_position_metrics_hand_computed(correction, masked, first):
+    from reinforce_pro.algos.is_correction import position_metrics
+
+    m = position_metrics(*_drift_late(), 0.5, 5.0)
+    buckets = ("0-1", "2-3", "4-7")  # responses of 6 tokens reach three buckets
+    assert [float(m[f"is_pos/abs_log_ratio/{b}"]) for b in buckets] == pytest.approx([0.0, 1.0, 4.0])
+    assert [float(m[f"is_pos/masked/{correction}/{b}"]) for b in buckets] == pytest.approx(list(masked))
+    assert [float(m[f"is_pos/first_masked/{correction}/{b}"]) for b in buckets] == pytest.approx(list(first))
+    assert {k.split("/")[-1] for k in m} == set(buckets)
+
+
+def test_position_metrics_merge_over_parts_like_the_whole_batch():
+    from reinforce_pro.algos.is_correction import position_metrics
+    from reinforce_pro.algos.stats import reduce_stats
+
+    gen = torch.Generator().manual_seed(3)
+    old = -torch.rand(9, 40, generator=gen, dtype=torch.float64) * 3
+    rollout = old - torch.randn(9, 40, generator=gen, dtype=torch.float64).cumsum(-1) * 0.3
+    mask = torch.arange(40).expand(9, 40) < torch.tensor([40, 3, 17, 33, 8, 40, 25, 1, 12]).unsqueeze(-1)
+    whole = reduce_stats([position_metrics(old, rollout, mask, 0.5, 2.0)])
+    parts = reduce_stats(
+        [position_metrics(old[r], rollout[r], mask[r], 0.5, 2.0) for r in ([0, 1, 2], [3], [4, 5, 6, 7, 8])]
+    )
+    assert set(whole) == set(parts) and "is_pos/abs_log_ratio/32-63" in whole
+    for key, value in whole.items():
+        assert parts[key] == pytest.approx(value, abs=1e-12), key

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
-from reinforce_pro.algos.losses import PolicyLoss, ValueLoss
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss, ValueLoss
 from reinforce_pro.algos.masked import aggregate_loss
 
 E2 = math.exp(2.0)
@@ -410,7 +410,7 @@ def test_value_loss_hand_computed(clip, expected, clip_frac):
 def test_the_loss_takes_its_settings_as_they_are():
     """One definition of the loss's defaults and checks (LossSettings): PolicyLoss keeps the object it is
     given, the keyword form builds the same settings, and bad settings fail where they are built."""
-    from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, LossSettings
+    from reinforce_pro.algos.losses import LossSettings
 
     settings = LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
     assert PolicyLoss(settings).settings is settings
@@ -420,3 +420,22 @@ def test_the_loss_takes_its_settings_as_they_are():
         PolicyLoss(settings, dual_clip=3.0)
     with pytest.raises(ValueError, match="dual_clip"):
         LossSettings(dual_clip=0.5)
+
+
+def test_position_metrics_ride_along_with_the_is_metrics():
+    from reinforce_pro.algos.is_correction import position_metrics
+
+    gen = torch.Generator().manual_seed(0)
+    lp, old = -torch.rand(3, 5, generator=gen), -torch.rand(3, 5, generator=gen)
+    rollout, adv, mask = (
+        old - 0.5 * torch.randn(3, 5, generator=gen),
+        torch.randn(3, 5, generator=gen),
+        torch.ones(3, 5),
+    )
+    kwargs = dict(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    _, plain = PolicyLoss(**kwargs)(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
+    loss, m = PolicyLoss(**kwargs, position_metrics=True)(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
+    expected = position_metrics(old, rollout, mask, *DEFAULT_IS_THRESHOLD)
+    assert set(m) == set(plain) | set(expected) and "is_pos/masked/icepop/4-7" in m
+    for key, stat in expected.items():
+        assert m[key].item() == stat.item(), key

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -122,33 +123,89 @@ def compute_is_weights(
     tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
     """
     validate_is_config(correction_type, low, high)
-    _check_same_shape(old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, action_mask=action_mask)
     with torch.no_grad():
-        dtype = torch.promote_types(old_log_probs.dtype, torch.float32)
-        old, rollout = old_log_probs.to(dtype), rollout_log_probs.to(dtype)
-        action = action_mask.bool()
-        finite = torch.isfinite(old) & torch.isfinite(rollout)
-        valid = action & finite
-        nonfinite = action & ~finite
-        zero = torch.zeros((), dtype=dtype, device=old.device)
-        log_ratio = torch.where(valid, old - rollout, zero).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        inp = ISInputs(
-            log_ratio=log_ratio,
-            ratio=log_ratio.exp(),
-            action_mask=action,
-            valid=valid,
-            nonfinite=nonfinite,
-            any_nonfinite=bool(nonfinite.any()),
-            low=float(low),
-            high=float(high),
-        )
-
+        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high)
         raw_weights, keep, extra = IS_CORRECTIONS[correction_type](inp)
-        keep = keep & valid
-        weights = torch.where(keep, raw_weights, zero)
+        keep = keep & inp.valid
+        weights = torch.where(keep, raw_weights, torch.zeros((), dtype=raw_weights.dtype, device=keep.device))
         metrics = _is_metrics(inp, weights, keep)
         metrics.update(extra)
     return weights, metrics
+
+
+def is_inputs(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor, low: float, high: float
+) -> ISInputs:
+    """The sanitised inputs every correction reads (see the module docstring's safety rules); (B, T) each."""
+    _check_same_shape(old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, action_mask=action_mask)
+    dtype = torch.promote_types(old_log_probs.dtype, torch.float32)
+    old, rollout = old_log_probs.detach().to(dtype), rollout_log_probs.detach().to(dtype)
+    action = action_mask.bool()
+    finite = torch.isfinite(old) & torch.isfinite(rollout)
+    valid = action & finite
+    nonfinite = action & ~finite
+    zero = torch.zeros((), dtype=dtype, device=old.device)
+    log_ratio = torch.where(valid, old - rollout, zero).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return ISInputs(
+        log_ratio=log_ratio,
+        ratio=log_ratio.exp(),
+        action_mask=action,
+        valid=valid,
+        nonfinite=nonfinite,
+        any_nonfinite=bool(nonfinite.any()),
+        low=float(low),
+        high=float(high),
+    )
+
+
+# Response-position buckets of the position diagnostics: [0, 2), [2, 4), [4, 8), ... [1024, inf).
+POSITION_BUCKET_STARTS = (0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def position_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor, low: float, high: float
+) -> dict[str, Stat]:
+    """Where in a response the drift is and where each correction cuts (issue 31; `--is_position_metrics`).
+
+    Positions count from each sequence's first action token (as `is/first_masked_pos_mean`). For each bucket b
+    of POSITION_BUCKET_STARTS that the responses reach, named `<lo>-<hi>` (`1024+` for the last):
+    - `is_pos/abs_log_ratio/<b>`: mean |old - rollout log-prob| over the bucket's valid action tokens;
+    - `is_pos/masked/<correction>/<b>`: fraction of the bucket's action tokens that correction gives weight 0;
+    - `is_pos/first_masked/<correction>/<b>`: of the sequences that correction masks anywhere, the fraction
+      whose first masked token lies in the bucket.
+    Every correction of IS_CORRECTIONS is evaluated, whichever one trains, with the band [low, high].
+    """
+    if action_mask.size(-1) == 0:
+        return {}
+    with torch.no_grad():
+        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high)
+        action, dtype = inp.action_mask, inp.log_ratio.dtype
+        columns = torch.arange(action.size(-1), device=action.device)
+        pos = columns - action.to(torch.int8).argmax(dim=-1, keepdim=True)  # (B, T) offset from the first action
+        starts = [s for s in POSITION_BUCKET_STARTS if s < action.size(-1)]
+        bucket = torch.bucketize(pos, torch.tensor(starts[1:], device=pos.device), right=True)  # (B, T) index
+        names = [f"{lo}-{hi - 1}" for lo, hi in pairwise(starts)] + [_last_bucket(starts)]
+        m = {}
+        for b, name in enumerate(names):
+            m[f"is_pos/abs_log_ratio/{name}"] = mean_stat(inp.log_ratio.abs(), inp.valid & (bucket == b))
+        for correction, fn in IS_CORRECTIONS.items():
+            _, keep, _ = fn(inp)
+            masked = action & ~(keep & inp.valid)
+            has_masked = masked.any(dim=-1)
+            first_bucket = bucket.gather(-1, masked.to(torch.int8).argmax(dim=-1, keepdim=True)).squeeze(-1)
+            for b, name in enumerate(names):
+                in_b = bucket == b
+                m[f"is_pos/masked/{correction}/{name}"] = mean_stat(masked.to(dtype), action & in_b)
+                m[f"is_pos/first_masked/{correction}/{name}"] = mean_stat((first_bucket == b).to(dtype), has_masked)
+    return m
+
+
+def _last_bucket(starts: list[int]) -> str:
+    """The name of the last bucket the responses reach: open-ended only past the last start."""
+    i = POSITION_BUCKET_STARTS.index(starts[-1])
+    if i + 1 == len(POSITION_BUCKET_STARTS):
+        return f"{starts[-1]}+"
+    return f"{starts[-1]}-{POSITION_BUCKET_STARTS[i + 1] - 1}"
 
 
 def _is_metrics(inp: ISInputs, weights: torch.Tensor, keep: torch.Tensor) -> dict[str, Stat]:

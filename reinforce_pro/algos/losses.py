@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reinforce_pro.algos.is_correction import compute_is_weights, validate_is_config
+from reinforce_pro.algos.is_correction import compute_is_weights, position_metrics, validate_is_config
 from reinforce_pro.algos.masked import aggregate_loss, masked_mean
 from reinforce_pro.algos.stats import Stat, loss_stat, mean_stat
 
@@ -59,6 +59,7 @@ class LossSettings:
     enable_vllm_is_correction: bool = False
     vllm_is_truncated_threshold: tuple[float, float] = DEFAULT_IS_THRESHOLD
     vllm_is_correction_type: str = "tis"
+    position_metrics: bool = False  # with IS: also is_pos/* (is_correction.position_metrics), every correction
 
     def __post_init__(self) -> None:
         if self.policy_loss_type not in POLICY_LOSSES:
@@ -139,6 +140,8 @@ class PolicyLoss(nn.Module):
                 self.settings.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
             )
             loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, zero)
+            if self.settings.position_metrics:
+                metrics.update(position_metrics(old_log_probs, rollout_log_probs, mask, low, high))
         elif use_is:
             metrics["is/vllm_kl"] = mean_stat((rollout_log_probs - old_log_probs).detach(), live)
 

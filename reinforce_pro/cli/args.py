@@ -167,6 +167,13 @@ def _add_vllm(p) -> None:
         "prefix geometric-mean mask (see docs/algorithms.md)",
     )
     g.add_argument(
+        "--is_position_metrics",
+        action="store_true",
+        help="[reinforce_pro] with --enable_vllm_is_correction: log where in the responses the mismatch is, per "
+        "bucket of response positions: mean |log ratio| and the fraction every correction would mask "
+        "(is_pos/*, docs/metrics.md)",
+    )
+    g.add_argument(
         "--rollout_staleness",
         type=int,
         default=0,
