@@ -91,7 +91,7 @@ def summarise(history: list[dict], wall: float) -> dict:
         mixed_rows=mean_of("async/partial_mixed_rows"),
         versions_per_row=mean_of("async/partial_versions_per_row"),
         series={k: [h.get(k, float("nan")) for h in history[:: out["series_step_every"]]] for k in STUDY_SERIES},
-        positions={k: mean_of(k) for k in history[0] if k.startswith("is_pos/")},  # means over the run's steps
+        positions={k: mean_of(k) for k in sorted({k for h in history for k in h if k.startswith("is_pos/")})},
     )
     return out
 
