@@ -857,3 +857,16 @@ def test_adaptive_kl_coefficient_is_the_one_the_kl_loss_uses(tmp_path, engine, t
     assert not torch.allclose(after[2]["model.norm.weight"], after[0]["model.norm.weight"], atol=1e-5)
     for w in (plain, zero, five):
         ray.kill(w)
+
+
+def test_adaptive_lag_moves_with_the_mismatch(tmp_path, engine, tiny_model, digit_reward):
+    """Issue 31: --async_lag_target. A target far below the measured mismatch pulls the producer's lead to 0
+    (later rows are never stale); one far above lets it grow to --async_queue_size."""
+    common = ["--async_train", "--async_queue_size", "3", "--async_lag_metric", "rollout/logprob_abs_diff_mean",
+              "--remote_rm_url", digit_reward, "--max_samples", "40"]  # fmt: skip
+    _, _, tight = run([*common, "--async_lag_target", "1e-12"], tmp_path / "tight", engine, tiny_model)
+    _, _, loose = run([*common, "--async_lag_target", "10"], tmp_path / "loose", engine, tiny_model)
+    assert [h["async/max_lag"] for h in tight] == [0.0] * 5
+    assert [h["async/max_lag"] for h in loose] == [2.0, 3.0, 3.0, 3.0, 3.0]
+    assert tight[-1]["async/staleness_max"] == 0.0  # produced after the lead dropped to 0
+    assert max(h["async/staleness_max"] for h in loose) >= 2.0

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
+from reinforce_pro.trainer.rollout_stream import AdaptiveLag, AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
 
 
 def fake_producer(gate: EngineGate, last: int, seconds: float = 0.0, fail_at: int | None = None):
@@ -160,3 +160,43 @@ def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(
     assert versions == [[3, 3, 4], [3, 3, 4, 4, 4, 4]]  # two versions in one response
     assert [g.log_probs for g in generations] == [[-3.0, -3.0, -4.0], [-3.0, -3.0, -4.0, -4.0, -4.0, -4.0]]
     assert engine["calls"] == [[2, 2], [4, 4], [6]]  # unfinished rows continue from prompt + tokens so far
+
+
+@pytest.mark.parametrize(
+    "values, lags",
+    [
+        pytest.param([0.001, 0.001, 0.001, 0.001], [2, 3, 4, 4], id="small-mismatch-grows-to-the-limit"),
+        pytest.param([0.5, 0.5, 0.5], [0, 0, 0], id="large-mismatch-drops-to-0"),
+        pytest.param([0.07, 0.07, 0.5, 0.01], [1, 1, 0, 1], id="dead-band-holds"),
+    ],
+)
+def test_adaptive_lag_rule(values, lags):
+    ctl = AdaptiveLag(limit=4, target=0.1, metric="is/token_masked_frac")
+    assert [ctl.update({"is/token_masked_frac": v}) for v in values] == lags
+
+
+def test_adaptive_lag_refuses_bad_settings():
+    with pytest.raises(ValueError, match="--async_lag_metric"):
+        AdaptiveLag(4, 0.1, "policy/entropy")
+    with pytest.raises(ValueError, match="--async_lag_target must be > 0"):
+        AdaptiveLag(4, 0.0)
+
+
+def test_the_producer_obeys_a_lag_that_moves_between_steps():
+    """The trainer lowers the lag from 3 to 0 after step 4: later batches wait for the weights just trained."""
+    gate = EngineGate()
+    stream = AsyncRollouts(fake_producer(gate, last=14), 1, gate, 3)
+    out, step = [], 0
+    with stream:
+        while (batch := stream.get()[0]) is not None:
+            step += 1
+            k, version = batch.samples
+            out.append((step - 1) - version)
+            time.sleep(0.01)
+            if step == 4:
+                stream.max_lag = 0
+            with gate.syncing(step):
+                pass
+    assert max(out[:4]) == 3  # ran 3 versions ahead while allowed
+    # batches already queued when the lag dropped keep their (bounded) staleness; from then on: 0
+    assert out[-5:] == [0] * 5 and max(out) <= 3

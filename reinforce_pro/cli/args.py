@@ -18,6 +18,7 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
+from reinforce_pro.trainer.rollout_stream import LAG_METRICS
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
 # one kind of machine only are checked where the machine is known: SLEEP_FLAGS in cli/wiring.py.)
@@ -193,6 +194,17 @@ def _add_vllm(p) -> None:
         help="with --async_train: how many batches (= policy versions) the producer may run ahead of the "
         "trainer; the bound on a trained sample's staleness (>= 1)",
     )
+    g.add_argument(
+        "--async_lag_target", type=float, default=None,
+        help="[reinforce_pro] with --async_train: adaptive staleness. After each step the producer's lead moves "
+        "within [0, --async_queue_size]: one version less while --async_lag_metric is above this target, one "
+        "more while it is below half of it (logged as async/max_lag)",
+    )  # fmt: skip
+    g.add_argument(
+        "--async_lag_metric", default=LAG_METRICS[0], choices=list(LAG_METRICS),
+        help="[reinforce_pro] the mismatch --async_lag_target holds: the IS correction's masked token fraction "
+        "(needs --enable_vllm_is_correction) or the mean |trainer - engine log-prob|",
+    )  # fmt: skip
     g.add_argument(
         "--partial_rollout", action="store_true",
         help="with --async_train: a weight sync goes in between chunks of a batch; unfinished responses continue "

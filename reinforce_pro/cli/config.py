@@ -349,7 +349,8 @@ def loop(
     train_max_tokens_per_gpu, packing_samples, max_epochs, freezing_actor_steps, logging_steps, seed,
     rollout_staleness, dynamic_filtering,
     dynamic_filtering_reward_range, eval_steps, eval_before_training, samples_log_steps, recompute_old_log_probs,
-    async_train, async_queue_size, partial_rollout, partial_rollout_chunk, max_new_tokens, best_metric_key,
+    async_train, async_queue_size, async_lag_target, async_lag_metric, partial_rollout, partial_rollout_chunk,
+    max_new_tokens, best_metric_key,
     save_steps, load_checkpoint, ckpt_path, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
 ) -> LoopConfig:  # fmt: skip
     checkpoints = None
@@ -385,6 +386,8 @@ def loop(
         recompute_old_log_probs=recompute_old_log_probs,
         async_train=async_train,
         async_queue_size=async_queue_size,
+        async_lag_target=async_lag_target,
+        async_lag_metric=async_lag_metric,
         partial_rollout_chunk=chunk,
         best_metric_key=best_metric_key or None,
         # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)

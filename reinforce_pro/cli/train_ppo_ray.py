@@ -171,6 +171,13 @@ def invalid_combination(args) -> str | None:
         return f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {args.vllm_sync_backend}"
     if args.vllm_sync_backend == "gloo" and not args.vllm_sync_with_ray and args.rollout_staleness > 0:
         return "--rollout_staleness serves older weights, which only --vllm_sync_backend object_store keeps"
+    if args.async_lag_target is not None:
+        if not args.async_train:
+            return "--async_lag_target moves the lead of --async_train's producer: add --async_train"
+        if not (math.isfinite(args.async_lag_target) and args.async_lag_target > 0):
+            return f"--async_lag_target must be a finite number > 0, got {args.async_lag_target}"
+        if args.async_lag_metric == "is/token_masked_frac" and not args.enable_vllm_is_correction:
+            return "--async_lag_metric is/token_masked_frac is logged by IS correction: add --enable_vllm_is_correction"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
     checks = [

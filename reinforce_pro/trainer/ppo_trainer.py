@@ -30,7 +30,7 @@ from reinforce_pro.trainer.evaluation import evaluate
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
-from reinforce_pro.trainer.rollout_stream import AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
+from reinforce_pro.trainer.rollout_stream import AdaptiveLag, AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
 from reinforce_pro.trainer.weight_sync import make_weight_sync
 from reinforce_pro.workers.group import ActorGroup
 
@@ -72,6 +72,9 @@ class LoopConfig:
     recompute_old_log_probs: bool = False  # always run the separate old-log-prob forward (see old_log_probs_needed)
     async_train: bool = False  # generate in a producer thread while the policy trains (rollout_stream.py)
     async_queue_size: int = 1  # with async_train: batches (= policy versions) the producer may run ahead
+    # with async_train: move the lag within [0, async_queue_size] to keep this metric under the target
+    async_lag_target: float | None = None
+    async_lag_metric: str = "is/token_masked_frac"
     # with async_train: sample in chunks of this many tokens, letting weight syncs in between (rollout_stream.py)
     partial_rollout_chunk: int | None = None
     best_metric_key: str | None = None  # keep the policy with the highest value of this eval metric...
@@ -112,6 +115,9 @@ class PPOTrainer:
             cfg.engine_tp_size,
         )  # fmt: skip
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
+        self.lag_ctl = None
+        if cfg.async_train and cfg.async_lag_target is not None:
+            self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
             self.source.partial = PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in())
@@ -136,6 +142,7 @@ class PPOTrainer:
                 with timed(timings, "train"):
                     metrics.update(exp_metrics)
                     metrics.update(self.train(experience, step))
+                self.adapt_lag(stream, metrics)  # before the sync: the producer rechecks its bound when it lands
                 with timed(timings, "weight_sync"):
                     self.sync_weights(step)
                 if self.eval_set and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
@@ -160,7 +167,14 @@ class PPOTrainer:
     def rollout_stream(self) -> SyncRollouts | AsyncRollouts:
         if not self.cfg.async_train:
             return SyncRollouts(self.produce, self.step + 1)
-        return AsyncRollouts(self.produce, self.step + 1, self.gate, self.cfg.async_queue_size)
+        lag = self.cfg.async_queue_size if self.lag_ctl is None else self.lag_ctl.lag
+        return AsyncRollouts(self.produce, self.step + 1, self.gate, lag)
+
+    def adapt_lag(self, stream, metrics: dict[str, float]) -> None:
+        """--async_lag_target: set the producer's lag from this step's mismatch; logged as async/max_lag."""
+        if self.lag_ctl is not None:
+            stream.max_lag = self.lag_ctl.update(metrics)
+            metrics["async/max_lag"] = float(stream.max_lag)
 
     def produce(self, batch_number: int) -> RolloutBatch | None:
         """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread

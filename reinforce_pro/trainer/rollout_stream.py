@@ -62,8 +62,11 @@ class EngineGate:
         # releases and retakes the lock in one breath, could make the trainer wait a whole extra batch.
         self.syncs_waiting = 0
 
-    def generating(self, batch: int, max_lag: int) -> _Generating:
-        return _Generating(self, batch - 1 - max_lag)
+    def generating(self, batch: int, max_lag: int | Callable[[], int]) -> _Generating:
+        """max_lag: a number, or a function read each time the condition is checked (--async_lag_target
+        moves it between steps; the producer waiting here sees the new bound at the next weight sync)."""
+        lag = max_lag if callable(max_lag) else lambda: max_lag
+        return _Generating(self, lambda: batch - 1 - lag())
 
     def syncing(self, version: int) -> _Syncing:
         return _Syncing(self, version)
@@ -87,14 +90,14 @@ class EngineGate:
 
 
 class _Generating:
-    def __init__(self, gate: EngineGate, need: int):
+    def __init__(self, gate: EngineGate, need: Callable[[], int]):
         self.gate, self.need, self.waited_s = gate, need, 0.0
 
     def __enter__(self) -> _Generating:
         start = time.perf_counter()
         self.gate._cond.acquire()
         gate = self.gate
-        gate._cond.wait_for(lambda: (gate.version >= self.need and not gate.syncs_waiting) or gate.closed)
+        gate._cond.wait_for(lambda: (gate.version >= self.need() and not gate.syncs_waiting) or gate.closed)
         self.waited_s = time.perf_counter() - start
         return self
 
@@ -193,7 +196,7 @@ class AsyncRollouts:
         k = self.first_batch
         try:
             while not self._stop.is_set():
-                with self.gate.generating(k, self.max_lag) as held:
+                with self.gate.generating(k, lambda: self.max_lag) as held:  # max_lag may move (AdaptiveLag)
                     if self._stop.is_set():
                         break
                     interval = [time.perf_counter(), None]
@@ -210,3 +213,39 @@ class AsyncRollouts:
             self._queue.put(_End(e))
             return
         self._queue.put(_End())
+
+
+# --async_lag_metric choices: metrics of every step that grow with the rollout/training mismatch
+LAG_METRICS = ("is/token_masked_frac", "rollout/logprob_abs_diff_mean")
+
+
+@dataclass
+class AdaptiveLag:
+    """--async_lag_target: how far the producer may run ahead, moved by the measured mismatch.
+
+    After each step the trainer reads `metric` (LAG_METRICS): above `target` the lag drops by one version
+    (down to 0: the next batch waits for the weights just trained), below half the target it grows by one (up
+    to `limit`, --async_queue_size); in between it stays, so one noisy step does not make it oscillate.
+    Fixed-lag async RL (OpenRLHF's --async_queue_size, AReaL's max_head_offpolicyness, prime-rl, verl) picks
+    the lag by hand; this one runs ahead while the mismatch is small and holds back when it grows."""
+
+    limit: int
+    target: float
+    metric: str = LAG_METRICS[0]
+    lag: int = 1
+
+    def __post_init__(self) -> None:
+        if self.metric not in LAG_METRICS:
+            raise ValueError(f"--async_lag_metric must be one of {', '.join(LAG_METRICS)}, got {self.metric}")
+        if not self.target > 0:
+            raise ValueError(f"--async_lag_target must be > 0, got {self.target}")
+        self.lag = min(self.lag, self.limit)
+
+    def update(self, metrics: dict[str, float]) -> int:
+        """The lag for the batches produced from now on, given this step's metrics."""
+        value = metrics[self.metric]
+        if value > self.target:
+            self.lag = max(0, self.lag - 1)
+        elif value < self.target / 2:
+            self.lag = min(self.limit, self.lag + 1)
+        return self.lag
