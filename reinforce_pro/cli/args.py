@@ -88,7 +88,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _add_placement(p) -> None:
     g = both_spellings(
-        p.add_argument_group("placement (Ray placement groups; one bundle = one GPU, or one CPU slot without GPUs)")
+        p.add_argument_group(
+            "placement (Ray placement groups: one bundle per rank = one GPU; without GPUs one per node)"
+        )
     )
     for role in ("ref", "reward", "actor", "critic"):
         ranks = "reward-model GPUs" if role == "reward" else f"{role} data-parallel ranks"

@@ -1,14 +1,18 @@
 """Starting Ray and placing the actor groups.
 
-Each group (policy, reference, critic) gets a Ray placement group of one bundle per node: `per_node` GPUs
-(+ as many CPUs) on a GPU cluster, `per_node` logical CPUs without GPUs; with several nodes the bundles
-are STRICT_SPREAD, so `--actor_num_nodes 2` really is two nodes (tests/test_multinode.py). Rank r runs in
-bundle r // per_node. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local
-cluster declares as many as the bundles need. That is safe in the synchronous pipeline (the engine generates, then
-the policy trains; they do not compete for the cores); under --async_train they do, and each actor is given
-its share of the cores as a thread count (cli/wiring.py: cpu_threads).
-Colocated groups (`--colocate_actor_ref`, `--colocate_critic_reward`, `--colocate_all_models`) share
-bundles, each actor taking a fraction of a slot.
+Each group (policy, reference, critic) gets a Ray placement group.
+- With GPUs: one bundle per rank, {GPU: 1, CPU: 1}, PACKed (a node's GPUs fill before the next node's, as in
+  OpenRLHF). Rank r runs in bundle r, so it owns one device; colocated actors (`--colocate_actor_ref`,
+  `--colocate_critic_reward`, `--colocate_all_models`) take fractions (SHARES) of the *same bundle index*,
+  so reference rank r shares policy rank r's GPU. One bundle of several GPUs would not do: Ray packs
+  fractional requests inside it onto devices of its own choosing (measured on a simulated 8-GPU node: two
+  policy ranks per GPU and no reference rank beside its policy rank; tests/test_gpu_placement.py).
+- Without GPUs: one bundle per node of `per_node` logical CPUs; with several nodes the bundles are
+  STRICT_SPREAD, so `--actor_num_nodes 2` really is two nodes (tests/test_multinode.py). Rank r runs in
+  bundle r // per_node. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local
+  cluster declares as many as the bundles need. That is safe in the synchronous pipeline (the engine
+  generates, then the policy trains; they do not compete for the cores); under --async_train they do, and
+  each actor is given its share of the cores as a thread count (cli/wiring.py: cpu_threads).
 """
 
 from __future__ import annotations
@@ -67,26 +71,43 @@ class GroupSpec:
         return self.num_nodes * self.per_node
 
 
+@dataclass(frozen=True)
+class Shares:
+    """The fraction of one bundle (a GPU, or a CPU slot) each actor takes; actors sharing a bundle sum to 1."""
+
+    alone: float = 1.0
+    pair: float = 0.5  # --colocate_actor_ref: policy + reference; --colocate_critic_reward: critic + reward model
+    all_policy: float = 0.4  # --colocate_all_models: policy + reference + engine on one device
+    all_reference: float = 0.3
+    all_engine: float = 0.3
+
+
+SHARES = Shares()
 PLACEMENT_TIMEOUT_S = 300  # a request the cluster can never satisfy fails with a message instead of hanging
 
 
 def make_placement_group(spec: GroupSpec, use_gpu: bool) -> PlacementGroup:
-    bundle = {"GPU": spec.per_node, "CPU": spec.per_node} if use_gpu else {"CPU": spec.per_node}
-    strategy = "STRICT_SPREAD" if spec.num_nodes > 1 else "PACK"
-    pg = placement_group([dict(bundle) for _ in range(spec.num_nodes)], strategy=strategy, name=f"rp_{spec.name}")
+    """One bundle per rank with GPUs (PACK), one per node without (see the module docstring)."""
+    if use_gpu:
+        bundles, strategy = [{"GPU": 1, "CPU": 1} for _ in range(spec.size)], "PACK"
+    else:
+        bundles = [{"CPU": spec.per_node} for _ in range(spec.num_nodes)]
+        strategy = "STRICT_SPREAD" if spec.num_nodes > 1 else "PACK"
+    pg = placement_group(bundles, strategy=strategy, name=f"rp_{spec.name}")
     try:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
         raise RuntimeError(
-            f"{spec.name}: {spec.num_nodes} node(s) x {bundle} could not be placed in {PLACEMENT_TIMEOUT_S} s; "
-            f"the cluster has {ray.cluster_resources()} on {len(ray.nodes())} node(s)"
+            f"{spec.name}: {len(bundles)} bundle(s) of {bundles[0]} ({strategy}) could not be placed in "
+            f"{PLACEMENT_TIMEOUT_S} s; the cluster has {ray.cluster_resources()} on {len(ray.nodes())} node(s)"
         ) from None
     return pg
 
 
-def bundle_of(spec: GroupSpec, rank: int) -> int:
-    return rank // spec.per_node
+def bundle_of(pg: PlacementGroup, spec: GroupSpec, rank: int) -> int:
+    """The bundle of `pg` that rank `rank` of `spec` runs in: its own (one per rank) or its node's."""
+    return rank * len(pg.bundle_specs) // spec.size
 
 
 def node_of(actor) -> dict:
@@ -146,7 +167,7 @@ def create_group(
     actors = []
     for rank in range(spec.size):
         dist = DistInfo(rank=rank, world_size=spec.size, master_addr=addr, master_port=port, init_method=store)
-        bundle = bundle_of(spec, rank)
+        bundle = bundle_of(pg, spec, rank)
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
         options = dict(num_cpus=share, num_gpus=share if use_gpu else 0, scheduling_strategy=strategy)
         actors.append(actor_cls.options(**options, **env_options(env)).remote(*make_args(dist)))
