@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.cli.config import RunConfig
+from reinforce_pro.cli.errors import UserInputError
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
@@ -22,8 +23,11 @@ from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.ppo_trainer import EvalSet, PPOTrainer
 from reinforce_pro.workers.base import LOG_DIR_ENV
 from reinforce_pro.workers.critic import CriticWorker
+from reinforce_pro.workers.group import ActorGroup
 from reinforce_pro.workers.launcher import (
+    SHARES,
     GroupSpec,
+    bundle_of,
     create_group,
     env_options,
     gpus_available,
@@ -118,13 +122,49 @@ def with_log_dir(env: dict | None, plan) -> dict | None:
     return {**(env or {}), LOG_DIR_ENV: str(plan.log_dir)}
 
 
-def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> dict:
+def role(default=None):
+    """A RunActors field that holds actors of one role (placement.json lists it, release() ends it)."""
+    return field(default=default, metadata={"role": True})
+
+
+@dataclass
+class RunActors:
+    """Every actor and placement group one run holds. What is recorded and released is derived from the
+    fields marked as roles: a role added here needs no second list to keep in step."""
+
+    policy: ActorGroup = role()
+    engines: list = role()
+    owned_engines: bool = True  # False: the caller passed the engines in and keeps them
+    pgs: list = field(default_factory=list)
+    reference: ActorGroup | None = role()
+    critic: ActorGroup | None = role()
+    critic_pg: object = None  # the critic's placement group: --colocate_critic_reward puts the reward model there
+    reward_model: list | None = role()
+    judge: list | None = role()
+
+    def roles(self) -> dict[str, list]:
+        """{role: its actors} for every role that has some."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("role") and getattr(self, f.name)}
+
+    def release(self) -> None:
+        """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
+        from ray.util import remove_placement_group
+
+        for name, actors in self.roles().items():
+            if name != "engines" or self.owned_engines:
+                for actor in actors:
+                    ray.kill(actor)
+        for pg in self.pgs:
+            remove_placement_group(pg)
+
+
+def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors:
     """Placement groups and actors for every role the config asks for; `engines` reuses existing engines."""
-    groups: dict = {"owned_engines": engines is None, "pgs": []}
+    run = RunActors(owned_engines=engines is None)
 
     def new_pg(spec: GroupSpec):
         pg = make_placement_group(spec, use_gpu)
-        groups["pgs"].append(pg)
+        run.pgs.append(pg)
         return pg
 
     where = cfg.placement
@@ -132,11 +172,11 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> dict:
     engine_env, trainer_env = (with_log_dir(env, plan) for env in cpu_threads(cfg, use_gpu))
     colocate_all = where.colocate_all_models
     colocate_ref = where.colocate_actor_ref or colocate_all
-    share = 0.4 if colocate_all else (0.5 if colocate_ref and cfg.needs_reference else 1.0)
+    share = SHARES.all_policy if colocate_all else (SHARES.pair if colocate_ref and cfg.needs_reference else 1.0)
     attn = {"attn_implementation": attn_implementation(cfg.forward.attn_implementation)}
     forward_budget = {"forward_max_tokens": cfg.forward.max_tokens, "packing_samples": cfg.forward.packing_samples}
     fwd = {**attn, "forward_micro_batch_size": cfg.forward.micro_batch_size, **forward_budget}
-    groups["policy"] = create_group(
+    run.policy = create_group(
         PolicyWorker,
         where.actor,
         actor_pg,
@@ -145,7 +185,6 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> dict:
         lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, fwd, cfg.models.lora),
         trainer_env,
     )
-    groups["reference"] = None
     if cfg.needs_reference:
         ref_spec = where.actor if colocate_ref else where.ref
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
@@ -153,52 +192,47 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> dict:
             plan.pretrain, cfg.forward.micro_batch_size, cfg.rollout.temperature, cfg.actor_optim.param_dtype,
             {**attn, **forward_budget},
         )  # fmt: skip
-        ref_share = 0.3 if colocate_all else share
-        groups["reference"] = create_group(
+        ref_share = SHARES.all_reference if colocate_all else share
+        run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
         )
-    groups["critic"] = None
     if cfg.needs_critic:
         models = cfg.models
         pretrain = models.critic_pretrain or plan.pretrain
-        groups["critic_pg"] = new_pg(where.critic)
-        critic_share = 0.5 if where.colocate_critic_reward else 1.0  # the other half: the reward model
-        groups["critic"] = create_group(
-            CriticWorker, where.critic, groups["critic_pg"], use_gpu, critic_share,
+        run.critic_pg = new_pg(where.critic)
+        critic_share = SHARES.pair if where.colocate_critic_reward else 1.0  # the other half: the reward model
+        run.critic = create_group(
+            CriticWorker, where.critic, run.critic_pg, use_gpu, critic_share,
             lambda d: (pretrain, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, fwd),
             trainer_env,
         )  # fmt: skip
     engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
-    groups["engines"] = engines or [
+    run.engines = engines or [
         ray.remote(VLLMEngine).options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env)).remote(engine_cfg, i)
         for i in range(cfg.engines.count)
     ]
-    return groups
+    return run
 
 
 def engine_options(cfg: RunConfig, use_gpu: bool, actor_pg, index: int, env: dict | None = None) -> dict:
-    """A whole GPU per tensor-parallel rank, or with --colocate_all_models 0.3 of a policy bundle; `env`:
-    environment variables of the engine's process (cpu_threads)."""
+    """A whole GPU per tensor-parallel rank, or with --colocate_all_models a share of policy rank
+    (index mod ranks)'s bundle, i.e. its GPU; `env`: environment variables of the engine's process (cpu_threads)."""
     extra = env_options(env)
     if not cfg.placement.colocate_all_models:
         return {"num_cpus": 1, "num_gpus": cfg.engines.config.tensor_parallel_size if use_gpu else 0, **extra}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor = cfg.placement.actor
-    bundle = (index % actor.size) // actor.per_node
+    bundle = bundle_of(actor_pg, actor, index % actor.size)
     strategy = PlacementGroupSchedulingStrategy(placement_group=actor_pg, placement_group_bundle_index=bundle)
-    return {"num_cpus": 0.3, "num_gpus": 0.3 if use_gpu else 0, "scheduling_strategy": strategy, **extra}
+    share = SHARES.all_engine
+    return {"num_cpus": share, "num_gpus": share if use_gpu else 0, "scheduling_strategy": strategy, **extra}
 
 
-# The actor roles a run creates itself (engines may be passed in and are released only when owned).
-RUN_ACTORS = ("policy", "reference", "critic", "reward_model", "judge")
-
-
-def record_placement(groups: dict, run_dir: Path) -> dict:
+def record_placement(run: RunActors, run_dir: Path) -> dict:
     """Where every actor of the run landed ({role: [{"node_id", "ip"} per rank / engine]}), written to
     placement.json in the run directory and summarised in one line."""
-    roles = {key: groups.get(key) for key in (*RUN_ACTORS, "engines")}
-    placement = {role: [node_of(a) for a in actors] for role, actors in roles.items() if actors}
+    placement = {role: [node_of(a) for a in actors] for role, actors in run.roles().items()}
     (run_dir / "placement.json").write_text(json.dumps(placement, indent=1))
     summary = ", ".join(
         f"{role} {len(where)} on {len({w['node_id'] for w in where})} node(s)" for role, where in placement.items()
@@ -207,20 +241,7 @@ def record_placement(groups: dict, run_dir: Path) -> dict:
     return placement
 
 
-def release_groups(groups: dict) -> None:
-    """Kill the actors this run created and free its placement groups (the cluster may outlive the run)."""
-    from ray.util import remove_placement_group
-
-    owned = [a for key in RUN_ACTORS for a in (groups.get(key) or [])]
-    if groups.get("owned_engines"):
-        owned += groups["engines"]
-    for actor in owned:
-        ray.kill(actor)
-    for pg in groups["pgs"]:
-        remove_placement_group(pg)
-
-
-def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: dict):
+def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: RunActors):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("model:"):
@@ -229,16 +250,16 @@ def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: dict):
         if cfg.placement.colocate_critic_reward:  # in the critic's first slot, beside critic rank 0
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            share = 0.5
-            extra["scheduling_strategy"] = PlacementGroupSchedulingStrategy(groups["critic_pg"], 0)
+            share = SHARES.pair
+            extra["scheduling_strategy"] = PlacementGroupSchedulingStrategy(groups.critic_pg, 0)
         rm = ray.remote(RewardModelWorker).options(num_cpus=share, num_gpus=share if use_gpu else 0, **extra)
         actor = rm.remote(cfg.models.reward_pretrain, cfg.forward.micro_batch_size)
-        groups["reward_model"] = [actor]
+        groups.reward_model = [actor]
         return lambda queries, prompts, labels: ray.get(actor.score.remote(queries))
     return load_reward_func(plan.reward_source)
 
 
-def selfplay_source(cfg: RunConfig, plan, groups, sampler: Sampler, use_gpu: bool):
+def selfplay_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, use_gpu: bool):
     """The Absolute-Zero rollout source, with its task, weights and (optionally) a judge engine."""
     from reinforce_pro.selfplay.source import SelfPlaySource
 
@@ -254,7 +275,7 @@ def selfplay_source(cfg: RunConfig, plan, groups, sampler: Sampler, use_gpu: boo
         )  # fmt: skip
         options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0, **env_options(with_log_dir(None, plan))}
         judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0, "judge")]
-        groups["judge"] = judge
+        groups.judge = judge
     config = replace(selfplay.config, weights=weights)
     return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge)
 
@@ -296,8 +317,6 @@ def check_sleep_flags(cfg: RunConfig, use_gpu: bool) -> None:
     """On CPU: accepted, a one-line notice each, training unchanged. On GPU: not implemented, one line."""
     for flag in cfg.engines.sleep_flags:
         if use_gpu:
-            from reinforce_pro.cli.run import UserInputError
-
             raise UserInputError(f"--{flag} ({SLEEP_FLAGS[flag]}) is not implemented on GPU yet: drop it")
         print(f"[notice] --{flag}: a CPU run has no device memory to free; accepted, training unchanged", flush=True)
 
@@ -328,7 +347,7 @@ def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
     return cfg
 
 
-def rollout_source(cfg: RunConfig, plan, groups: dict, sampler: Sampler, use_gpu: bool):
+def rollout_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, use_gpu: bool):
     """Where a step's samples come from: self-play, the user's agent, or the prompts."""
     if plan.task is not None:
         return selfplay_source(cfg, plan, groups, sampler, use_gpu)
@@ -353,34 +372,34 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
     groups = build_groups(cfg, plan, use_gpu, engines)
     if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
-        summary = ray.get(groups["policy"][0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
+        summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
         print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
     # self-play tasks and agent environments score their own rollouts: no reward function
     reward_fn = None if plan.task or plan.agent_cls else reward_function(cfg, plan, use_gpu, groups)
-    builder = ExperienceBuilder(groups["policy"], groups["reference"], groups["critic"], reward_fn, cfg.rollout, kl_ctl)
-    source = rollout_source(cfg, plan, groups, Sampler(groups["engines"], tokenizer, cfg.rollout), use_gpu)
+    builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.rollout, kl_ctl)
+    source = rollout_source(cfg, plan, groups, Sampler(groups.engines, tokenizer, cfg.rollout), use_gpu)
     logger = None
     try:
         resume_from = resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
         record_placement(groups, plan.run_dir)
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
         trainer = PPOTrainer(
-            source, builder, groups["policy"], groups["critic"], groups["engines"], plan.prompts, logger,
+            source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger,
             cfg.loop, eval_set(cfg, tokenizer),
         )  # fmt: skip
         if resume_from is not None:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
         history = trainer.fit()
-        ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups["policy"]])
+        ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups.policy])
         if cfg.models.lora_save_merged:
-            ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups["policy"]])
-        if cfg.models.save_value_network and groups["critic"]:
-            ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups["critic"]])
+            ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups.policy])
+        if cfg.models.save_value_network and groups.critic:
+            ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups.critic])
     finally:
         if logger is not None:
             logger.close()
-        release_groups(groups)
+        groups.release()
     return history
