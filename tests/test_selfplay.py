@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask, CodeOutputTask
+from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask, CodeOutputTask, load_task
 from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
 from reinforce_pro.selfplay.learnability import (
     combined_reward,
@@ -17,7 +17,6 @@ from reinforce_pro.selfplay.learnability import (
     question_reward,
     solver_reward,
 )
-from reinforce_pro.selfplay.tasks import load_task
 
 # ---------------------------------------------------------------------------------------------- is_learnable
 
@@ -318,3 +317,32 @@ def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
     assert batch.metrics["repropose/final_non_learnable"] == 2
     assert [s.role for s in batch.samples] == ["proposer", "proposer"]
     assert [s.reward for s in batch.samples] == [-0.5, -0.5]
+
+
+def test_every_rollout_source_keeps_the_trainers_contract():
+    """Issue 29: the trainer sees a source only through RolloutSource (rollout/sampler.py)."""
+    pytest.importorskip("ray")
+    from reinforce_pro.agents.runner import AgentConfig
+    from reinforce_pro.agents.source import AgentSource
+    from reinforce_pro.rollout.sampler import PartialRollout, PromptSource, RolloutSource
+
+    source, sampler = _scripted_source(["1+1"])
+
+    class Agent:
+        async def reset(self, states, **kwargs):
+            return {"observation": states["observation"]}
+
+        async def step(self, states, **kwargs):
+            return {"rewards": 0.0, "done": True}
+
+    partial = PartialRollout(2, lambda: 0)
+    for src in (PromptSource(sampler), source, AgentSource(sampler, Agent, AgentConfig())):
+        assert isinstance(src, RolloutSource), type(src).__name__
+        assert src.sampler is sampler
+        src.load_state_dict(src.state_dict())
+    prompts = PromptSource(sampler)
+    prompts.use_partial(partial)
+    assert prompts.partial is partial
+    for src in (source, AgentSource(sampler, Agent, AgentConfig())):
+        with pytest.raises(ValueError, match="--partial_rollout applies to prompt rollouts"):
+            src.use_partial(partial)

@@ -20,6 +20,9 @@ class AgentSource:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def use_partial(self, partial) -> None:
+        raise ValueError("--partial_rollout applies to prompt rollouts, not to agent episodes")
+
     def generate(self, batch: list[dict]) -> Samples:
         n, tokenizer = self.sampler.cfg.n_samples_per_prompt, self.sampler.tokenizer
         dialogue = [isinstance(item["prompt"], list) for item in batch]

@@ -12,12 +12,9 @@ from datetime import datetime
 from pathlib import Path
 
 from reinforce_pro.cli.config import Data, RunConfig
+from reinforce_pro.cli.errors import UserInputError
 from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
-
-
-class UserInputError(ValueError):
-    """A path or file the user gave is missing or unusable: reported in one line, exit status 2."""
 
 
 @dataclass
@@ -98,7 +95,7 @@ def prepare(cfg: RunConfig) -> RunPlan:
         _check_output_dir("--ckpt_path", str(cfg.loop.checkpoints.ckpt_path))
     task = None
     if cfg.selfplay is not None:
-        from reinforce_pro.selfplay.tasks import load_task
+        from reinforce_pro.selfplay.builtin_tasks import load_task
 
         try:
             task = load_task(cfg.selfplay.task, cfg.selfplay.task_path)

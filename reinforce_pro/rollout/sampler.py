@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import ray
 import torch
@@ -159,13 +160,39 @@ class Sampler:
         return Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
 
 
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the trainer needs from where a step's samples come from: PromptSource (plain prompts),
+    selfplay.source.SelfPlaySource (--absolute_zero), agents.source.AgentSource (--agent_func_path)."""
+
+    sampler: Sampler  # the engines' sampler: held-out evaluation samples through it
+
+    def generate(self, batch: list[dict]) -> Samples:
+        """The step's samples for a batch of prompt records ({"prompt", "label"}); rewards set when the source
+        scores its own rollouts (self-play, agents), else left to the reward function."""
+        ...
+
+    def state_dict(self) -> dict:
+        """What a resume must restore beyond the prompt stream (JSON-serialisable)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def use_partial(self, partial: PartialRollout) -> None:
+        """--partial_rollout: sample in chunks with weight syncs in between; a source that cannot raises."""
+        ...
+
+
 class PromptSource:
     """Plain prompts: n_samples_per_prompt responses to each prompt of the batch, scored later by the reward
-    function. With `partial` set (--partial_rollout, by the trainer) responses are sampled in chunks."""
+    function. After `use_partial` (--partial_rollout, by the trainer) responses are sampled in chunks."""
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
         self.partial: PartialRollout | None = None
+
+    def use_partial(self, partial: PartialRollout) -> None:
+        self.partial = partial
 
     def generate(self, batch: list[dict]) -> Samples:
         """Sample n_samples_per_prompt responses for each prompt of `batch` ([{"prompt", "label"}])."""

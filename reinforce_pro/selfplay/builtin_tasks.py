@@ -17,6 +17,7 @@ import re
 
 from reinforce_pro.selfplay.sandbox import SandboxLimits, run_deterministic
 from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
+from reinforce_pro.userfile import import_user_file
 
 # At least one response right and at least one wrong, for any rollout_n <= 8.
 SOME_BUT_NOT_ALL = (0.5, 0.125, 0.875)
@@ -139,3 +140,19 @@ def _is_literal(text: str) -> bool:
 
 
 BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {"arithmetic": ArithmeticTask, "code_output": CodeOutputTask}
+
+
+def load_task(name: str | None, path: str | None) -> SelfPlayTask:
+    """The task of `--selfplay_task_path` if given, else the built-in `--selfplay_task`."""
+    if path is None:
+        if name not in BUILTIN_TASKS:
+            raise ValueError(f"unknown --selfplay_task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
+        return BUILTIN_TASKS[name]()
+    module = import_user_file(path, "--selfplay_task_path", ValueError, "TASK")
+    task = getattr(module, "TASK", None)
+    missing = [m for m in ("proposer_prompt", "parse_question", "solver_prompt", "score") if not hasattr(task, m)]
+    if task is None or missing:
+        raise ValueError(f"--selfplay_task_path {path}: define TASK, a SelfPlayTask (missing: {missing or 'TASK'})")
+    if not task.thresholds or set(task.weights) != set(task.thresholds):
+        raise ValueError(f"--selfplay_task_path {path}: TASK.thresholds and TASK.weights must name the same dimensions")
+    return task

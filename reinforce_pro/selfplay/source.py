@@ -35,6 +35,9 @@ class SelfPlaySource:
         version, internal, gauss = state["rng"]  # lists after a JSON round trip
         self.rng.setstate((version, tuple(internal), gauss))
 
+    def use_partial(self, partial) -> None:
+        raise ValueError("--partial_rollout applies to prompt rollouts, not to self-play")
+
     def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
         """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation)."""
         ids, generations, texts = self.sampler.sample_texts(prompts, sampling, engines)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reinforce_pro.userfile import import_user_file
-
 
 @dataclass(frozen=True)
 class Question:
@@ -81,21 +79,3 @@ class SelfPlayTask:
     def warm_start_examples(self, n: int, seed: int) -> list[dict]:
         """{"prompt", "label"} pairs for the embedded default's supervised warm start of both roles."""
         return []
-
-
-def load_task(name: str | None, path: str | None) -> SelfPlayTask:
-    """The task of `--selfplay_task_path` if given, else the built-in `--selfplay_task`."""
-    if path is None:
-        from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
-
-        if name not in BUILTIN_TASKS:
-            raise ValueError(f"unknown --selfplay_task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
-        return BUILTIN_TASKS[name]()
-    module = import_user_file(path, "--selfplay_task_path", ValueError, "TASK")
-    task = getattr(module, "TASK", None)
-    missing = [m for m in ("proposer_prompt", "parse_question", "solver_prompt", "score") if not hasattr(task, m)]
-    if task is None or missing:
-        raise ValueError(f"--selfplay_task_path {path}: define TASK, a SelfPlayTask (missing: {missing or 'TASK'})")
-    if not task.thresholds or set(task.weights) != set(task.thresholds):
-        raise ValueError(f"--selfplay_task_path {path}: TASK.thresholds and TASK.weights must name the same dimensions")
-    return task

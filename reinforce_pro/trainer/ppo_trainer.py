@@ -23,7 +23,7 @@ from tqdm import tqdm
 from reinforce_pro.algos.stats import Stat, reduce_stats
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
-from reinforce_pro.rollout.sampler import PartialRollout
+from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.evaluation import evaluate
@@ -99,10 +99,10 @@ def timed(timings: dict[str, float], phase: str):
 
 class PPOTrainer:
     def __init__(
-        self, source, builder: ExperienceBuilder, policy, critic, engines, prompts, logger: MetricsLogger,
-        cfg: LoopConfig, eval_set: EvalSet | None = None,
+        self, source: RolloutSource, builder: ExperienceBuilder, policy, critic, engines, prompts,
+        logger: MetricsLogger, cfg: LoopConfig, eval_set: EvalSet | None = None,
     ):  # fmt: skip
-        """source: a rollout source (PromptSource, SelfPlaySource, AgentSource; see rollout/sampler.py)."""
+        """source: a RolloutSource (rollout/sampler.py: PromptSource, SelfPlaySource, AgentSource)."""
         self.source, self.builder = source, builder
         self.policy, self.critic, self.engines = policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
@@ -120,7 +120,7 @@ class PPOTrainer:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
-            self.source.partial = PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in())
+            self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in()))
 
     def fit(self) -> list[dict[str, float]]:
         self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
