@@ -127,8 +127,10 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
             count += 1
             print(f"[is_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+            engine = engines[cfg.engines.config.dtype]
+            ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
             start = time.perf_counter()
-            history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
+            history = build_and_fit(cfg, prepare(cfg), engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps}
             runs.append({**record, **summarise(history, time.perf_counter() - start)})
             save(runs)

@@ -870,3 +870,16 @@ def test_adaptive_lag_moves_with_the_mismatch(tmp_path, engine, tiny_model, digi
     assert [h["async/max_lag"] for h in loose] == [2.0, 3.0, 3.0, 3.0, 3.0]
     assert tight[-1]["async/staleness_max"] == 0.0  # produced after the lead dropped to 0
     assert max(h["async/staleness_max"] for h in loose) >= 2.0
+
+
+def test_reseeding_an_engine_repeats_its_samples(engine):
+    """benchmarks/is_study.py pairs runs on one engine: after reseed(s) the same weights sample the same tokens."""
+    prompts, sampling = [[1, 21, 15, 22, 33]] * 8, {"max_tokens": 6, "temperature": 1.0}
+    ray.get(engine.reseed.remote(5))
+    first = ray.get(engine.generate.remote(prompts, sampling))
+    ray.get(engine.reseed.remote(5))
+    again = ray.get(engine.generate.remote(prompts, sampling))
+    ray.get(engine.reseed.remote(6))
+    other = ray.get(engine.generate.remote(prompts, sampling))
+    assert [g.token_ids for g in again] == [g.token_ids for g in first]
+    assert [g.token_ids for g in other] != [g.token_ids for g in first]

@@ -116,3 +116,8 @@ class VLLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling random stream at `seed` in every worker: an engine shared by several runs (the
+        tests, benchmarks/is_study.py's paired runs) then samples each run's first batch the same way."""
+        self.llm.collective_rpc("reseed", args=(seed,))

@@ -40,3 +40,13 @@ class WeightSyncExtension:
         stream = receive(self._weight_group, manifest, bucket_bytes, self._weight_device)
         self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
         return len(manifest)
+
+    def reseed(self, seed: int) -> None:
+        """Reset the sampler's random state: requests without a seed of their own draw from torch's default
+        generator of this worker (and Python's random), so the same seed and weights sample the same tokens."""
+        import random
+
+        import torch
+
+        random.seed(seed)
+        torch.manual_seed(seed)
