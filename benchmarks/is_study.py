@@ -157,7 +157,7 @@ def analyse(runs: list[dict]) -> list[dict]:
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
                    "collapses": sum(collapsed(r["rewards"], r["grad_norms"]) for r in sel)}  # fmt: skip
             for key in ("final_reward", "auc_reward", "masked_frac", "mean_abs_log_ratio", "p99_abs_log_ratio",
-                        "mixed_rows", "versions_per_row", "wall_s"):  # fmt: skip
+                        "mixed_rows", "versions_per_row", "mean_staleness", "wall_s"):  # fmt: skip
                 values = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = statistics.fmean(values) if values else None
             for base in ("none", "tis"):
@@ -189,8 +189,8 @@ def render(payload: dict, out_dir: Path) -> str:
     rows = analyse(runs)
     lines = [
         "| regime | correction | seeds | final reward | vs none (95% CI) | vs tis (95% CI) | AUC vs none | "
-        "collapses | masked | mean / p99 abs dlogp | mixed rows | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "collapses | masked | mean / p99 abs dlogp | staleness | mixed rows | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -198,7 +198,8 @@ def render(payload: dict, out_dir: Path) -> str:
             f"{_diff(r, 'final_reward_vs_none')} | {_diff(r, 'final_reward_vs_tis')} | "
             f"{_diff(r, 'auc_reward_vs_none')} | "
             f"{r['collapses']} | {_fmt(r['masked_frac'], '.2%')} | {_fmt(r['mean_abs_log_ratio'], '.3f')} / "
-            f"{_fmt(r['p99_abs_log_ratio'], '.3f')} | {_fmt(r['mixed_rows'], '.2f')} | {_fmt(r['wall_s'], '.0f')} |"
+            f"{_fmt(r['p99_abs_log_ratio'], '.3f')} | {_fmt(r['mean_staleness'], '.2f')} | "
+            f"{_fmt(r['mixed_rows'], '.2f')} | {_fmt(r['wall_s'], '.0f')} |"
         )
     lines.append("")
     lines.append("Bold: the paired 95% bootstrap interval excludes 0. Otherwise no difference at these seeds; the "
@@ -207,11 +208,11 @@ def render(payload: dict, out_dir: Path) -> str:
         d = r.get("final_reward_vs_none")
         if d is not None and d["verdict"] not in ("better", "worse"):
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
-    m = payload["machine"]
+    m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
-    (out_dir / f"{NAME}.md").write_text(text + "\n")
-    _plot(runs, out_dir / f"{NAME}.png")
+    (out_dir / f"{stem}.md").write_text(text + "\n")
+    _plot(runs, out_dir / f"{stem}.png")
     return text
 
 
