@@ -134,17 +134,8 @@ class PolicyLoss(nn.Module):
             loss = torch.where(advantages < 0, torch.min(loss, -self.settings.dual_clip * advantages), loss)
 
         metrics: dict[str, Stat] = {}
-        if use_is and self.settings.policy_loss_type == "ppo":
-            low, high = self.settings.vllm_is_truncated_threshold
-            weights, metrics = compute_is_weights(
-                self.settings.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
-            )
-            loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, zero)
-            if self.settings.position_metrics:
-                metrics.update(position_metrics(old_log_probs, rollout_log_probs, mask, low, high))
-        elif use_is:
-            metrics["is/vllm_kl"] = mean_stat((rollout_log_probs - old_log_probs).detach(), live)
-
+        if use_is:
+            loss, metrics = self._correct(loss, old_log_probs, rollout_log_probs, mask, live)
         loss = aggregate_loss(
             loss,
             mask,
@@ -155,6 +146,20 @@ class PolicyLoss(nn.Module):
         )
         metrics["policy/clip_frac"] = mean_stat((surr2 < surr1).to(log_probs.dtype).detach(), mask)
         metrics["policy/ppo_kl"] = mean_stat(-raw_log_ratio.detach(), live)
+        return loss, metrics
+
+    def _correct(self, loss, old_log_probs, rollout_log_probs, mask, live) -> tuple[torch.Tensor, dict[str, Stat]]:
+        """The per-token loss (B, T) times the IS weights of the chosen correction (ppo; GSPO corrects through
+        its own ratio and only logs the mismatch), and the `is/*` (and `is_pos/*`) metrics."""
+        if self.settings.policy_loss_type != "ppo":
+            return loss, {"is/vllm_kl": mean_stat((rollout_log_probs - old_log_probs).detach(), live)}
+        low, high = self.settings.vllm_is_truncated_threshold
+        weights, metrics = compute_is_weights(
+            self.settings.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
+        )
+        loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, torch.zeros_like(loss))
+        if self.settings.position_metrics:
+            metrics.update(position_metrics(old_log_probs, rollout_log_probs, mask, low, high))
         return loss, metrics
 
     def _check_inputs(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) -> None:

@@ -131,7 +131,11 @@ def template_problem(template: str) -> str | None:
 
 def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
-    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    return invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args)
+
+
+def invalid_numbers(args) -> str | None:
+    """Counts, rates and ranges that are wrong on their own."""
     positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
                 "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
                 "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens", "train_max_tokens_per_gpu",
@@ -156,17 +160,22 @@ def invalid_combination(args) -> str | None:
     if args.stop_properly_penalty_coef is not None and args.stop_properly_penalty_coef > 1:
         coef = args.stop_properly_penalty_coef
         return f"--stop_properly_penalty_coef must be <= 1 (in [0, 1] scales, < 0 replaces), got {coef}"
+    if args.lora_rank < 0 or args.lora_alpha <= 0 or not 0 <= args.lora_dropout < 1:
+        got = f"{args.lora_rank} / {args.lora_alpha} / {args.lora_dropout}"
+        return f"--lora_rank must be >= 0, --lora_alpha > 0 and --lora_dropout in [0, 1), got {got}"
+    if args.lora_save_merged and not args.lora_rank:
+        return "--lora_save_merged merges a LoRA adapter: add --lora_rank"
+    return None
+
+
+def invalid_rollout_lag(args) -> str | None:
+    """Staleness, asynchronous training, partial rollouts and the weight-sync backend that serves them."""
     if args.rollout_staleness < 0:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.partial_rollout and not args.async_train:
         return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
     if args.partial_rollout and (args.absolute_zero or args.agent_func_path):
         return "--partial_rollout applies to prompt rollouts, not to --absolute_zero or --agent_func_path"
-    if args.lora_rank < 0 or args.lora_alpha <= 0 or not 0 <= args.lora_dropout < 1:
-        got = f"{args.lora_rank} / {args.lora_alpha} / {args.lora_dropout}"
-        return f"--lora_rank must be >= 0, --lora_alpha > 0 and --lora_dropout in [0, 1), got {got}"
-    if args.lora_save_merged and not args.lora_rank:
-        return "--lora_save_merged merges a LoRA adapter: add --lora_rank"
     if args.vllm_sync_backend not in SYNC_BACKENDS:
         return f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {args.vllm_sync_backend}"
     if args.vllm_sync_backend == "gloo" and not args.vllm_sync_with_ray and args.rollout_staleness > 0:
@@ -180,6 +189,12 @@ def invalid_combination(args) -> str | None:
             return "--async_lag_metric is/token_masked_frac is logged by IS correction: add --enable_vllm_is_correction"
     if args.async_train and args.rollout_staleness > 0:
         return "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"
+    return None
+
+
+def invalid_layout(args) -> str | None:
+    """Sampling settings, batch arithmetic over the ranks, the reward source and colocation."""
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
     checks = [
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
