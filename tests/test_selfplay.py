@@ -346,3 +346,18 @@ def test_every_rollout_source_keeps_the_trainers_contract():
     for src in (source, AgentSource(sampler, Agent, AgentConfig())):
         with pytest.raises(ValueError, match="--partial_rollout applies to prompt rollouts"):
             src.use_partial(partial)
+
+
+def test_curriculum_metrics_describe_the_proposals():
+    """Issue 32: difficulty of proposed and learnable questions, and the proposals' diversity, over every
+    round of a step (the scripted run of the repropose test: 13 valid proposals, 7 distinct)."""
+    import math
+
+    ctl, _ = controller(attempts=3)
+    m = ctl.step(SEEDS, random.Random(0)).metrics
+    counts = [1, 1, 1, 1, 1, 4, 4]  # 1+1 2+2 3+3 4+4 5+5 once, 9+9 and 8+8 four times
+    assert m["selfplay/arithmetic/proposal_unique_frac"] == pytest.approx(7 / 13)
+    assert m["selfplay/arithmetic/proposal_entropy"] == pytest.approx(-sum(c / 13 * math.log2(c / 13) for c in counts))
+    assert m["selfplay/arithmetic/proposed_digits_mean"] == 1.0
+    assert m["selfplay/arithmetic/proposed_answer_digits_mean"] == pytest.approx(22 / 13)
+    assert m["selfplay/arithmetic/learnable_answer_digits_mean"] == pytest.approx(1.5)  # 1+1 and 5+5

@@ -51,6 +51,10 @@ class ArithmeticTask(SelfPlayTask):
     def solver_prompt(self, question: Question) -> str:
         return question.text + "="
 
+    def difficulty(self, question: Question) -> dict[str, float]:
+        operands = [int(x) for x in question.text.split("+")]
+        return {"digits": float(max(len(str(x)) for x in operands)), "answer_digits": float(len(question.answer))}
+
     def score(self, question: Question, responses: list[str], judge: Judge | None = None) -> ScoredResponses:
         answers = [r.strip() for r in responses]
         return ScoredResponses(

@@ -7,7 +7,9 @@ it with a scripted fake; SelfPlaySource passes the real engines.
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -123,7 +125,7 @@ class SelfPlayController:
             q.learnable = is_learnable(q.scored.scores, self.task.thresholds)
         for i, p in enumerate(prompts):
             p.questions, p.attempts = records[i * k : (i + 1) * k], p.attempts + 1
-        stats.add_round(records, first=stats.rounds == 0)
+        stats.add_round(records, first=stats.rounds == 0, task=self.task)
 
     # ------------------------------------------------------------------ steps 8-10
     def _training_batch(self, prompts: list[PromptRecord], stats: RoundStats) -> SelfPlayBatch:
@@ -177,9 +179,14 @@ class RoundStats:
     first_learnable: int = 0
     dim_scores: dict[str, list[float]] = field(default_factory=dict)
     format_scores: list[float] = field(default_factory=list)
+    questions: list[tuple[str, bool, dict[str, float]]] = field(
+        default_factory=list
+    )  # valid: text, learnable, difficulty
 
-    def add_round(self, records: list[QuestionRecord], first: bool) -> None:
+    def add_round(self, records: list[QuestionRecord], first: bool, task: SelfPlayTask) -> None:
         self.rounds += 1
+        self.questions += [(q.parsed.question.text, q.learnable, task.difficulty(q.parsed.question))
+                           for q in records if q.parsed.valid]  # fmt: skip
         self.total += len(records)
         self.valid += sum(q.parsed.valid for q in records)
         self.learnable += sum(q.learnable for q in records)
@@ -214,4 +221,24 @@ class RoundStats:
         }
         for d, values in self.dim_scores.items():
             m[f"selfplay/{task}/score_{d}_mean"] = sum(values) / max(1, len(values))
+        m.update(self.curriculum_metrics(task))
+        return m
+
+    def curriculum_metrics(self, task: str) -> dict[str, float]:
+        """Where the proposer's questions are (issue 32): the mean difficulty of the valid proposals and of the
+        learnable ones, and their diversity (unique fraction, entropy in bits of the question texts)."""
+        if not self.questions:
+            return {}
+        texts = [text for text, _, _ in self.questions]
+        counts = Counter(texts)
+        n = len(texts)
+        m = {
+            f"selfplay/{task}/proposal_unique_frac": len(counts) / n,
+            f"selfplay/{task}/proposal_entropy": -sum(c / n * math.log2(c / n) for c in counts.values()),
+        }
+        for kind, chosen in (("proposed", self.questions), ("learnable", [q for q in self.questions if q[1]])):
+            for name in dict.fromkeys(k for _, _, d in self.questions for k in d):
+                values = [d[name] for _, _, d in chosen if name in d]
+                if values:
+                    m[f"selfplay/{task}/{kind}_{name}_mean"] = sum(values) / len(values)
         return m

@@ -76,6 +76,11 @@ class SelfPlayTask:
         """Scores on every dimension of `thresholds`, and the format reward, for each response."""
         raise NotImplementedError
 
+    def difficulty(self, question: Question) -> dict[str, float]:
+        """Named measures of how hard a valid question is (for arithmetic: operand digits, terms), logged for
+        proposed and for learnable questions as curriculum metrics; {} when the task has none."""
+        return {}
+
     def warm_start_examples(self, n: int, seed: int) -> list[dict]:
         """{"prompt", "label"} pairs for the embedded default's supervised warm start of both roles."""
         return []
