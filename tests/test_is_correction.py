@@ -44,13 +44,17 @@ EXPECTED_WEIGHTS = {
     "seq-mask-tis": [[1, 8, 0.5, 1, 0], [0, 9, 1, 1, 0.25], [1, 0, 1, 1, 1]],
     # prefix geometric means: seq 0 [1, 2.83, 1.59, 1.41]; seq 1 [9, 3, 2.08, 1.22]; seq 2 broken at t=1.
     "reinforce_pro": [[1, 0, 0.5, 1, 0], [0, 0, 0, 0, 0.25], [1, 0, 0, 0, 0]],
+    # reinforce_pro's mask, kept ratios clamped to [0.5, 2]: 0.25 -> 0.5
+    "reinforce_pro-tis": [[1, 0, 0.5, 1, 0], [0, 0, 0, 0, 0.5], [1, 0, 0, 0, 0]],
 }
 
 # 13 action tokens, 12 of them with finite log-probs.
-EXPECTED_MASKED = {"tis": 1, "icepop": 4, "seq-mask-tis": 1, "reinforce_pro": 8}
-EXPECTED_MASKED_SEQS = {"tis": 1, "icepop": 3, "seq-mask-tis": 1, "reinforce_pro": 3}
+EXPECTED_MASKED = {"tis": 1, "icepop": 4, "seq-mask-tis": 1, "reinforce_pro": 8, "reinforce_pro-tis": 8}
+EXPECTED_MASKED_SEQS = {"tis": 1, "icepop": 3, "seq-mask-tis": 1, "reinforce_pro": 3, "reinforce_pro-tis": 3}
 # first masked index counted from each sequence's first action token, over sequences that have one
-EXPECTED_FIRST_MASKED = {"tis": 1.0, "icepop": 2 / 3, "seq-mask-tis": 1.0, "reinforce_pro": 2 / 3}
+EXPECTED_FIRST_MASKED = {
+    "tis": 1.0, "icepop": 2 / 3, "seq-mask-tis": 1.0, "reinforce_pro": 2 / 3, "reinforce_pro-tis": 2 / 3,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in IS_CORRECTIONS])
@@ -79,7 +83,7 @@ def test_metrics_hand_computed(name):
         "is/nonfinite_tokens": 1.0,
         "is/first_masked_pos_mean": EXPECTED_FIRST_MASKED[name],
     }
-    if name == "reinforce_pro":
+    if name.startswith("reinforce_pro"):
         prefix = [1, 8**0.5, 4 ** (1 / 3), 4**0.25, 9, 3, 9 ** (1 / 3), 2.25**0.25, 1]
         expected.update({"is/prefix_is_mean": sum(prefix) / 9, "is/prefix_is_min": 1.0, "is/prefix_is_max": 9.0})
     assert set(expected) == set(m), sorted(set(expected) ^ set(m))
@@ -291,3 +295,15 @@ def test_position_metrics_merge_over_parts_like_the_whole_batch():
     assert set(whole) == set(parts) and "is_pos/abs_log_ratio/32-63" in whole
     for key, value in whole.items():
         assert parts[key] == pytest.approx(value, abs=1e-12), key
+
+
+def test_reinforce_pro_tis_bounds_an_isolated_spike_that_reinforce_pro_keeps():
+    """Ten tokens at ratio 1, then one at 30: the prefix mean 30^(1/11) = 1.36 stays in [0.5, 5]."""
+    rollout = torch.zeros(1, 11, dtype=torch.float64)
+    old = rollout.clone()
+    old[0, 10] = math.log(30.0)
+    mask = torch.ones(1, 11, dtype=torch.bool)
+    raw, _ = compute_is_weights("reinforce_pro", old, rollout, mask, 0.5, 5.0)
+    clamped, _ = compute_is_weights("reinforce_pro-tis", old, rollout, mask, 0.5, 5.0)
+    assert float(raw[0, 10]) == pytest.approx(30.0) and float(clamped[0, 10]) == pytest.approx(5.0)
+    assert torch.equal(raw[0, :10], clamped[0, :10])

@@ -11,6 +11,7 @@ policy loss. `IS_CORRECTIONS` maps the `--vllm_is_correction_type` names to thei
 | icepop        | rho_t if low <= rho_t <= high else 0                             | IcePop (Ring-1T, 2025)    |
 | seq-mask-tis  | rho_t if low <= exp(mean_t r_t) <= high (whole sequence) else 0  | MIS / geometric seq mask  |
 | reinforce_pro | rho_t if low <= exp(mean_{s<=t} r_s) <= high else 0              | REINFORCE Pro (this repo) |
+| reinforce_pro-tis | clamp(rho_t, low, high) where reinforce_pro keeps, else 0    | this repo (issue 31)      |
 
 `reinforce_pro` gates each token on the geometric mean of the ratios of the action tokens up to and
 including it (a causal, prefix-level filter): once the prefix has drifted out of the band, the tokens
@@ -92,11 +93,20 @@ def _reinforce_pro(inp: ISInputs):
     return inp.ratio, keep, metrics
 
 
+def _reinforce_pro_tis(inp: ISInputs):
+    # reinforce_pro passes an isolated spike inside an in-band prefix with its raw ratio (one token of ratio 30
+    # after ten of ratio 1 keeps weight 30 at [0.5, 5]: the estimator study, docs/benchmarks.md); truncating the
+    # kept weights to the band as tis does bounds it. The mask is reinforce_pro's, unchanged.
+    _, keep, metrics = _reinforce_pro(inp)
+    return inp.ratio.clamp(min=inp.low, max=inp.high), keep, metrics
+
+
 IS_CORRECTIONS: dict[str, Correction] = {
     "tis": _tis,
     "icepop": _icepop,
     "seq-mask-tis": _seq_mask_tis,
     "reinforce_pro": _reinforce_pro,
+    "reinforce_pro-tis": _reinforce_pro_tis,
 }
 
 
