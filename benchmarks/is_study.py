@@ -208,12 +208,39 @@ def render(payload: dict, out_dir: Path) -> str:
         d = r.get("final_reward_vs_none")
         if d is not None and d["verdict"] not in ("better", "worse"):
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
+    lines += ["", *_position_table(runs)]
     m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
     (out_dir / f"{stem}.md").write_text(text + "\n")
     _plot(runs, out_dir / f"{stem}.png")
     return text
+
+
+def _position_table(runs: list[dict]) -> list[str]:
+    """Where in the responses the drift is (is_pos/*, means over every run that logged them: each run
+    evaluates every correction on its own tokens, whichever one trained)."""
+    logged = [r for r in runs if r.get("positions")]
+    if not logged:
+        return []
+    buckets = list(dict.fromkeys(k.rsplit("/", 1)[1] for r in logged for k in r["positions"] if "abs_log_ratio" in k))
+    lines = ["Where in the responses (response positions; mean over the runs with IS on): mean |dlogp| and the "
+             "fraction of the tokens there that each correction masks.", "",
+             "| regime | positions | mean abs dlogp | " + " | ".join(CORRECTIONS[1:]) + " |",
+             "|---|---|---|" + "---|" * (len(CORRECTIONS) - 1)]  # fmt: skip
+    for regime in dict.fromkeys(r["regime"] for r in logged):
+        sel = [r["positions"] for r in logged if r["regime"] == regime]
+
+        def mean(key, sel=sel):
+            values = [p[key] for p in sel if p.get(key) is not None]
+            return statistics.fmean(values) if values else None
+
+        for b in buckets:
+            cells = [_fmt(mean(f"is_pos/masked/{c}/{b}"), ".2%") for c in CORRECTIONS[1:]]
+            lines.append(
+                f"| {regime} | {b} | {_fmt(mean(f'is_pos/abs_log_ratio/{b}'), '.3f')} | " + " | ".join(cells) + " |"
+            )
+    return lines
 
 
 def _plot(runs: list[dict], path: Path) -> None:

@@ -58,6 +58,8 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
                 "masked_frac": 0.02, "mean_abs_log_ratio": 0.1, "p99_abs_log_ratio": 0.9, "mixed_rows": 0.5,
                 "versions_per_row": 1.7, "wall_s": 60.0, "series_step_every": 1,
                 "series": {"rollout/reward_mean": [final] * 10},
+                "positions": {} if correction == "none" else
+                {"is_pos/abs_log_ratio/0-1": 0.1, "is_pos/masked/icepop/0-1": 0.02 * seed},
             })  # fmt: skip
     assert paired(runs, "async8-partial", "tis", "none", "final_reward") == pytest.approx([0.05] * 5)
     rows = {r["correction"]: r for r in analyse(runs)}
@@ -68,3 +70,5 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
     text = render(payload, tmp_path)
     assert "| async8-partial | reinforce_pro | 5 | 0.330 | **+0.100" in text
     assert (tmp_path / "is_study.png").exists()
+    # positions: mean over the 10 runs with IS on (seeds 1-5 twice): icepop masks 0.02 x mean seed 3 = 6%
+    assert "| async8-partial | 0-1 | 0.100 | - | 6.00% | - | - |" in text
