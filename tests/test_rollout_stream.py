@@ -175,6 +175,11 @@ def test_adaptive_lag_rule(values, lags):
     assert [ctl.update({"is/token_masked_frac": v}) for v in values] == lags
 
 
+def test_adaptive_lag_holds_through_a_step_without_the_metric():
+    ctl = AdaptiveLag(limit=4, target=0.1)
+    assert ctl.update({}) == 1 and ctl.update({"is/token_masked_frac": 0.0}) == 2
+
+
 def test_adaptive_lag_refuses_bad_settings():
     with pytest.raises(ValueError, match="--async_lag_metric"):
         AdaptiveLag(4, 0.1, "policy/entropy")

@@ -242,8 +242,11 @@ class AdaptiveLag:
         self.lag = min(self.lag, self.limit)
 
     def update(self, metrics: dict[str, float]) -> int:
-        """The lag for the batches produced from now on, given this step's metrics."""
-        value = metrics[self.metric]
+        """The lag for the batches produced from now on, given this step's metrics (unchanged by a step that
+        logged no such metric: --freezing_actor_steps trains no policy, so no is/* metric)."""
+        value = metrics.get(self.metric)
+        if value is None:
+            return self.lag
         if value > self.target:
             self.lag = max(0, self.lag - 1)
         elif value < self.target / 2:
