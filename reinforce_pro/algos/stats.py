@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforce_pro.algos.masked import masked_mean
+
 REDUCTIONS = ("mean", "sum", "max", "min", "derived")
 
 
@@ -48,12 +50,8 @@ class Stat:
 
 
 def mean_stat(values: torch.Tensor, mask: torch.Tensor) -> Stat:
-    """Mean of `values` where `mask` holds, weighted by how many entries it holds (value 0 if none)."""
-    mask = mask.bool()
-    count = mask.sum()
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    total = torch.where(mask, values, zero).sum()
-    return Stat(total / count.clamp(min=1).to(values.dtype), count, "mean")
+    """masked_mean of `values` where `mask` holds, weighted by how many entries it holds (value 0 if none)."""
+    return Stat(masked_mean(values, mask), mask.bool().sum(), "mean")
 
 
 def extreme_stat(values: torch.Tensor, mask: torch.Tensor, reduce: str) -> Stat:
