@@ -172,7 +172,9 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     engine_env, trainer_env = (with_log_dir(env, plan) for env in cpu_threads(cfg, use_gpu))
     colocate_all = where.colocate_all_models
     colocate_ref = where.colocate_actor_ref or colocate_all
-    share = SHARES.all_policy if colocate_all else (SHARES.pair if colocate_ref and cfg.needs_reference else 1.0)
+    share = (
+        SHARES.all_policy if colocate_all else (SHARES.pair if colocate_ref and cfg.needs_reference else SHARES.alone)
+    )
     attn = {"attn_implementation": attn_implementation(cfg.forward.attn_implementation)}
     forward_budget = {"forward_max_tokens": cfg.forward.max_tokens, "packing_samples": cfg.forward.packing_samples}
     fwd = {**attn, "forward_micro_batch_size": cfg.forward.micro_batch_size, **forward_budget}
@@ -200,7 +202,7 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
         models = cfg.models
         pretrain = models.critic_pretrain or plan.pretrain
         run.critic_pg = new_pg(where.critic)
-        critic_share = SHARES.pair if where.colocate_critic_reward else 1.0  # the other half: the reward model
+        critic_share = SHARES.pair if where.colocate_critic_reward else SHARES.alone  # other half: the reward model
         run.critic = create_group(
             CriticWorker, where.critic, run.critic_pg, use_gpu, critic_share,
             lambda d: (pretrain, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, fwd),
@@ -246,7 +248,7 @@ def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: RunActors):
         return exact_match_reward
     if plan.reward_source.startswith("model:"):
         extra = env_options(with_log_dir(None, plan))
-        share = 1
+        share = SHARES.alone
         if cfg.placement.colocate_critic_reward:  # in the critic's first slot, beside critic rank 0
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
