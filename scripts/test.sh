@@ -9,7 +9,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-EXTRAS=cpu,models,dev bash scripts/setup_env.sh  # models: reasoning-gym tasks are tested too
+EXTRAS=cpu,models,search,dev INTEGRATIONS=1 bash scripts/setup_env.sh  # + reasoning-gym, BM25; OpenRLHF, TRL, verl
 PY=.venv/bin/python
 
 echo "[test] ruff"
