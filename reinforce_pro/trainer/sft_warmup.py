@@ -24,6 +24,34 @@ def sft_warm_start(
     seed: int = 0,
 ) -> dict:
     """Train `model_dir` on {"prompt", "label"} examples for `steps` steps; save to `out_dir`. Returns stats."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    encode = lambda batch: _encode_batch(tok, batch)  # noqa: E731
+    return _fit(model_dir, out_dir, examples, encode, steps, batch_size, lr, seed)
+
+
+def sft_on_sequences(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    sequences: list[tuple[list[int], list[bool]]],
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> dict:
+    """As sft_warm_start, on token sequences whose loss covers the positions marked True: for multi-turn
+    demonstrations laid out as the agent runner lays out episodes (model turns trained, environment turns
+    context only)."""
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    return _fit(model_dir, out_dir, sequences, lambda batch: _pad_sequences(batch, pad), steps, batch_size, lr, seed)
+
+
+def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, lr: float, seed: int) -> dict:
+    """`steps` AdamW steps on random batches of `items` (encode(batch) -> ids, attention mask, labels: -100 where
+    untrained)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -34,9 +62,8 @@ def sft_warm_start(
     model.train()
     losses = []
     for _ in tqdm(range(steps), desc="warm start (SFT)", leave=False):
-        batch = rng.sample(examples, min(batch_size, len(examples)))
-        ids, labels = _encode_batch(tok, batch)
-        out = model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), labels=labels)
+        ids, attention, labels = encode(rng.sample(items, min(batch_size, len(items))))
+        out = model(input_ids=ids, attention_mask=attention, labels=labels)
         opt.zero_grad()
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -57,17 +84,23 @@ def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int
     return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed)
 
 
-def _encode_batch(tok, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, targets = [], []
+def _encode_batch(tok, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = []
     for item in batch:
         prompt = [tok.bos_token_id] + tok(item["prompt"], add_special_tokens=False)["input_ids"]
         answer = tok(str(item["label"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        rows.append(prompt + answer)
-        targets.append([-100] * len(prompt) + answer)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        rows.append((prompt + answer, [False] * len(prompt) + [True] * len(answer)))
+    return _pad_sequences(rows, tok.pad_token_id)
+
+
+def _pad_sequences(rows: list[tuple[list[int], list[bool]]], pad: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, labels) of right-padded rows; labels are -100 off the trained positions."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (r, t) in enumerate(zip(rows, targets, strict=True)):
+    for i, (r, trained) in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
-        labels[i, : len(t)] = torch.tensor(t)
-    return ids, labels
+        attention[i, : len(r)] = 1
+        labels[i, : len(r)] = torch.where(torch.tensor(trained), torch.tensor(r), -100)
+    return ids, attention, labels

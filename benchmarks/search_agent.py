@@ -1,0 +1,172 @@
+"""Does search-augmented RL learn (issue 28)? Held-out answer accuracy with search, before and after RL, against
+the same model answering without search.
+
+    python benchmarks/search_agent.py --seeds 1-3 --steps 60
+    python benchmarks/search_agent.py --render benchmarks/results/search_agent.json
+
+Per seed: a generated knowledge base (reinforce_pro.search.knowledge: invented people, their home / tool /
+mentor; train and held-out people share no fact), its BM25 service on loopback, and the built-in tiny Qwen2
+(512 positions) warm-started on demonstrations of a share of the train questions (search turns, the service's
+real answers, the answer turn; reinforce_pro.search.demonstrations). Then RL with the search agent
+(examples/python/agent_search.py) on the train questions: reinforce_baseline, the reinforce_pro correction,
+an fp32 engine. Evaluated on the held-out questions with greedy decoding at the warm start and after RL: with
+search, and without (the service answers every search with an empty block; the same model, the same turns).
+One JSON (machine, commit, configuration, per-seed numbers), then a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
+from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+
+NAME = "search_agent"
+AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
+SETTINGS = {  # the agent's environment (examples/python/agent_search.py) and the run's shape
+    "SEARCH_TOPK": "2", "SEARCH_INFO_CHARS": "110", "SEARCH_MAX_SEARCHES": "3",
+    "entities": 200, "demo_frac": 0.5, "sft_steps": 300, "max_turns": 4, "max_len": 512, "max_new_tokens": 40,
+    "rollout_batch_size": 16, "n_samples_per_prompt": 8, "lr": 3e-4, "eval_questions": 200,
+}  # fmt: skip
+
+
+def prepare(seed: int, workdir: Path) -> tuple[dict, str, object]:
+    """The knowledge base's files, the warm-started model and the BM25 index of one seed."""
+    from reinforce_pro.search import knowledge
+    from reinforce_pro.search.demonstrations import warm_start
+    from reinforce_pro.search.retriever import BM25Index
+
+    kb = knowledge.build(SETTINGS["entities"], seed=seed)
+    paths = knowledge.write(kb, workdir / "kb")
+    topk, chars = int(SETTINGS["SEARCH_TOPK"]), int(SETTINGS["SEARCH_INFO_CHARS"])
+    stats = warm_start(
+        workdir / "kb", workdir / "warm", SETTINGS["sft_steps"], SETTINGS["demo_frac"], topk, chars, seed
+    )
+    info = {**{k: str(v) for k, v in paths.items()}, **stats, "heldout_rows": kb.heldout}
+    return info, str(workdir / "warm"), BM25Index(kb.passages)
+
+
+def evaluate(engine, tokenizer, rows: list[dict], search: bool) -> dict:
+    """Greedy episodes of the search agent on `rows`: accuracy, searches per episode, hit rate."""
+    import ray
+
+    from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.agents.runner import AgentConfig, AgentRunner
+
+    os.environ["SEARCH_OFF"] = "0" if search else "1"
+    agent = load_agent_class(AGENT)  # reads its settings from the environment when loaded
+    sample = lambda prompts, sampling: ray.get(engine.generate.remote(prompts, sampling))  # noqa: E731
+    cfg = AgentConfig(max_turns=SETTINGS["max_turns"], max_len=SETTINGS["max_len"], prompt_max_len=64)
+    runner = AgentRunner(agent, tokenizer, sample, {"temperature": 0.0, "max_tokens": SETTINGS["max_new_tokens"]}, cfg)
+    episodes = runner.run_episodes([{"prompt": r["question"], "label": r["label"]} for r in rows], n=1)
+    total = lambda key: [sum(e.extra_logs.get(key, [0.0])) for e in episodes]  # noqa: E731
+    return {"accuracy": statistics.fmean(total("correct")), "searches": statistics.fmean(total("searches")),
+            "hit": statistics.fmean(total("hit")), "invalid": statistics.fmean(total("invalid"))}  # fmt: skip
+
+
+def run_seed(seed: int, steps: int, workdir: Path) -> dict:
+    import ray
+
+    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.run import prepare as prepare_run
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.wiring import build_and_fit
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.search.retriever import make_server
+
+    start = time.perf_counter()
+    info, warm, index = prepare(seed, workdir)
+    server = make_server(index, port=0, max_concurrency=16)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ.update({k: v for k, v in SETTINGS.items() if k.startswith("SEARCH_")})
+    os.environ["SEARCH_RETRIEVER_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(
+        EngineConfig(model_path=warm, dtype="float32", max_model_len=SETTINGS["max_len"], seed=seed)
+    )  # fmt: skip
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(warm)
+    rng_rows = info.pop("heldout_rows")[: SETTINGS["eval_questions"]]
+    before = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
+    r, n = SETTINGS["rollout_batch_size"], SETTINGS["n_samples_per_prompt"]
+    argv = ["--pretrain", warm, "--prompt_data", info["train"], "--input_key", "question", "--label_key", "label",
+            "--agent_func_path", str(AGENT), "--agent_max_turns", str(SETTINGS["max_turns"]),
+            "--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction",
+            "--vllm_is_correction_type", "reinforce_pro", "--n_samples_per_prompt", str(n),
+            "--rollout_batch_size", str(r), "--train_batch_size", str(r * n), "--micro_train_batch_size", "32",
+            "--micro_rollout_batch_size", "64", "--max_len", str(SETTINGS["max_len"]),
+            "--max_new_tokens", str(SETTINGS["max_new_tokens"]), "--prompt_max_len", "64",
+            "--actor_learning_rate", str(SETTINGS["lr"]), "--init_kl_coef", "0", "--vllm_dtype", "float32",
+            "--param_dtype", "fp32", "--max_samples", str(r * steps), "--seed", str(seed),
+            "--save_path", str(workdir / "rl"), "--actor_num_gpus_per_node", "1"]  # fmt: skip
+    os.environ["SEARCH_OFF"] = "0"
+    cfg = run_config(parse_args(argv))
+    rl_start = time.perf_counter()
+    history = build_and_fit(cfg, prepare_run(cfg), engines=[engine])
+    rl_wall = time.perf_counter() - rl_start
+    after = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
+    ray.kill(engine)
+    server.shutdown()
+    curve = [h.get("rollout/reward_mean") for h in history]
+    return {"seed": seed, "steps": len(history), "before": before, "after": after, "rl_wall_s": rl_wall,
+            "wall_s": time.perf_counter() - start, "sft_loss_last": info["sft/loss_last"], "reward_curve": curve,
+            "searches_curve": [h.get("reward/searches") for h in history]}  # fmt: skip
+
+
+def render(result: dict) -> str:
+    runs = result["results"]["runs"]
+    lines = ["| seed | held-out accuracy, search: warm start -> after RL | without search: warm start -> after | "
+             "searches / episode (after) | hit rate (after) | RL steps | RL wall |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        b, a = r["before"], r["after"]
+        lines.append(f"| {r['seed']} | {b['search']['accuracy']:.3f} -> {a['search']['accuracy']:.3f} | "
+                     f"{b['no_search']['accuracy']:.3f} -> {a['no_search']['accuracy']:.3f} | "
+                     f"{a['search']['searches']:.2f} | {a['search']['hit']:.2f} | {r['steps']} | "
+                     f"{r['rl_wall_s'] / 60:.1f} min |")  # fmt: skip
+    if len(runs) > 1:
+        mean = lambda f: statistics.fmean(f(r) for r in runs)  # noqa: E731
+        lines.append(f"| mean | {mean(lambda r: r['before']['search']['accuracy']):.3f} -> "
+                     f"{mean(lambda r: r['after']['search']['accuracy']):.3f} | "
+                     f"{mean(lambda r: r['before']['no_search']['accuracy']):.3f} -> "
+                     f"{mean(lambda r: r['after']['no_search']['accuracy']):.3f} | | | | |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="1-3", help="e.g. 1-3 or 1,4")
+    p.add_argument("--steps", type=int, default=60, help="RL steps per seed")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR)
+    p.add_argument("--render", type=Path, default=None, help="only render the table of this JSON")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text())))
+        return 0
+    from reinforce_pro.workers.launcher import start_ray
+
+    low, _, high = args.seeds.partition("-")
+    seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
+    start_ray(logical_cpus=8)
+    runs = []
+    for seed in seeds:
+        print(f"[search_agent] seed {seed}", flush=True)
+        runs.append(run_seed(seed, args.steps, Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))))
+        path = write_result(NAME, {**SETTINGS, "steps": args.steps}, {"runs": runs}, args.output)
+    table = render(json.loads(path.read_text()))
+    (args.output / f"{NAME}.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
