@@ -67,4 +67,4 @@ BATCH_ARGS=(
 )
 PLACEMENT_ARGS=(--actor_num_gpus_per_node "$GPUS" --ref_num_gpus_per_node "$GPUS" --vllm_num_engines 1)
 "$PYTHON" -m reinforce_pro.cli.train_ppo_ray "${DATA_ARGS[@]}" "${AGENT_ARGS[@]}" "${ALGO_ARGS[@]}" \
-    "${BATCH_ARGS[@]}" "${PLACEMENT_ARGS[@]}" --seed "$SEED" --save_path "$OUT/run" "$@"
+    "${BATCH_ARGS[@]}" "${PLACEMENT_ARGS[@]}" --seed "$SEED" --save_path "$OUT" "$@"

@@ -2,9 +2,9 @@
 locally (nothing is downloaded) and saved as an ordinary HF model directory that vLLM, DeepSpeed and
 transformers all load like any other.
 
-The tokenizer maps each printable ASCII character to one token, plus <pad>, <bos>, <eos>, <unk>. Its
-chat template renders a conversation as "<bos>user: ...\nassistant: " so that `--apply_chat_template`
-works on the built-in model too.
+The tokenizer maps each printable ASCII character and the newline to one token, plus <pad>, <bos>, <eos>,
+<unk>. Its chat template renders a conversation as "<bos>user: ...\nassistant: " so that
+`--apply_chat_template` works on the built-in model too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-CHARS = [chr(c) for c in range(32, 127)]  # printable ASCII, space included
+# Printable ASCII (space included), then the newline, spelled as GPT-2's byte-level alphabet spells them: space
+# is "Ġ", newline "Ċ", the others themselves. transformers loads a directory whose config says qwen2 with
+# Qwen2Tokenizer whatever tokenizer_config.json says, and Qwen2Tokenizer byte-level-encodes its input: a
+# vocabulary of plain " " would lose every space once the model is saved and loaded (ids: space 4, newline 99).
+CHARS = ["Ġ" if c == 32 else chr(c) for c in range(32, 127)] + ["Ċ"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
@@ -20,15 +24,17 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer():
-    """A character-level PreTrainedTokenizerFast over printable ASCII."""
-    from tokenizers import Tokenizer, decoders, models
+    """A character-level PreTrainedTokenizerFast over printable ASCII and the newline; the same tokenizer as
+    the one transformers (Qwen2Tokenizer) and vLLM load from a saved model directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
-    # BPE with no merges splits a word into its characters; with no pre-tokenizer the whole text is one
-    # "word", so spaces are ordinary characters. Fuse() decodes by plain concatenation.
+    # BPE with no merges splits each piece into its characters; the byte-level pre-tokenizer maps " " to "Ġ"
+    # and "\n" to "Ċ" (without splitting into words), the byte-level decoder maps them back.
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.decoder = decoders.Fuse()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>",
