@@ -35,7 +35,7 @@ from benchmarks.study_stats import collapsed, detectable_difference, paired_boot
 
 NAME = "is_study"
 STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
-CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
+CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis"]
 STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
 
 
