@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 MAX_BODY = 1 << 20
+DRAIN_LIMIT = 16 << 20  # an over-long body up to this size is read before the 413 (see do_POST)
 MAX_QUERIES = 256
 MAX_TOPK = 50
 
@@ -114,6 +115,12 @@ def make_server(
                 return self._reply(404, {"error": f"no such path {self.path}; use POST /retrieve"})
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
+                # Read (and drop) a moderately large body before answering: a client still sending when the
+                # server closes sees a broken pipe instead of the 413. A huge one is not read: the connection closes.
+                remaining = length if length <= DRAIN_LIMIT else 0
+                while remaining > 0 and (chunk := self.rfile.read(min(1 << 16, remaining))):
+                    remaining -= len(chunk)
+                self.close_connection = True
                 return self._reply(413, {"error": f"body of {length} bytes; at most {MAX_BODY}"})
             body = self.rfile.read(length)
             if not slots.acquire(timeout=queue_timeout):  # wait a little for a slot, then refuse
