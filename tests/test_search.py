@@ -104,6 +104,20 @@ def test_service_refuses_malformed_requests_with_a_json_error(service, body, sta
     assert info.value.code == status and message in json.loads(info.value.read())["error"]
 
 
+@pytest.mark.parametrize("declared", ["abc", "-1"])
+def test_service_refuses_a_bad_content_length(service, declared):
+    import http.client
+
+    port = int(service.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.putrequest("POST", "/retrieve")
+    connection.putheader("Content-Length", declared)
+    connection.endheaders()
+    response = connection.getresponse()  # answered at once: no hang waiting for a body that never comes
+    assert response.status == 400 and "Content-Length" in json.loads(response.read())["error"]
+    connection.close()
+
+
 def test_client_errors_are_one_line_naming_the_url(kb):
     with pytest.raises(RetrieverError, match=r"is unreachable .*is it running\?") as info:
         RetrieverClient("http://127.0.0.1:9", timeout=1).health()  # nothing listens on the discard port

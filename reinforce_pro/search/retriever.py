@@ -113,7 +113,11 @@ def make_server(
         def do_POST(self) -> None:
             if self.path != "/retrieve":
                 return self._reply(404, {"error": f"no such path {self.path}; use POST /retrieve"})
-            length = int(self.headers.get("Content-Length") or 0)
+            declared = self.headers.get("Content-Length") or "0"
+            if not declared.isdigit():  # "abc" would raise in int(), "-1" would read until the client hangs up
+                self.close_connection = True
+                return self._reply(400, {"error": f"Content-Length must be a byte count, got {declared[:40]!r}"})
+            length = int(declared)
             if length > MAX_BODY:
                 # Read (and drop) a moderately large body before answering: a client still sending when the
                 # server closes sees a broken pipe instead of the 413. A huge one is not read: the connection closes.
