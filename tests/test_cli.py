@@ -128,6 +128,7 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--vllm_is_correction_type", "mis"], "invalid choice", id="choice"),
         pytest.param(["--absolute_zero", "--n_questions_per_prompt", "0"], "must be >= 1, got 0", id="az-questions"),
         pytest.param(["--absolute_zero", "--max_repropose_attempts", "-1"], "must be >= 0", id="az-attempts"),
+        pytest.param(["--absolute_zero", "--selfplay_reference_buffer", "-1"], "must be >= 0", id="az-buffer"),
         pytest.param(["--absolute_zero", "--proposer_train_scope", "all"], "invalid choice", id="az-scope"),
         pytest.param(
             ["--absolute_zero", "--n_samples_per_prompt", "1", "--advantage_estimator", "reinforce"],
@@ -354,6 +355,18 @@ def test_selfplay_task_file_errors_are_one_line(tmp_path, capsys):
     bad.write_text("raise RuntimeError('boom')\n")
     argv = ["--absolute_zero", "--selfplay_task_path", str(bad), "--save_path", str(tmp_path / "run")]
     assert "importing it failed: RuntimeError: boom" in _main_error(argv, capsys)
+    no_refs = tmp_path / "no_refs.py"
+    no_refs.write_text(
+        "from reinforce_pro.selfplay.tasks import SelfPlayTask\n"
+        "class T(SelfPlayTask):\n    name = 'plain'\n    thresholds = {'completion': (1.0, 0.1, 0.9)}\n"
+        "    weights = {'completion': 1.0}\n"
+        "    def proposer_prompt(self, r): return ''\n    def parse_question(self, t): return None\n"
+        "    def solver_prompt(self, q): return ''\n    def score(self, q, r, judge=None): return None\n"
+        "TASK = T()\n"
+    )
+    argv = ["--absolute_zero", "--selfplay_task_path", str(no_refs), "--selfplay_reference_buffer", "8",
+            "--save_path", str(tmp_path / "run2")]  # fmt: skip
+    assert "task plain defines no reference_record(question)" in _main_error(argv, capsys)
     with pytest.raises(SystemExit) as e:  # the choices come from BUILTIN_TASKS
         main(["--absolute_zero", "--selfplay_task", "chess"])
     err = capsys.readouterr().err

@@ -4,6 +4,7 @@ driven by a scripted fake engine."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -94,11 +95,52 @@ def test_arithmetic_task_parse_and_score():
     assert task.proposer_prompt({"input": "3+4="}) == "[3+4]>"
     parsed = task.parse_question(" 12+7 ")
     assert parsed.valid and parsed.question.answer == "19" and task.solver_prompt(parsed.question) == "12+7="
-    for bad in ("12+", "a+b", "1+2+3", "123+4", ""):
+    # open-ended (issue 32): more terms, more digits, - and * with the usual precedence
+    for text, answer in [("1+2+3", "6"), ("123+4", "127"), ("37-8*4+120", "125"), ("3-9", "-6"), ("0*7", "0"),
+                         ("9999*9999", "99980001"), ("2*3*4-1", "23")]:  # fmt: skip
+        parsed_ok = task.parse_question(text)
+        assert parsed_ok.valid and parsed_ok.question.answer == answer, text
+    for bad in ("12+", "a+b", "7", "05+1", "12345+1", "1+2+3+4+5", "1++2", "-3+4", "1 + 2", ""):
         assert not task.parse_question(bad).valid, bad
+    too_long = task.parse_question("9999*9999*99")
+    assert not too_long.valid and "longer than 8 characters" in too_long.reason
     scored = task.score(parsed.question, ["19", " 19", "18", "x9"])
     assert scored.scores["completion"] == [1.0, 1.0, 0.0, 0.0]
     assert scored.format == [1.0, 1.0, 1.0, 0.0]
+    assert task.score(task.parse_question("3-9").question, ["-6", "6", "--6"]).format == [1.0, 1.0, 0.0]
+    assert task.difficulty(task.parse_question("37-8*4+120").question) == {
+        "digits": 3.0, "terms": 4.0, "answer_digits": 3.0, "sub": 1.0, "mul": 1.0,
+    }  # fmt: skip
+
+
+def test_evaluate_expression_follows_python_precedence():
+    from reinforce_pro.selfplay.builtin_tasks import evaluate_expression
+
+    rng = random.Random(0)
+    for _ in range(500):
+        terms = [str(rng.randint(0, 999)) for _ in range(rng.randint(2, 4))]
+        text = terms[0] + "".join(rng.choice("+-*") + t for t in terms[1:])
+        assert evaluate_expression(text) == eval(text), text  # a generated digits-and-operators string
+
+
+def test_ladder_is_fixed_and_the_warm_start_is_valid():
+    from reinforce_pro.selfplay.builtin_tasks import evaluate_expression, propose_variant
+
+    task = ArithmeticTask()
+    ladder = task.ladder()
+    assert ladder == ArithmeticTask().ladder()  # the same questions in every run
+    assert set(task.warm_start_levels) < set(ladder) and all(len(qs) == 40 for qs in ladder.values())
+    for questions in ladder.values():
+        assert all(task.parse_question(q.text).question == q for q in questions)
+    examples = task.warm_start_examples(500, seed=3)
+    solver, proposer = examples[0::2], examples[1::2]
+    assert all(str(evaluate_expression(e["prompt"].rstrip("="))) == e["label"] for e in solver)
+    assert all(task.parse_question(e["label"]).valid for e in proposer)
+    assert all(e["label"] != e["prompt"][1:-2] for e in proposer)  # a variant, never the reference itself
+    rng = random.Random(1)
+    variants = [propose_variant("37+45", rng) for _ in range(200)]
+    assert all(v != "37+45" and task.parse_question(v).valid for v in variants)
+    assert sum(v.startswith("37+") for v in variants) > 40  # operands move one at a time, not all at once
 
 
 def test_code_output_task_runs_the_sandbox():
@@ -361,3 +403,71 @@ def test_curriculum_metrics_describe_the_proposals():
     assert m["selfplay/arithmetic/proposed_digits_mean"] == 1.0
     assert m["selfplay/arithmetic/proposed_answer_digits_mean"] == pytest.approx(22 / 13)
     assert m["selfplay/arithmetic/learnable_answer_digits_mean"] == pytest.approx(1.5)  # 1+1 and 5+5
+
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def test_reference_buffer_feeds_learnable_questions_back_as_proposer_prompts():
+    """Issue 32's remedy for a proposer collapsing near its seeds (Absolute Zero's reference examples): with
+    reference_buffer N, proposer prompts show one of the last N learnable questions; the buffer is part of
+    the source's resume state."""
+    calls = []
+
+    def generate(prompts):
+        calls.append(prompts)
+        out = []
+        for k, prompt in enumerate(prompts):
+            if prompt.startswith("["):  # propose the reference with its first operand + 1
+                a, b = prompt[1:-2].split("+")
+                out.append(Rollout(prompt, f"{int(a) + 1}+{b}"))
+            else:  # half of the solver's responses right: every question is learnable
+                a, b = prompt.rstrip("=").split("+")
+                out.append(Rollout(prompt, str(int(a) + int(b)) if k % 2 else "x"))
+        return out
+
+    cfg = SelfPlayConfig(n_questions_per_prompt=2, n_samples_per_prompt=N, weights={"completion": 1.0},
+                         reference_buffer=3)  # fmt: skip
+    ctl = SelfPlayController(ArithmeticTask(), cfg, generate)
+    rng = random.Random(0)
+    first = ctl.step([{"input": "1+0="}, {"input": "5+0="}], rng)
+    assert calls[0] == ["[1+0]>"] * 2 + ["[5+0]>"] * 2 and first.metrics["proposer/reference_frac"] == 0.0
+    assert [q.text for q in ctl.references] == ["2+0", "6+0", "6+0"]  # the last 3 learnable of the last round
+    before = len(calls)
+    second = ctl.step([{"input": "1+0="}, {"input": "5+0="}], rng)
+    assert set(calls[before]) <= {"[2+0]>", "[6+0]>"} and second.metrics["proposer/reference_frac"] == 1.0
+    assert second.metrics["proposer/reference_buffer_size"] == 3.0
+    restored = SelfPlayController(ArithmeticTask(), cfg, generate)
+    restored.load_state_dict(ctl.state_dict())
+    assert list(restored.references) == list(ctl.references)
+    off = SelfPlayController(ArithmeticTask(), replace(cfg, reference_buffer=0), generate)
+    off.step([{"input": "1+0="}], rng)
+    off.step([{"input": "1+0="}], rng)
+    assert calls[-2][0] == "[1+0]>" and not off.references  # 0: always the seeds
+
+
+def test_ladder_eval_scores_greedy_answers_per_level():
+    pytest.importorskip("ray")
+    from reinforce_pro.rollout.sampler import RolloutConfig
+    from reinforce_pro.selfplay.builtin_tasks import evaluate_expression
+    from reinforce_pro.selfplay.ladder import LadderEval
+
+    task = ArithmeticTask()
+    levels = {name: qs[:5] for name, qs in task.ladder().items() if name in ("add_0-19", "sub_0-9", "mul_0-9")}
+
+    class Sampler:
+        cfg = RolloutConfig(temperature=1.0)
+
+        def sample_texts(self, prompts, sampling):
+            self.sampling = sampling  # right on additions, wrong elsewhere
+            texts = [str(evaluate_expression(p[:-1])) if "+" in p else "1000" for p in prompts]
+            return None, None, texts
+
+    sampler = Sampler()
+    metrics = LadderEval(task, levels).run(sampler)
+    assert sampler.sampling["temperature"] == 0.0
+    assert metrics == {
+        "eval/ladder/add_0-19/accuracy": 1.0, "eval/ladder/sub_0-9/accuracy": 0.0,
+        "eval/ladder/mul_0-9/accuracy": 0.0, "eval/ladder/accuracy_mean": pytest.approx(1 / 3),
+    }  # fmt: skip
+    assert LadderEval(task, levels).metric_names() == list(metrics)

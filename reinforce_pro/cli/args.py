@@ -220,7 +220,12 @@ def _add_vllm(p) -> None:
 
 def _add_checkpoint_logging(p) -> None:
     g = both_spellings(p.add_argument_group("checkpoints, evaluation, logging"))
-    g.add_argument("--eval_steps", type=int, default=-1, help="evaluate on --eval_dataset every N steps (-1: never)")
+    g.add_argument(
+        "--eval_steps",
+        type=int,
+        default=-1,
+        help="evaluate on --eval_dataset (self-play: the task's held-out ladder) every N steps (-1: never)",
+    )
     g.add_argument(
         "--eval_before_training", action="store_true", help="[reinforce_pro] evaluate once before the first step"
     )
@@ -563,6 +568,20 @@ def _add_selfplay(p) -> None:
         help=f"{sp} a .py file defining TASK (overrides --selfplay_task)",
     )
     g.add_argument("--n_questions_per_prompt", type=int, default=4, help=f"{sp} questions proposed per seed prompt")
+    g.add_argument(
+        "--selfplay_reference_buffer",
+        type=int,
+        default=0,
+        help=f"{sp} proposer prompts show a random one of the last N learnable questions instead of a seed "
+        "(Absolute Zero's reference examples; 0: the seeds)",
+    )
+    g.add_argument(
+        "--proposer_repetition_penalty",
+        type=float,
+        default=0.0,
+        help=f"{sp} a question proposed k times among a step's n valid proposals loses this times k/n of its "
+        "proposer reward (R-Zero's repetition penalty; 0: off)",
+    )
     g.add_argument(
         "--max_repropose_attempts",
         type=int,

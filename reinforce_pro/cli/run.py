@@ -103,6 +103,10 @@ def prepare(cfg: RunConfig) -> RunPlan:
             raise UserInputError(str(e)) from None
         if getattr(task, "runs_code", False):  # task files are duck-typed
             _check_sandbox()
+        if cfg.selfplay.config.reference_buffer > 0 and not _overrides(task, "reference_record"):
+            raise UserInputError(
+                f"--selfplay_reference_buffer: task {getattr(task, 'name', '?')} defines no reference_record(question)"
+            )
     agent_cls = None
     if cfg.agent is not None:
         from reinforce_pro.agents.contract import AgentFileError, load_agent_class
@@ -290,3 +294,11 @@ def _selfplay_halves(history: list[dict]) -> dict:
             out[f"{key}:first_half"] = sum(values[:half]) / half
             out[f"{key}:second_half"] = sum(values[half:]) / (len(values) - half)
     return out
+
+
+def _overrides(task, method: str) -> bool:
+    """Whether a (duck-typed) task defines `method` other than SelfPlayTask's placeholder."""
+    from reinforce_pro.selfplay.tasks import SelfPlayTask
+
+    own = getattr(type(task), method, None)
+    return own is not None and own is not getattr(SelfPlayTask, method)

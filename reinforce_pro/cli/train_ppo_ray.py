@@ -64,7 +64,11 @@ SELFPLAY_EMBEDDED_DEFAULTS = {
     "rollout_batch_size": 16,
     "train_batch_size": 256,
     "proposer_train_scope": "group",
-    "sft_warmup_steps": 400,
+    "proposer_repetition_penalty": 8.0,  # without it the proposer collapses onto a few questions (issue 32)
+    "sft_warmup_steps": 1000,
+    "max_new_tokens": 20,  # the longest question the task accepts (4 operands of 4 digits) and its end token
+    "eval_steps": 25,  # the solver's greedy accuracy on the task's held-out ladder (eval/ladder/*)
+    "eval_before_training": True,  # ... and on the warm start's policy, as step 0
     "max_samples": 16 * 300,  # 300 steps, ~4 minutes on 2 cores
 }
 
@@ -251,8 +255,8 @@ def invalid_running(args) -> str | None:
         (args.eval_n_samples_per_prompt >= 1, "--eval_n_samples_per_prompt must be >= 1"),
         (args.eval_temperature >= 0, f"--eval_temperature must be >= 0, got {args.eval_temperature}"),
         (
-            args.eval_dataset or (args.eval_steps <= 0 and not args.eval_before_training),
-            "--eval_steps / --eval_before_training need --eval_dataset",
+            args.eval_dataset or args.absolute_zero or (args.eval_steps <= 0 and not args.eval_before_training),
+            "--eval_steps / --eval_before_training need --eval_dataset (self-play: its task's ladder)",
         ),
         (
             not args.best_metric_key or (args.eval_dataset and (args.eval_steps > 0 or args.eval_before_training)),
@@ -324,6 +328,14 @@ def invalid_selfplay(args) -> str | None:
     checks = [
         (args.n_questions_per_prompt >= 1, f"--n_questions_per_prompt must be >= 1, got {args.n_questions_per_prompt}"),
         (args.max_repropose_attempts >= 0, f"--max_repropose_attempts must be >= 0, got {args.max_repropose_attempts}"),
+        (
+            args.selfplay_reference_buffer >= 0,
+            f"--selfplay_reference_buffer must be >= 0, got {args.selfplay_reference_buffer}",
+        ),
+        (
+            math.isfinite(args.proposer_repetition_penalty) and args.proposer_repetition_penalty >= 0,
+            f"--proposer_repetition_penalty must be a finite number >= 0, got {args.proposer_repetition_penalty}",
+        ),
         (
             args.n_samples_per_prompt >= 2,
             "--absolute_zero judges learnability from several solver responses: --n_samples_per_prompt must be "

@@ -282,9 +282,15 @@ def selfplay_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, u
     return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge)
 
 
-def eval_set(cfg: RunConfig, tokenizer) -> EvalSet | None:
-    """--eval_dataset read like --prompt_data (same keys and template)."""
+def eval_set(cfg: RunConfig, plan, tokenizer) -> EvalSet | None:
+    """--eval_dataset read like --prompt_data (same keys and template); self-play evaluates its task's
+    held-out ladder instead, when --eval_steps or --eval_before_training asks for evaluations."""
     ev, data = cfg.evaluation, cfg.data
+    if plan.task is not None and (cfg.loop.eval_steps > 0 or cfg.loop.eval_before_training):
+        from reinforce_pro.selfplay.ladder import LadderEval
+
+        levels = plan.task.ladder()
+        return LadderEval(plan.task, levels) if levels else None
     if ev is None:
         return None
     records = load_records(ev.dataset, ev.split)
@@ -389,7 +395,7 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
         trainer = PPOTrainer(
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger,
-            cfg.loop, eval_set(cfg, tokenizer),
+            cfg.loop, eval_set(cfg, plan, tokenizer),
         )  # fmt: skip
         if resume_from is not None:
             trainer.restore(resume_from)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,9 +19,10 @@ from reinforce_pro.selfplay.learnability import (
     plan_question_sampling,
     proposer_reward,
     question_reward,
+    repetition_penalties,
     solver_reward,
 )
-from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, ScoredResponses, SelfPlayTask
+from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
 
 PROPOSER_SCOPES = ("sampled", "group")
 
@@ -48,6 +49,8 @@ class SelfPlayConfig:
     weights: dict[str, float] = field(default_factory=dict)  # dimension -> weight in the solver reward
     format_reward_coef: float = 0.5
     proposer_reward_coef: float = 0.1
+    reference_buffer: int = 0  # propose from the last N learnable questions instead of the seeds (0: seeds)
+    repetition_penalty: float = 0.0  # proposer reward - coef * (share of the step's proposals with this text)
 
 
 @dataclass
@@ -96,8 +99,12 @@ class SelfPlayController:
         if missing:
             raise ValueError(f"no solver-reward weight for the task's dimensions {sorted(missing)}")
         self.task, self.cfg, self.generate, self.judge = task, cfg, generate, judge
+        # Absolute Zero's reference examples: proposer prompts show a recent learnable question, so the
+        # proposals move with what the solver can almost do instead of staying near the fixed seeds
+        self.references: deque[Question] = deque(maxlen=max(1, cfg.reference_buffer))
 
     def step(self, seeds: Sequence[dict], rng: random.Random) -> SelfPlayBatch:
+        seeds = [self._reference_or(seed, rng) for seed in seeds]
         prompts = [PromptRecord(seed) for seed in seeds]
         stats = RoundStats()
         marked = list(range(len(prompts)))
@@ -109,9 +116,28 @@ class SelfPlayController:
             marked = [i for i in marked if prompts[i].sampled < 0]
             if not marked:
                 break
-        return self._training_batch(prompts, stats)
+        if self.cfg.reference_buffer > 0:
+            self.references.extend(q.parsed.question for p in prompts for q in p.questions if q.learnable)
+        batch = self._training_batch(prompts, stats)
+        if self.cfg.reference_buffer > 0:
+            batch.metrics["proposer/reference_frac"] = stats.referenced / max(1, len(seeds))
+            batch.metrics["proposer/reference_buffer_size"] = float(len(self.references))
+        return batch
+
+    def _reference_or(self, seed: dict, rng: random.Random) -> dict:
+        """The seed record, or (with --selfplay_reference_buffer) a record made from a random buffered question."""
+        if self.cfg.reference_buffer <= 0 or not self.references:
+            return seed
+        return {**self.task.reference_record(rng.choice(self.references)), "reference": True}
 
     # ------------------------------------------------------------------ steps 1-5 for some prompts
+    def state_dict(self) -> dict:
+        return {"references": [[q.text, q.answer, q.meta] for q in self.references]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.references.clear()
+        self.references.extend(Question(text, answer, meta) for text, answer, meta in state.get("references", []))
+
     def _attempt(self, prompts: list[PromptRecord], stats: RoundStats) -> None:
         """Propose a new question group for each prompt, validate, solve, score, judge learnability."""
         k, n = self.cfg.n_questions_per_prompt, self.cfg.n_samples_per_prompt
@@ -125,6 +151,8 @@ class SelfPlayController:
             q.learnable = is_learnable(q.scored.scores, self.task.thresholds)
         for i, p in enumerate(prompts):
             p.questions, p.attempts = records[i * k : (i + 1) * k], p.attempts + 1
+        if stats.rounds == 0:
+            stats.referenced = sum(bool(p.seed.get("reference")) for p in prompts)
         stats.add_round(records, first=stats.rounds == 0, task=self.task)
 
     # ------------------------------------------------------------------ steps 8-10
@@ -132,7 +160,12 @@ class SelfPlayController:
         cfg, n = self.cfg, self.cfg.n_samples_per_prompt
         samples: list[TrainingSample] = []
         segments: list[tuple[int, int, int]] = []
-        proposer_rewards = [proposer_reward(p.sampled, p.learnable_row, p.sampled < 0) for p in prompts]
+        repeats = repetition_penalties([text for text, _, _ in stats.questions], cfg.repetition_penalty)
+        proposer_rewards = [
+            proposer_reward(p.sampled, p.learnable_row, p.sampled < 0)
+            - (repeats[p.questions[p.sampled].parsed.question.text] if p.sampled >= 0 else 0.0)
+            for p in prompts
+        ]
         for p, p_reward in zip(prompts, proposer_rewards, strict=True):
             if p.sampled < 0:
                 continue  # unresolved after the last attempt: no solver samples
@@ -153,6 +186,7 @@ class SelfPlayController:
                 group_start = len(samples)
                 for q in p.questions:
                     r = question_reward(q.parsed.valid, q.learnable, self.task.format_penalty)
+                    r -= repeats[q.parsed.question.text] if q.parsed.valid else 0.0
                     samples.append(TrainingSample(q.proposal, r, r, "proposer"))
                 segments.append((group_start, len(samples), len(samples) - group_start))
         if cfg.proposer_train_scope == "sampled":  # one proposer sample per prompt: the batch is the group
@@ -172,6 +206,7 @@ class RoundStats:
     """Counts over every question proposed in one step, all rounds together."""
 
     rounds: int = 0
+    referenced: int = 0  # prompts of the first round made from buffered questions
     total: int = 0
     valid: int = 0
     learnable: int = 0

@@ -66,6 +66,16 @@ def question_reward(valid: bool, learnable: bool, format_penalty: float) -> floa
     return LEARNABLE_REWARD if learnable else NOT_LEARNABLE_REWARD
 
 
+def repetition_penalties(texts: Sequence[str], coef: float) -> dict[str, float]:
+    """R-Zero's repetition penalty (Huang et al. 2025), with clusters of identical question text: a question
+    proposed k times among the step's n valid proposals costs coef * k / n of its proposer reward, so a
+    proposer that collapses onto a few questions earns less than one that spreads over many."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        counts[text] = counts.get(text, 0) + 1
+    return {text: coef * k / len(texts) for text, k in counts.items()}
+
+
 def solver_reward(scores: Mapping[str, float], weights: Mapping[str, float], format_reward: float, format_coef: float):
     """sum_d weight_d * score_d + format_coef * format_reward, for one response."""
     return sum(weights[d] * scores[d] for d in weights) + format_coef * format_reward

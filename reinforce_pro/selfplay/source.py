@@ -29,11 +29,12 @@ class SelfPlaySource:
         self.rng = random.Random(seed)  # which question of each group is sampled: part of the resume state
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate()}
+        return {"rng": self.rng.getstate(), **self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         version, internal, gauss = state["rng"]  # lists after a JSON round trip
         self.rng.setstate((version, tuple(internal), gauss))
+        self.controller.load_state_dict(state)
 
     def use_partial(self, partial) -> None:
         raise ValueError("--partial_rollout applies to prompt rollouts, not to self-play")

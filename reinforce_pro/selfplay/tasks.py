@@ -84,3 +84,13 @@ class SelfPlayTask:
     def warm_start_examples(self, n: int, seed: int) -> list[dict]:
         """{"prompt", "label"} pairs for the embedded default's supervised warm start of both roles."""
         return []
+
+    def reference_record(self, question: Question) -> dict:
+        """A seed record (what proposer_prompt takes) that shows `question` as the reference to propose from
+        (--selfplay_reference_buffer)."""
+        raise NotImplementedError(f"task {self.name} cannot propose from reference questions")
+
+    def ladder(self) -> dict[str, list[Question]]:
+        """A fixed held-out set of questions per difficulty level, the same in every run: the solver's greedy
+        accuracy on each is logged every --eval_steps (eval/ladder/*). {} when the task has none."""
+        return {}

@@ -84,10 +84,16 @@ class LoopConfig:
 
 @dataclass
 class EvalSet:
+    """--eval_dataset: k samples per prompt, scored by the run's reward function. Self-play runs use their
+    task's held-out ladder instead (selfplay/ladder.py), with the same `name` and `run`."""
+
     name: str
     prompts: list[dict]  # [{"prompt", "label"}]
     n_samples: int
     temperature: float
+
+    def run(self, sampler, score) -> dict[str, float]:
+        return evaluate(sampler, score, self.prompts, self.name, self.n_samples, self.temperature)
 
 
 @contextmanager
@@ -239,9 +245,8 @@ class PPOTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Between steps, with the engines held: under --async_train no rollout is generated meanwhile."""
-        e = self.eval_set
         with self.gate.exclusive():
-            return evaluate(self.source.sampler, self.builder.score, e.prompts, e.name, e.n_samples, e.temperature)
+            return self.eval_set.run(self.source.sampler, self.builder.score)
 
     def keep_best(self, step: int, evaluation: dict[str, float]) -> None:
         """--best_metric_key: save the policy (HF format) when this evaluation beats every earlier one."""

@@ -1,0 +1,38 @@
+"""The held-out ladder of a self-play task (issue 32): the solver's greedy accuracy on fixed questions per
+difficulty level, so a run shows how far the solver follows the proposer's curriculum. The trainer runs it
+like an --eval_dataset (every --eval_steps, and before training with --eval_before_training)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reinforce_pro.rollout.sampler import Sampler, sampling_params
+from reinforce_pro.selfplay.tasks import Question, SelfPlayTask
+
+
+class LadderEval:
+    name = "ladder"
+
+    def __init__(self, task: SelfPlayTask, levels: dict[str, list[Question]]):
+        self.task, self.levels = task, levels
+
+    def metric_names(self) -> list[str]:
+        return [f"eval/ladder/{level}/accuracy" for level in self.levels] + ["eval/ladder/accuracy_mean"]
+
+    def run(self, sampler: Sampler, score: Callable | None = None) -> dict[str, float]:
+        """One greedy response per question. A response is right when it scores >= the threshold of every
+        learnability dimension of the task (for arithmetic: the exact value)."""
+        questions = [q for level in self.levels.values() for q in level]
+        sampling = {**sampling_params(sampler.cfg), "temperature": 0.0}
+        _, _, responses = sampler.sample_texts([self.task.solver_prompt(q) for q in questions], sampling)
+        right = [self._right(q, r) for q, r in zip(questions, responses, strict=True)]
+        metrics, start = {}, 0
+        for level, items in self.levels.items():
+            metrics[f"eval/ladder/{level}/accuracy"] = sum(right[start : start + len(items)]) / len(items)
+            start += len(items)
+        metrics["eval/ladder/accuracy_mean"] = sum(right) / len(right)
+        return metrics
+
+    def _right(self, question: Question, response: str) -> bool:
+        scored = self.task.score(question, [response])
+        return all(scored.scores[d][0] >= threshold for d, (threshold, _, _) in self.task.thresholds.items())

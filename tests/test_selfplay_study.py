@@ -1,0 +1,50 @@
+"""The self-play study's analysis (benchmarks/selfplay_study.py) on constructed runs: the issue's criteria
+per seed, the ladder's paired gains, the arm comparison and the rendered page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import selfplay_study as study
+
+
+def _run(arm: str, seed: int, ratio: list[float], ladder_end: float, unique: float = 0.5) -> dict:
+    n = len(ratio)
+    series = {name: [0.5] * n for name in study.SERIES}
+    series["learnable"], series["unique"] = ratio, [unique] * n
+    ladder = {level: [[0, 0.1], [n, 0.1]] for level in study.LADDER_LEVELS}
+    ladder["add_20-29"] = [[0, 0.0], [n // 2, 0.1], [n, ladder_end]]
+    return {"arm": arm, "seed": seed, "steps": n, "wall_s": 1.0, "series": series, "ladder": ladder}
+
+
+def test_summary_reads_the_issues_criteria_off_a_run():
+    ratio = [0.5] * 30 + [0.1] * 25 + [0.6] * 35  # 90 steps: thirds of 30
+    s = study.summarise(_run("default", 1, ratio, 0.3))
+    assert s["thirds"] == pytest.approx([0.5, (0.1 * 25 + 0.6 * 5) / 30, 0.6])
+    assert s["last_third"] == pytest.approx(0.6)
+    assert s["low_stretch"] == 25  # 25 consecutive steps below 0.2: fails "no more than 20"
+    assert s["ladder_first"]["add_20-29"] == 0.0 and s["ladder_last"]["add_20-29"] == 0.3
+
+
+def test_ladder_gains_are_paired_over_seeds():
+    runs = [_run("default", seed, [0.5] * 9, end) for seed, end in ((1, 0.2), (2, 0.3), (3, 0.4))]
+    rows = {row["level"]: row for row in study.ladder_gains(runs)}
+    assert list(rows) == list(study.LADDER_LEVELS)  # the task's order, easy to hard
+    assert rows["add_20-29"]["gain"] == pytest.approx(0.3) and 0.2 <= rows["add_20-29"]["low"] <= 0.3
+    assert rows["add_0-19"]["gain"] == 0.0
+
+
+def test_render_writes_tables_plots_and_the_arm_comparison(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = [_run("default", s, [0.6] * 9, 0.3, unique=0.6) for s in (1, 2)]
+    runs += [_run("no-repetition-penalty", s, [0.3] * 9, 0.1, unique=0.2) for s in (1, 2)]
+    payload = {"commit": "abc123def4567", "config": {"warm_start_levels": ["add_0-19"]}, "results": {"runs": runs}}
+    (tmp_path / "selfplay_study.json").write_text(json.dumps(payload))
+    text = study.render(payload, tmp_path)
+    assert "## default (2 seeds" in text and "## no-repetition-penalty (2 seeds" in text
+    assert "| add_0-19 | yes | 0.100 | 0.100 | +0.000" in text and "| add_20-29 | no | 0.000 | 0.300 | +0.300" in text
+    # default minus the arm: +0.3 learnable ratio, +0.4 unique proposals, ladder mean +0.2 / 12 levels
+    assert "| no-repetition-penalty | 2 | default +0.300" in text and "default +0.400" in text
+    assert (tmp_path / "selfplay_study_default.png").exists() and (tmp_path / "selfplay_study.md").read_text() == text
