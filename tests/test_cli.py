@@ -209,6 +209,16 @@ def _main_error(argv, capsys) -> str:
     return err
 
 
+def test_a_broken_correction_file_is_one_line_before_ray(tmp_path, capsys):
+    path = tmp_path / "mine.py"
+    path.write_text("def correction(inp):\n    return inp.ratio\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--enable_vllm_is_correction", "--vllm_is_correction_path", str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert f"--vllm_is_correction_path {path}: correction must return (weights, keep, metrics), got Tensor" in err
+
+
 def test_max_len_beyond_the_model(tiny_model, tmp_path, capsys):
     argv = ["--pretrain", tiny_model, "--max_len", "4096", "--save_path", str(tmp_path / "run")]
     assert "--max_len 4096 exceeds the model's max_position_embeddings 256" in _main_error(argv, capsys)

@@ -8,6 +8,7 @@ The fixture batch (band [0.5, 2.0]) has three sequences chosen so the four corre
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -307,3 +308,77 @@ def test_reinforce_pro_tis_bounds_an_isolated_spike_that_reinforce_pro_keeps():
     clamped, _ = compute_is_weights("reinforce_pro-tis", old, rollout, mask, 0.5, 5.0)
     assert float(raw[0, 10]) == pytest.approx(30.0) and float(clamped[0, 10]) == pytest.approx(5.0)
     assert torch.equal(raw[0, :10], clamped[0, :10])
+
+
+# ---------------------------------------------------------------------------------------------- a user's correction
+
+USER_ICEPOP = """
+from reinforce_pro.algos.stats import mean_stat
+
+def correction(inp):
+    # icepop written by a user: keep tokens whose ratio is in the band, and log the kept fraction
+    keep = inp.valid & (inp.ratio >= inp.low) & (inp.ratio <= inp.high)
+    return inp.ratio, keep, {"is/my_kept_frac": mean_stat(keep.float(), inp.action_mask)}
+"""
+
+
+def test_a_users_correction_from_a_file_is_applied_like_a_builtin(tmp_path):
+    """Issue 29: `--vllm_is_correction_path` (slime's custom-function pattern) takes the built-ins' signature; a
+    user's icepop gives the built-in icepop's weights and metrics, plus its own."""
+    from reinforce_pro.algos.is_correction import load_user_correction
+    from reinforce_pro.algos.losses import PolicyLoss
+
+    path = tmp_path / "my_icepop.py"
+    path.write_text(USER_ICEPOP)
+    mine = load_user_correction(str(path))
+    old, rollout, mask = fixture_batch()
+    w_user, m_user = compute_is_weights(mine, old, rollout, mask, LOW, HIGH)
+    w_icepop, m_icepop = compute_is_weights("icepop", old, rollout, mask, LOW, HIGH)
+    torch.testing.assert_close(w_user, w_icepop, rtol=0, atol=0)
+    assert {k: float(v) for k, v in m_icepop.items()} == {k: float(m_user[k]) for k in m_icepop}
+    assert float(m_user["is/my_kept_frac"]) == pytest.approx(1 - float(m_icepop["is/token_masked_frac"]))
+    loss = PolicyLoss(
+        enable_vllm_is_correction=True, vllm_is_correction_path=str(path), vllm_is_truncated_threshold=(LOW, HIGH)
+    )
+    ref = PolicyLoss(
+        enable_vllm_is_correction=True, vllm_is_correction_type="icepop", vllm_is_truncated_threshold=(LOW, HIGH)
+    )
+    lp = old + 0.05
+    adv = torch.randn(old.shape, dtype=old.dtype, generator=torch.Generator().manual_seed(0))
+    assert float(loss(lp, old, adv, mask, rollout)[0]) == float(ref(lp, old, adv, mask, rollout)[0])
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        pytest.param("x = 1\n", "define correction(inp", id="no-function"),
+        pytest.param("raise ImportError('nope')\n", "importing it failed: ImportError: nope", id="import-fails"),
+        pytest.param(
+            "def correction(inp):\n    return inp.ratio\n", "must return (weights, keep, metrics)", id="one-value"
+        ),
+        pytest.param(
+            "def correction(inp):\n    return inp.ratio[:, :1], inp.valid, {}\n",
+            "weights must be a float tensor of shape (2, 3)",
+            id="shape",
+        ),
+        pytest.param(
+            "def correction(inp):\n    return inp.ratio, inp.ratio, {}\n", "keep must be a bool tensor", id="keep-dtype"
+        ),
+        pytest.param(
+            "def correction(inp):\n    return inp.ratio, inp.valid, {'a': 1.0}\n",
+            "metrics must be a dict of",
+            id="metrics",
+        ),
+        pytest.param("def correction(inp):\n    return 1 / 0\n", "correction raised ZeroDivisionError", id="raises"),
+    ],
+)
+def test_a_broken_user_correction_is_one_error_at_start_up(tmp_path, body, message):
+    from reinforce_pro.algos.losses import LossSettings
+
+    path = tmp_path / "broken.py"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        LossSettings(enable_vllm_is_correction=True, vllm_is_correction_path=str(path))
+    assert str(e.value).startswith(f"--vllm_is_correction_path {path}") and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="needs --enable_vllm_is_correction"):
+        LossSettings(vllm_is_correction_path=str(path))

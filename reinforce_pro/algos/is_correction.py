@@ -13,6 +13,10 @@ policy loss. `IS_CORRECTIONS` maps the `--vllm_is_correction_type` names to thei
 | reinforce_pro | rho_t if low <= exp(mean_{s<=t} r_s) <= high else 0              | REINFORCE Pro (this repo) |
 | reinforce_pro-tis | clamp(rho_t, low, high) where reinforce_pro keeps, else 0    | this repo (issue 31)      |
 
+A user's own correction: `--vllm_is_correction_path file.py` defining `correction(inp: ISInputs) -> (weights,
+keep, metrics)`, the signature of the functions below (`load_user_correction`; docs/algorithms.md). Its output
+is checked on every call, and the safety rules below apply to it as to the built-ins.
+
 `reinforce_pro` gates each token on the geometric mean of the ratios of the action tokens up to and
 including it (a causal, prefix-level filter): once the prefix has drifted out of the band, the tokens
 that follow were generated from a context the trainer would not have produced, so they are dropped until
@@ -35,6 +39,7 @@ import torch
 
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
+from reinforce_pro.userfile import import_user_file
 
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far outside any useful band, still finite in float32
 
@@ -110,16 +115,51 @@ IS_CORRECTIONS: dict[str, Correction] = {
 }
 
 
-def validate_is_config(correction_type: str, low: float, high: float) -> None:
+def load_user_correction(path: str) -> Correction:
+    """`correction(inp)` of a user's file (slime's custom-function pattern), wrapped so that whatever it returns
+    or raises becomes one ValueError naming the file. Tried once on a small input here, so a broken file
+    fails at start-up rather than at the first training step."""
+    flag = f"--vllm_is_correction_path {path}"
+    module = import_user_file(path, "--vllm_is_correction_path", ValueError, "correction(inp)")
+    fn = getattr(module, "correction", None)
+    if not callable(fn):
+        raise ValueError(f"{flag}: define correction(inp: ISInputs) -> (weights, keep, metrics)")
+
+    def checked(inp: ISInputs):
+        try:
+            out = fn(inp)
+        except Exception as e:  # the user's code
+            raise ValueError(f"{flag}: correction raised {type(e).__name__}: {e}") from e
+        shape = tuple(inp.ratio.shape)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise ValueError(f"{flag}: correction must return (weights, keep, metrics), got {type(out).__name__}")
+        weights, keep, metrics = out
+        if not (isinstance(weights, torch.Tensor) and tuple(weights.shape) == shape and weights.is_floating_point()):
+            raise ValueError(f"{flag}: weights must be a float tensor of shape {shape}")
+        if not (isinstance(keep, torch.Tensor) and tuple(keep.shape) == shape and keep.dtype == torch.bool):
+            raise ValueError(f"{flag}: keep must be a bool tensor of shape {shape}")
+        if not (isinstance(metrics, dict) and all(isinstance(v, Stat) for v in metrics.values())):
+            raise ValueError(f"{flag}: metrics must be a dict of algos.stats.Stat (mean_stat, extreme_stat, ...)")
+        return weights, keep, metrics
+
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, float("nan"), -1.0]])
+    checked(is_inputs(old, old - 0.1, torch.tensor([[1, 1, 1], [1, 1, 0]]), *DEFAULT_BAND))
+    return checked
+
+
+DEFAULT_BAND = (0.5, 5.0)  # the band of the start-up try of a user's correction
+
+
+def validate_is_config(correction_type: str | Correction, low: float, high: float) -> None:
     """Raise ValueError for an unknown correction name or a threshold band that is not 0 <= low < high."""
-    if correction_type not in IS_CORRECTIONS:
+    if not callable(correction_type) and correction_type not in IS_CORRECTIONS:
         raise ValueError(f"unknown vllm_is_correction_type {correction_type!r}; valid: {', '.join(IS_CORRECTIONS)}")
     if not (0.0 <= low < high):
         raise ValueError(f"vllm_is_truncated_threshold must satisfy 0 <= low < high, got [{low}, {high}]")
 
 
 def compute_is_weights(
-    correction_type: str,
+    correction_type: str | Correction,
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     action_mask: torch.Tensor,
@@ -128,6 +168,7 @@ def compute_is_weights(
 ) -> tuple[torch.Tensor, dict[str, Stat]]:
     """Per-token IS weights (B, T), detached, 0 where action_mask is 0, and the `is/*` metrics.
 
+    correction_type: a name of IS_CORRECTIONS, or a Correction function (a user's: load_user_correction).
     old_log_probs, rollout_log_probs: (B, T) log-probs of the sampled tokens under the trainer's old
     policy and the rollout engine; action_mask: (B, T) 1 on trained tokens. Metrics are Stats of 0-dim
     tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
@@ -135,7 +176,8 @@ def compute_is_weights(
     validate_is_config(correction_type, low, high)
     with torch.no_grad():
         inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high)
-        raw_weights, keep, extra = IS_CORRECTIONS[correction_type](inp)
+        correction = correction_type if callable(correction_type) else IS_CORRECTIONS[correction_type]
+        raw_weights, keep, extra = correction(inp)
         keep = keep & inp.valid
         weights = torch.where(keep, raw_weights, torch.zeros((), dtype=raw_weights.dtype, device=keep.device))
         metrics = _is_metrics(inp, weights, keep)

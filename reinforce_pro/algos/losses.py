@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reinforce_pro.algos.is_correction import compute_is_weights, position_metrics, validate_is_config
+from reinforce_pro.algos.is_correction import (
+    compute_is_weights,
+    load_user_correction,
+    position_metrics,
+    validate_is_config,
+)
 from reinforce_pro.algos.masked import aggregate_loss, masked_mean
 from reinforce_pro.algos.stats import Stat, loss_stat, mean_stat
 
@@ -59,6 +64,7 @@ class LossSettings:
     enable_vllm_is_correction: bool = False
     vllm_is_truncated_threshold: tuple[float, float] = DEFAULT_IS_THRESHOLD
     vllm_is_correction_type: str = "tis"
+    vllm_is_correction_path: str | None = None  # a user's correction (a .py file); replaces the type
     position_metrics: bool = False  # with IS: also is_pos/* (is_correction.position_metrics), every correction
 
     def __post_init__(self) -> None:
@@ -69,6 +75,16 @@ class LossSettings:
         low, high = self.vllm_is_truncated_threshold
         validate_is_config(self.vllm_is_correction_type, low, high)
         self.vllm_is_truncated_threshold = (float(low), float(high))
+        if self.vllm_is_correction_path is not None:
+            if not self.enable_vllm_is_correction:
+                raise ValueError("--vllm_is_correction_path needs --enable_vllm_is_correction")
+            load_user_correction(self.vllm_is_correction_path)  # fails here, at start-up, if it is broken
+
+    def correction(self):
+        """What compute_is_weights applies: the user's function (loaded in this process) or the type's name."""
+        if self.vllm_is_correction_path is None:
+            return self.vllm_is_correction_type
+        return load_user_correction(self.vllm_is_correction_path)
 
 
 class PolicyLoss(nn.Module):
@@ -80,9 +96,10 @@ class PolicyLoss(nn.Module):
         if settings is not None and fields:
             raise TypeError("give PolicyLoss a LossSettings or its fields, not both")
         self.settings = s = settings if settings is not None else LossSettings(**fields)
+        self.correction = s.correction() if s.enable_vllm_is_correction else None
         # GSPO is defined on sequences: its loss is always the mean of per-sequence means (as in OpenRLHF).
         self.token_level_loss = s.token_level_loss and s.policy_loss_type != "gspo"
-        if s.enable_vllm_is_correction and s.policy_loss_type == "gspo" and s.vllm_is_correction_type != "tis":
+        if s.enable_vllm_is_correction and s.policy_loss_type == "gspo" and self.correction != "tis":
             warnings.warn(
                 f"policy_loss_type=gspo corrects the mismatch through its sequence ratio against the rollout "
                 f"log-probs; vllm_is_correction_type={s.vllm_is_correction_type!r} is not applied",
@@ -154,9 +171,7 @@ class PolicyLoss(nn.Module):
         if self.settings.policy_loss_type != "ppo":
             return loss, {"is/vllm_kl": mean_stat((rollout_log_probs - old_log_probs).detach(), live)}
         low, high = self.settings.vllm_is_truncated_threshold
-        weights, metrics = compute_is_weights(
-            self.settings.vllm_is_correction_type, old_log_probs, rollout_log_probs, mask, low, high
-        )
+        weights, metrics = compute_is_weights(self.correction, old_log_probs, rollout_log_probs, mask, low, high)
         loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, torch.zeros_like(loss))
         if self.settings.position_metrics:
             metrics.update(position_metrics(old_log_probs, rollout_log_probs, mask, low, high))

@@ -170,6 +170,13 @@ def _add_vllm(p) -> None:
         "prefix geometric-mean mask (see docs/algorithms.md)",
     )
     g.add_argument(
+        "--vllm_is_correction_path",
+        type=str,
+        default=None,
+        help="[reinforce_pro] with --enable_vllm_is_correction: a .py file defining correction(inp: ISInputs) -> "
+        "(weights, keep, metrics), used instead of --vllm_is_correction_type (docs/algorithms.md)",
+    )
+    g.add_argument(
         "--is_position_metrics",
         action="store_true",
         help="[reinforce_pro] with --enable_vllm_is_correction: log where in the responses the mismatch is, per "

@@ -296,8 +296,8 @@ def critic_optim(
 
 def loss(
     eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
-    vllm_is_truncated_threshold, vllm_is_correction_type, is_position_metrics, use_kl_loss, kl_estimator,
-    entropy_loss_coef, temperature,
+    vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, is_position_metrics, use_kl_loss,
+    kl_estimator, entropy_loss_coef, temperature,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
     surrogate = LossSettings(
@@ -308,6 +308,7 @@ def loss(
         enable_vllm_is_correction=enable_vllm_is_correction,
         vllm_is_truncated_threshold=tuple(vllm_is_truncated_threshold),
         vllm_is_correction_type=vllm_is_correction_type,
+        vllm_is_correction_path=vllm_is_correction_path,
         position_metrics=is_position_metrics,
     )
     return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature)
