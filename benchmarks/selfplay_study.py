@@ -239,16 +239,18 @@ def _plot(runs: list[dict], path: Path) -> None:
         ratio = r["series"]["learnable"]
         smooth = [statistics.fmean(ratio[max(0, i - 9) : i + 1]) for i in range(len(ratio))]
         axes[0].plot(range(1, len(smooth) + 1), smooth, label=f"seed {r['seed']}", lw=1)
-        digits = [v if v is not None else float("nan") for v in r["series"]["answer_digits"]]
-        axes[1].plot(range(1, len(digits) + 1), digits, lw=0.8)
+        unique = [v if v is not None else float("nan") for v in r["series"]["unique"]]
+        smooth_u = [statistics.fmean(unique[max(0, i - 9) : i + 1]) for i in range(len(unique))]
+        axes[1].plot(range(1, len(smooth_u) + 1), smooth_u, lw=1)
     axes[0].axhline(LOW_RATIO, color="grey", ls=":")
     axes[0].set(title="learnable ratio (10-step mean)", xlabel="step", ylim=(0, 1))
     axes[0].legend(fontsize=7)
-    axes[1].set(title="proposed questions: answer digits (mean)", xlabel="step")
-    for level in _levels(runs):
+    axes[1].set(title="unique proposals / valid (10-step mean)", xlabel="step", ylim=(0, 1))
+    colors = plt.get_cmap("tab20").colors
+    for k, level in enumerate(_levels(runs)):
         steps = [p[0] for p in runs[0]["ladder"][level]]
         acc = [statistics.fmean(r["ladder"][level][k][1] for r in runs) for k in range(len(steps))]
-        axes[2].plot(steps, acc, marker=".", label=level)
+        axes[2].plot(steps, acc, marker=".", label=level, color=colors[k % len(colors)])
     axes[2].set(title=f"held-out ladder: greedy accuracy (mean of {len(runs)} seeds)", xlabel="step", ylim=(0, 1))
     axes[2].legend(fontsize=7)
     fig.tight_layout()

@@ -544,6 +544,31 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model, mode
     assert any(row["unified_filter/num_sampled"] > 0 for row in read_metrics(plan.run_dir / "metrics.jsonl"))
 
 
+def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_references(tmp_path, engine, tiny_model):
+    """Issue 32 through the trainer: the open-ended arithmetic task on its built-in seeds, the held-out ladder
+    before training and every step, the reference buffer and the repetition penalty."""
+    cfg, plan, history = run(
+        ["--absolute_zero", "--max_samples", "8", "--rollout_batch_size", "4", "--n_questions_per_prompt", "3",
+         "--advantage_estimator", "reinforce_baseline", "--eval_steps", "1", "--eval_before_training",
+         "--selfplay_reference_buffer", "8", "--proposer_repetition_penalty", "8", "--max_new_tokens", "20"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2 and cfg.selfplay.config.repetition_penalty == 8.0
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    ladder = [row for row in rows if "eval/ladder/accuracy_mean" in row]
+    assert [row["step"] for row in ladder] == [0, 1, 2]
+    levels = [k for k in ladder[0] if k.startswith("eval/ladder/") and k.endswith("/accuracy")]
+    assert len(levels) == 12 and all(0.0 <= ladder[0][k] <= 1.0 for k in levels)
+    assert "`eval/ladder/<level>/accuracy`" in doc and "`eval/ladder/accuracy_mean`" in doc
+    for row in (r for r in rows if r["step"] > 0 and "unified_filter/num_total" in r):
+        assert 0.0 <= row["proposer/reference_frac"] <= 1.0 and row["proposer/reference_buffer_size"] <= 8
+        # curriculum metrics describe valid proposals: an untrained model may write none
+        assert ("selfplay/arithmetic/proposal_unique_frac" in row) == (row["selfplay/arithmetic/valid_ratio"] > 0)
+        assert row["proposer/reference_buffer_size"] > 0 or row["proposer/reference_frac"] == 0.0
+        assert "`proposer/reference_frac`" in doc and "`proposer/reference_buffer_size`" in doc
+
+
 # ------------------------------------------------------------------ running it for real (issue 6)
 
 HELD_OUT = "".join(f'{{"input": "{a}+{b}=", "label": "{a + b}"}}\n' for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)])

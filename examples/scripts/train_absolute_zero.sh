@@ -4,7 +4,7 @@
 #
 # Runs on: a CPU-only machine (2 cores is enough) with the `cpu` extra installed (scripts/setup_env.sh),
 #          or a GPU machine with the `gpu` extra: the same flags, vLLM and DeepSpeed pick the device.
-# Takes:   ~5 minutes on 2 CPU cores (a 400-step warm start, then 300 self-play steps).
+# Takes:   ~6 minutes on 2 CPU cores (a 1000-step warm start, then 300 self-play steps).
 # Model:   the built-in tiny Qwen2 (created locally, nothing downloaded). Set MODEL to a local HF directory
 #          and SEEDS to a jsonl of seed records to self-play with your own model (then the warm start is
 #          skipped and the task reads each record's fields: see docs/selfplay.md).
@@ -18,6 +18,8 @@ STEPS=${STEPS:-300}
 PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-16}
 TASK=${TASK:-arithmetic}
 SCOPE=${SCOPE:-group}
+PENALTY=${PENALTY:-8}  # R-Zero's repetition penalty on the proposer (0: off)
+EVAL_STEPS=${EVAL_STEPS:-25}  # the task's held-out ladder every N steps (eval/ladder/*)
 MODEL=${MODEL:-}
 SEEDS=${SEEDS:-}
 GPUS=${GPUS:-1}  # policy ranks (one per GPU; on CPU, one process)
@@ -28,7 +30,8 @@ if [[ -n "$SEEDS" ]]; then DATA_ARGS+=(--prompt_data "$SEEDS"); fi
 SELFPLAY_ARGS=(
     --absolute_zero --selfplay_task "$TASK"
     --n_questions_per_prompt 4 --n_samples_per_prompt 8 --max_repropose_attempts 3
-    --proposer_train_scope "$SCOPE"
+    --proposer_train_scope "$SCOPE" --proposer_repetition_penalty "$PENALTY"
+    --eval_steps "$EVAL_STEPS" --eval_before_training
     --format_reward_coef 0.5 --proposer_reward_coef 0.1 --task_completion_weight 0.3
 )
 ALGO_ARGS=(
