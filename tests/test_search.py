@@ -104,7 +104,7 @@ def test_service_refuses_malformed_requests_with_a_json_error(service, body, sta
     assert info.value.code == status and message in json.loads(info.value.read())["error"]
 
 
-@pytest.mark.parametrize("declared", ["abc", "-1"])
+@pytest.mark.parametrize("declared", ["abc", "-1", "\u00b2"])
 def test_service_refuses_a_bad_content_length(service, declared):
     import http.client
 

@@ -114,7 +114,9 @@ def make_server(
             if self.path != "/retrieve":
                 return self._reply(404, {"error": f"no such path {self.path}; use POST /retrieve"})
             declared = self.headers.get("Content-Length") or "0"
-            if not declared.isdigit():  # "abc" would raise in int(), "-1" would read until the client hangs up
+            # "abc" or "²" (a latin-1 header byte str.isdigit accepts) would raise in int(), "-1" would read until
+            # the client hangs up
+            if not (declared.isascii() and declared.isdigit()):
                 self.close_connection = True
                 return self._reply(400, {"error": f"Content-Length must be a byte count, got {declared[:40]!r}"})
             length = int(declared)
