@@ -31,7 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
 from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
-from benchmarks.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict  # noqa: E402
+from benchmarks.study_stats import (  # noqa: E402
+    collapsed,
+    detectable_difference,
+    paired_bootstrap,
+    parse_seeds,
+    stored_runs,
+    verdict,
+)
 
 NAME = "is_study"
 STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
@@ -270,16 +277,9 @@ def _plot(runs: list[dict], path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ entry point
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        low, high = map(int, text.split("-"))
-        return list(range(low, high + 1))
-    return [int(x) for x in text.split(",")]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=_seeds, default=_seeds("1-8"), help="e.g. 1-8 or 1,3,5")
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-8"), help="e.g. 1-8 or 1,3,5")
     p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
     p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
     p.add_argument("--steps", type=int, default=200, help="RL steps per run")
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
     path = args.output / f"{NAME}.json"
-    runs = json.loads(path.read_text())["results"]["runs"] if path.exists() else []
+    runs = stored_runs(path)
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
         config = {"regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}

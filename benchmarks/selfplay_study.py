@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
-from benchmarks.study_stats import _longest_run, paired_bootstrap  # noqa: E402
+from benchmarks.study_stats import longest_run, paired_bootstrap, parse_seeds, stored_runs  # noqa: E402
 from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS  # noqa: E402
 
 NAME = "selfplay_study"
@@ -67,7 +66,7 @@ def run_seed(seed: int, steps: int, arm: str) -> dict:
                "--max_samples", str(16 * steps), "--save_path", str(save), *ARMS[arm]]  # fmt: skip
         start = time.perf_counter()
         with open(Path(tmp) / "log.txt", "w") as log:
-            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}).returncode
+            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         wall = time.perf_counter() - start
         if code != 0:
             tail = (Path(tmp) / "log.txt").read_text()[-3000:]
@@ -102,13 +101,21 @@ def run_study(seeds: list[int], steps: int, arm: str, runs: list[dict], save) ->
     return runs
 
 
+def thirds(values: list[float | None]) -> list[float]:
+    """Means of the first, second and last third of a run's series (steps without a value left out); [] when
+    it has fewer than 3 values."""
+    seq = [v for v in values if v is not None]
+    third = len(seq) // 3
+    return [statistics.fmean(seq[i * third : (i + 1) * third]) for i in range(3)] if third else []
+
+
 def summarise(run: dict) -> dict:
     ratio = run["series"]["learnable"]
-    third = len(ratio) // 3
+    by_third = thirds(ratio)
     return {
-        "last_third": statistics.fmean(ratio[-third:]) if third else float("nan"),
-        "thirds": [statistics.fmean(ratio[i * third : (i + 1) * third]) for i in range(3)] if third else [],
-        "low_stretch": _longest_run(ratio, lambda r: r < LOW_RATIO),
+        "last_third": by_third[-1] if by_third else float("nan"),
+        "thirds": by_third,
+        "low_stretch": longest_run(ratio, lambda r: r < LOW_RATIO),
         "ladder_first": {level: points[0][1] for level, points in run["ladder"].items()},
         "ladder_last": {level: points[-1][1] for level, points in run["ladder"].items()},
     }
@@ -159,20 +166,15 @@ def _comparison(every: list[dict], arms: list[str]) -> list[str]:
     for arm in arms[1:]:
         seeds = sorted(s for a, s in by if a == arm and ("default", s) in by)
         cells = []
-        for measure in (_last_third("learnable"), _last_third("unique"), _ladder_end):
+        last_third = {
+            name: (lambda run, name=name: thirds(run["series"][name])[-1]) for name in ("learnable", "unique")
+        }
+        for measure in (last_third["learnable"], last_third["unique"], _ladder_end):
             diffs = [measure(by[("default", s)]) - measure(by[(arm, s)]) for s in seeds]
             mean, low, high = paired_bootstrap(diffs) if diffs else (float("nan"),) * 3
             cells.append(f"default {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
         lines.append(f"| {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
     return ["", *lines]
-
-
-def _last_third(name: str):
-    def measure(run: dict) -> float:
-        seq = [v for v in run["series"][name] if v is not None]
-        return statistics.fmean(seq[-(len(seq) // 3) :])
-
-    return measure
 
 
 def _ladder_end(run: dict) -> float:
@@ -217,12 +219,7 @@ def _difficulty_table(runs: list[dict]) -> str:
     for i, label in enumerate(("first", "second", "last")):
         cells = []
         for name in names:
-            values = []
-            for r in runs:
-                seq = [v for v in r["series"][name] if v is not None]
-                third = len(seq) // 3
-                if third:
-                    values.append(statistics.fmean(seq[i * third : (i + 1) * third]))
+            values = [by_third[i] for r in runs if (by_third := thirds(r["series"][name]))]
             cells.append(f"{statistics.fmean(values):.3f}" if values else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -258,18 +255,11 @@ def _plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        low, high = map(int, text.split("-"))
-        return list(range(low, high + 1))
-    return [int(x) for x in text.split(",")]
-
-
 def main(argv=None) -> int:
     from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=_seeds, default=_seeds("1-5"), help="e.g. 1-5 or 1,3,5")
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-5"), help="e.g. 1-5 or 1,3,5")
     p.add_argument("--steps", type=int, default=300, help="RL steps per run (the README's 300)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of selfplay_study.json and renders")
     p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
@@ -279,7 +269,7 @@ def main(argv=None) -> int:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
     path = args.output / f"{NAME}.json"
-    runs = json.loads(path.read_text())["results"]["runs"] if path.exists() else []
+    runs = stored_runs(path)
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-study keeps every finished run
         config = {"command": "train_ppo_ray --absolute_zero --seed S", "arms": ARMS,

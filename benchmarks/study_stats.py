@@ -7,9 +7,11 @@ seed-to-seed spread that swamped the older 3-seed study cancels in the differenc
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
+from pathlib import Path
 
 Z_95, Z_80_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
 
@@ -53,7 +55,7 @@ def collapsed(
     if len(rewards) < 2 * window:
         return False
     start = statistics.fmean(rewards[:window])
-    if _longest_run(_moving(rewards, window), lambda m: m < start - margin) >= window:
+    if longest_run(_moving(rewards, window), lambda m: m < start - margin) >= window:
         return True
     norms = [g if g is not None else math.nan for g in grad_norms]
     if not all(math.isfinite(g) for g in norms):
@@ -67,9 +69,23 @@ def _moving(values: list[float], window: int) -> list[float]:
     return [statistics.fmean(values[i - window : i]) for i in range(window, len(values) + 1)]
 
 
-def _longest_run(values: list[float], holds) -> int:
+def longest_run(values: list[float], holds) -> int:
+    """The most consecutive values for which `holds(value)` is true."""
     longest = run = 0
     for v in values:
         run = run + 1 if holds(v) else 0
         longest = max(longest, run)
     return longest
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds` of a study: a range "1-8" or a list "1,3,5"."""
+    if "-" in text:
+        low, high = map(int, text.split("-"))
+        return list(range(low, high + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def stored_runs(path: Path) -> list[dict]:
+    """The runs a study's JSON already holds (none before its first run): what a resumed study skips."""
+    return json.loads(path.read_text())["results"]["runs"] if path.exists() else []
