@@ -166,10 +166,8 @@ def _comparison(every: list[dict], arms: list[str]) -> list[str]:
     for arm in arms[1:]:
         seeds = sorted(s for a, s in by if a == arm and ("default", s) in by)
         cells = []
-        last_third = {
-            name: (lambda run, name=name: thirds(run["series"][name])[-1]) for name in ("learnable", "unique")
-        }
-        for measure in (last_third["learnable"], last_third["unique"], _ladder_end):
+        last_thirds = (lambda r: thirds(r["series"]["learnable"])[-1], lambda r: thirds(r["series"]["unique"])[-1])
+        for measure in (*last_thirds, _ladder_end):
             diffs = [measure(by[("default", s)]) - measure(by[(arm, s)]) for s in seeds]
             mean, low, high = paired_bootstrap(diffs) if diffs else (float("nan"),) * 3
             cells.append(f"default {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
