@@ -104,7 +104,9 @@ class SelfPlayController:
         self.references: deque[Question] = deque(maxlen=max(1, cfg.reference_buffer))
 
     def step(self, seeds: Sequence[dict], rng: random.Random) -> SelfPlayBatch:
-        seeds = [self._reference_or(seed, rng) for seed in seeds]
+        referenced = self.cfg.reference_buffer > 0 and bool(self.references)
+        if referenced:  # every prompt shows a random buffered question instead of its seed
+            seeds = [self.task.reference_record(rng.choice(self.references)) for _ in seeds]
         prompts = [PromptRecord(seed) for seed in seeds]
         stats = RoundStats()
         marked = list(range(len(prompts)))
@@ -120,15 +122,9 @@ class SelfPlayController:
             self.references.extend(q.parsed.question for p in prompts for q in p.questions if q.learnable)
         batch = self._training_batch(prompts, stats)
         if self.cfg.reference_buffer > 0:
-            batch.metrics["proposer/reference_frac"] = stats.referenced / max(1, len(seeds))
+            batch.metrics["proposer/reference_frac"] = float(referenced)
             batch.metrics["proposer/reference_buffer_size"] = float(len(self.references))
         return batch
-
-    def _reference_or(self, seed: dict, rng: random.Random) -> dict:
-        """The seed record, or (with --selfplay_reference_buffer) a record made from a random buffered question."""
-        if self.cfg.reference_buffer <= 0 or not self.references:
-            return seed
-        return {**self.task.reference_record(rng.choice(self.references)), "reference": True}
 
     # ------------------------------------------------------------------ steps 1-5 for some prompts
     def state_dict(self) -> dict:
@@ -151,8 +147,6 @@ class SelfPlayController:
             q.learnable = is_learnable(q.scored.scores, self.task.thresholds)
         for i, p in enumerate(prompts):
             p.questions, p.attempts = records[i * k : (i + 1) * k], p.attempts + 1
-        if stats.rounds == 0:
-            stats.referenced = sum(bool(p.seed.get("reference")) for p in prompts)
         stats.add_round(records, first=stats.rounds == 0, task=self.task)
 
     # ------------------------------------------------------------------ steps 8-10
@@ -206,7 +200,6 @@ class RoundStats:
     """Counts over every question proposed in one step, all rounds together."""
 
     rounds: int = 0
-    referenced: int = 0  # prompts of the first round made from buffered questions
     total: int = 0
     valid: int = 0
     learnable: int = 0

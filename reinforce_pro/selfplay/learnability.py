@@ -10,6 +10,7 @@ is, gives no contrast between questions and is re-proposed.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 # Proposer rewards of the reference design.
@@ -70,9 +71,7 @@ def repetition_penalties(texts: Sequence[str], coef: float) -> dict[str, float]:
     """R-Zero's repetition penalty (Huang et al. 2025), with clusters of identical question text: a question
     proposed k times among the step's n valid proposals costs coef * k / n of its proposer reward, so a
     proposer that collapses onto a few questions earns less than one that spreads over many."""
-    counts: dict[str, int] = {}
-    for text in texts:
-        counts[text] = counts.get(text, 0) + 1
+    counts = Counter(texts)
     return {text: coef * k / len(texts) for text, k in counts.items()}
 
 
