@@ -35,8 +35,7 @@ class ArithmeticTask(SelfPlayTask):
     max_digits = 4
     max_terms = 4
     max_answer_chars = 8  # '-' included: the solver writes the answer within the embedded default's budget
-    warm_start_max_proposed = 29  # operands the warm-started proposer suggests
-    warm_start_max_solved = 19  # operands of the additions the warm-started solver was taught
+    warm_start_max_proposed = 29  # operands of the references the proposer's warm start shows (half of them)
     # the ladder's levels the warm start covers; the others are beyond it (docs/selfplay.md)
     warm_start_levels = ("add_0-19", "sub_0-9", "mul_0-9", "sum3_0-9")
 
