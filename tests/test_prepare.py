@@ -39,3 +39,15 @@ def test_the_smollm2_recipe_parses_in_both_variants(recipe_argv, tmp_path, lora)
     assert args.apply_chat_template and args.label_key == "entry" and args.max_samples == 12
     assert args.vllm_is_correction_type == "reinforce_pro" and args.vllm_is_truncated_threshold == [0.5, 5.0]
     assert (args.lora_rank, args.lora_save_merged) == ((16, True) if lora == "1" else (0, False))
+
+
+def test_the_absolute_zero_code_recipe_parses(recipe_argv, tmp_path):
+    """examples/scripts/train_absolute_zero_code.sh: SmolLM2 self-play on the code task (model preparation
+    recorded, not run; the run itself is measured in docs/selfplay.md)."""
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args(recipe_argv("train_absolute_zero_code.sh", CACHE=str(tmp_path / "cache"), STEPS="3", SEED="7"))
+    assert args.absolute_zero and args.selfplay_task == "code_output" and args.proposer_train_scope == "group"
+    assert args.pretrain == str(tmp_path / "cache" / "smollm2-135m-instruct") and not args.embedded_default
+    assert args.max_samples == 8 * 3 and args.seed == 7 and args.eval_before_training and args.eval_steps == 5
+    assert args.max_new_tokens == 128 and args.max_len >= args.prompt_max_len + args.max_new_tokens

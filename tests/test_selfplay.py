@@ -18,6 +18,8 @@ from reinforce_pro.selfplay.learnability import (
     question_reward,
     solver_reward,
 )
+from reinforce_pro.selfplay.sandbox import run_deterministic
+from reinforce_pro.selfplay.tasks import role_sampling
 
 # ---------------------------------------------------------------------------------------------- is_learnable
 
@@ -144,15 +146,50 @@ def test_ladder_is_fixed_and_the_warm_start_is_valid():
 
 
 def test_code_output_task_runs_the_sandbox():
+    """A proposal continues "def f(": the function, then `assert f(<literal>) == ...` (the proposer's claimed
+    output is ignored: the sandbox decides); the solver completes "assert f(<input>) ==" on one line."""
     task = CodeOutputTask()
-    parsed = task.parse_question("def f(x):\n    return x * 3\n### input\n[1, 2]")
+    parsed = task.parse_question("x):\n    return x * 3\nassert f([1, 2]) == 'anything'\n\nmore text")
     assert parsed.valid and parsed.question.answer == "[1, 2, 1, 2, 1, 2]"
-    scored = task.score(parsed.question, ["[1, 2, 1, 2, 1, 2]", "[1,2,1,2,1,2]", "[3, 6]", "not a literal"])
-    assert scored.scores["completion"] == [1.0, 1.0, 0.0, 0.0]
-    assert scored.format == [1.0, 1.0, 1.0, 0.0]
-    hostile = task.parse_question("import os\ndef f(x):\n    return os.listdir('/')\n### input\n1")
+    assert task.solver_prompt(parsed.question) == "def f(x):\n    return x * 3\nassert f([1, 2]) == "
+    scored = task.score(parsed.question, ["[1, 2, 1, 2, 1, 2]", "[1,2,1,2,1,2]\nnext", "[3, 6]", "1 + 2", "(1, 2)"])
+    assert scored.scores["completion"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert scored.format == [1.0, 1.0, 1.0, 0.0, 1.0]
+    hostile = task.parse_question("x):\n    import os\n    return os.listdir('/')\nassert f(1) == 1")
     assert not hostile.valid and "os" in hostile.reason
-    assert not task.parse_question("def f(x):\n    return x\n### input\nnot_literal(").valid
+    for bad, reason in [
+        ("x):\n    return x\nprint(f(1))", "assert f(<input>)"),  # no assert line
+        ("x):\n    return x\nassert f(not_literal) == 1", "one Python literal"),
+        ("x):\n    return x\nassert f(1, 2) == 1", "one Python literal"),
+        ("x):\n    return x\nassert g(1) == 1", "assert f(<input>)"),
+        ("x):\n    return 'a' * 100\nassert f(1) == 1", "over 60"),  # the solver could not write it
+        ("x):\n    return x +\nassert f(1) == 1", "syntax error"),
+    ]:
+        verdict = task.parse_question(bad)
+        assert not verdict.valid and reason in verdict.reason, (bad, verdict.reason)
+
+
+def test_code_output_prompts_show_two_solved_examples_and_budget_each_role():
+    task = CodeOutputTask()
+    record = {"code": "def f(n):\n    return n + 1", "input": "4"}  # a --prompt_data row: its output is computed
+    prompt = task.proposer_prompt(record)
+    assert prompt.startswith("def f(n):\n    return n + 1\nassert f(4) == 5\n\n") and prompt.endswith("\ndef f(")
+    assert prompt.count("assert f(") == 2
+    broken = task.proposer_prompt({"code": "def f(n):\n    return n +", "input": "4"})  # shown without an assert
+    assert broken.startswith("def f(n):\n    return n +\n\n") and broken.count("assert f(") == 1
+    question = task.parse_question("s):\n    return s[::-1]\nassert f('ab') == 'ba'").question
+    assert task.proposer_prompt(task.reference_record(question)).startswith(f"{question.text} 'ba'\n\n")
+    assert task.sampling["solver"]["stop"] == ["\n"] and task.sampling["proposer"]["max_tokens"] >= 96
+    assert task.difficulty(question) == {"lines": 2.0, "loops": 0.0, "answer_chars": 4.0}
+
+
+def test_code_output_ladder_is_fixed_and_answers_are_the_programs_outputs():
+    ladder = CodeOutputTask().ladder()
+    assert list(ladder) == ["arith", "branch", "string", "list", "loop"]
+    assert all(len(items) == 24 and len({q.text for q in items}) > 8 for items in ladder.values())
+    assert CodeOutputTask().ladder() == ladder  # the same questions in every run
+    loop = ladder["loop"][0]  # the sandbox agrees with the in-process answers
+    assert run_deterministic(loop.meta["code"], "f", loop.meta["input"]).output == loop.answer
 
 
 def test_load_task_from_file(tmp_path):
@@ -195,7 +232,7 @@ class ScriptedEngine:
         self.calls: list[list[str]] = []
         self.served: dict[str, int] = {}
 
-    def __call__(self, prompts: list[str]) -> list[Rollout]:
+    def __call__(self, prompts: list[str], sampling: dict | None = None) -> list[Rollout]:
         self.calls.append(list(prompts))
         out = []
         for prompt in prompts:
@@ -414,7 +451,7 @@ def test_reference_buffer_feeds_learnable_questions_back_as_proposer_prompts():
     the source's resume state."""
     calls = []
 
-    def generate(prompts):
+    def generate(prompts, sampling=None):
         calls.append(prompts)
         out = []
         for k, prompt in enumerate(prompts):
@@ -471,3 +508,16 @@ def test_ladder_eval_scores_greedy_answers_per_level():
         "eval/ladder/mul_0-9/accuracy": 0.0, "eval/ladder/accuracy_mean": pytest.approx(1 / 3),
     }  # fmt: skip
     assert LadderEval(task, levels).metric_names() == list(metrics)
+
+
+def test_a_roles_sampling_overrides_the_runs_under_its_token_ceiling():
+    """SelfPlayTask.sampling gives each role its own budget (code_output: a program vs a one-line answer);
+    --max_new_tokens stays the ceiling so a response always fits --max_len (the tiny model's 64)."""
+    run = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 20}
+    assert role_sampling(run, {"max_tokens": 128, "stop": ["\n\n"]}) == {**run, "stop": ["\n\n"]}
+    assert role_sampling(run, {"max_tokens": 8, "temperature": 0.0}) == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 8,
+    }
+    assert role_sampling(run, None) == run

@@ -5,18 +5,17 @@
   start teaches the solver the format on small numbers and the proposer the grammar on small operands: how
   hard to go (digits, terms, operations) is what the proposer learns, and a fixed held-out ladder of levels
   measures how far the solver follows.
-- `code_output`: Absolute Zero's deduction task. The proposer writes a small Python function `f` and an
-  input; the sandbox runs it (twice, for determinism) to get the output; the solver predicts the output.
-  Meant for real models: the tiny character-level model does not write Python.
+- `code_output` (selfplay/code_task.py): Absolute Zero's deduction task. The proposer writes a small Python
+  function `f` and an input; the sandbox runs it to get the output; the solver predicts the output. Meant for
+  real models: the tiny character-level model does not write Python.
 """
 
 from __future__ import annotations
 
-import ast
 import random
 import re
 
-from reinforce_pro.selfplay.sandbox import SandboxLimits, run_deterministic
+from reinforce_pro.selfplay.code_task import CodeOutputTask
 from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
 from reinforce_pro.userfile import import_user_file
 
@@ -170,76 +169,6 @@ LADDER_LEVELS = {  # name: operation_operand range; the warm start covers the fi
     "sum3_0-9": lambda r: _join(r, "+", [(0, 9)] * 3),
     "sum3_10-19": lambda r: _join(r, "+", [(10, 19)] * 3),
 }
-
-
-CODE_SEEDS = [
-    ("def f(x):\n    return sorted(x)[::-1]", "[3, 1, 2]"),
-    ("def f(s):\n    return s.count('a') * 2", "'banana'"),
-    ("def f(n):\n    total = 0\n    for i in range(n):\n        total += i * i\n    return total", "5"),
-    ("def f(d):\n    return {v: k for k, v in d.items()}", "{'a': 1, 'b': 2}"),
-    ("def f(xs):\n    return [x for x in xs if x % 3 == 0]", "[1, 3, 6, 7, 9]"),
-    ("def f(s):\n    return ''.join(reversed(s.split()))", "'one two three'"),
-]
-
-
-class CodeOutputTask(SelfPlayTask):
-    """Propose `f` and an input; solve by predicting repr(f(input)). Validated in the sandbox."""
-
-    name = "code_output"
-    thresholds = {"completion": SOME_BUT_NOT_ALL}
-    weights = {"completion": 1.0}
-    limits = SandboxLimits()
-    runs_code = True
-
-    def seed_records(self, n: int, seed: int) -> list[dict]:
-        rng = random.Random(seed)
-        return [dict(zip(("code", "input"), rng.choice(CODE_SEEDS), strict=True)) for _ in range(n)]
-
-    def proposer_prompt(self, record: dict) -> str:
-        return (
-            "Write a new deterministic Python function f and an input for it, in the format of the example.\n"
-            f"### code\n{record['code']}\n### input\n{record['input']}\n### new code\n"
-        )
-
-    def parse_question(self, text: str) -> ParsedQuestion:
-        code, sep, argument = text.partition("### input")
-        code, argument = code.strip(), argument.strip()
-        if not sep or not code or not argument:
-            return ParsedQuestion(None, "expected the code, a '### input' line, then a Python literal")
-        try:
-            ast.literal_eval(argument)
-        except (ValueError, SyntaxError):
-            return ParsedQuestion(None, f"the input {argument[:40]!r} is not a Python literal")
-        result = run_deterministic(code, "f", argument, self.limits)
-        if not result.ok:
-            return ParsedQuestion(None, f"sandbox: {result.reason}")
-        text = f"### code\n{code}\n### input\n{argument}"
-        return ParsedQuestion(Question(text, result.output, {"code": code, "input": argument}))
-
-    def solver_prompt(self, question: Question) -> str:
-        return f"Predict the output of f(input).\n{question.text}\n### output\n"
-
-    def reference_record(self, question: Question) -> dict:
-        return {"code": question.meta["code"], "input": question.meta["input"]}
-
-    def score(self, question: Question, responses: list[str], judge: Judge | None = None) -> ScoredResponses:
-        expected = ast.literal_eval(question.answer) if _is_literal(question.answer) else question.answer
-        completion, fmt = [], []
-        for response in responses:
-            text = response.strip()
-            parsed = _is_literal(text)
-            fmt.append(float(parsed))
-            got = ast.literal_eval(text) if parsed else text
-            completion.append(float(got == expected and type(got) is type(expected)))
-        return ScoredResponses({"completion": completion}, fmt)
-
-
-def _is_literal(text: str) -> bool:
-    try:
-        ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
 
 
 BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {"arithmetic": ArithmeticTask, "code_output": CodeOutputTask}

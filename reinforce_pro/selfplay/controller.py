@@ -1,7 +1,8 @@
 """Steps 1-10 of the Absolute-Zero step (docs/selfplay.md): propose, validate, solve, score, learnability,
 the repropose loop, and the training samples with their rewards.
 
-The controller sees the rollout engines only through `generate(prompts) -> list[Rollout]`, so tests drive
+The controller sees the rollout engines only through `generate(prompts, sampling) -> list[Rollout]` (sampling:
+the task's overrides for the role, or None), so tests drive
 it with a scripted fake; SelfPlaySource passes the real engines.
 """
 
@@ -37,7 +38,7 @@ class Rollout:
     generation: object = None
 
 
-Generate = Callable[[list[str]], list[Rollout]]
+Generate = Callable[[list[str], dict | None], list[Rollout]]  # prompts, sampling overrides
 
 
 @dataclass
@@ -137,10 +138,15 @@ class SelfPlayController:
     def _attempt(self, prompts: list[PromptRecord], stats: RoundStats) -> None:
         """Propose a new question group for each prompt, validate, solve, score, judge learnability."""
         k, n = self.cfg.n_questions_per_prompt, self.cfg.n_samples_per_prompt
-        proposals = self.generate([self.task.proposer_prompt(p.seed) for p in prompts for _ in range(k)])
+        sampling = self.task.sampling
+        proposals = self.generate(
+            [self.task.proposer_prompt(p.seed) for p in prompts for _ in range(k)], sampling.get("proposer")
+        )
         records = [QuestionRecord(r, self.task.parse_question(r.text)) for r in proposals]
         valid = [q for q in records if q.parsed.valid]
-        solutions = self.generate([self.task.solver_prompt(q.parsed.question) for q in valid for _ in range(n)])
+        solutions = self.generate(
+            [self.task.solver_prompt(q.parsed.question) for q in valid for _ in range(n)], sampling.get("solver")
+        )
         for j, q in enumerate(valid):
             q.solutions = solutions[j * n : (j + 1) * n]
             q.scored = self.task.score(q.parsed.question, [s.text for s in q.solutions], self.judge)

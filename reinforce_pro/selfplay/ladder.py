@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reinforce_pro.rollout.sampler import Sampler, sampling_params
-from reinforce_pro.selfplay.tasks import Question, SelfPlayTask
+from reinforce_pro.selfplay.tasks import Question, SelfPlayTask, role_sampling
 
 
 class LadderEval:
@@ -23,7 +23,7 @@ class LadderEval:
         """One greedy response per question. A response is right when it scores >= the threshold of every
         learnability dimension of the task (for arithmetic: the exact value)."""
         questions = [q for level in self.levels.values() for q in level]
-        sampling = {**sampling_params(sampler.cfg), "temperature": 0.0}
+        sampling = {**role_sampling(sampling_params(sampler.cfg), self.task.sampling.get("solver")), "temperature": 0.0}
         _, _, responses = sampler.sample_texts([self.task.solver_prompt(q) for q in questions], sampling)
         right = [self._right(q, r) for q, r in zip(questions, responses, strict=True)]
         metrics, start = {}, 0

@@ -13,9 +13,9 @@ import torch
 
 from reinforce_pro.experience import Samples
 from reinforce_pro.rewards.loader import RewardOutput
-from reinforce_pro.rollout.sampler import Sampler
+from reinforce_pro.rollout.sampler import Sampler, sampling_params
 from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
-from reinforce_pro.selfplay.tasks import SelfPlayTask
+from reinforce_pro.selfplay.tasks import SelfPlayTask, role_sampling
 
 JUDGE_MAX_TOKENS = 8
 
@@ -40,7 +40,11 @@ class SelfPlaySource:
         raise ValueError("--partial_rollout applies to prompt rollouts, not to self-play")
 
     def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
-        """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation)."""
+        """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation). `sampling`
+        overrides the run's sampling parameters key by key (the task's per-role budgets, the judge's);
+        --max_new_tokens stays the ceiling, so a response always fits --max_len."""
+        if sampling:
+            sampling = role_sampling(sampling_params(self.sampler.cfg), sampling)
         ids, generations, texts = self.sampler.sample_texts(prompts, sampling, engines)
         return [Rollout(p, t, (i, g)) for p, t, i, g in zip(prompts, texts, ids, generations, strict=True)]
 

@@ -44,6 +44,14 @@ class ScoredResponses:
 Judge = Callable[[list[str]], list[str]]
 
 
+def role_sampling(run: dict, overrides: dict | None) -> dict:
+    """The run's sampling parameters with a role's overrides (SelfPlayTask.sampling) on top; the run's
+    max_tokens (--max_new_tokens) stays the ceiling, so a response always fits --max_len."""
+    overrides = overrides or {}
+    limit = min(run["max_tokens"], overrides.get("max_tokens", run["max_tokens"]))
+    return {**run, **overrides, "max_tokens": limit}
+
+
 class SelfPlayTask:
     """Base class of tasks. Subclasses set `name`, `thresholds`, `weights` and implement the methods."""
 
@@ -56,6 +64,9 @@ class SelfPlayTask:
     weights: dict[str, float] = {}
     format_penalty: float = -1.0  # proposer reward of an invalid question (--proposer_train_scope group)
     runs_code: bool = False  # parse_question executes model-written code (in the sandbox): checked at start-up
+    # role ("proposer" | "solver") -> vLLM sampling parameters that override the run's for that role's
+    # samples (and the ladder's, for "solver"): a long program and a one-line answer need different budgets
+    sampling: dict[str, dict] = {}
 
     def seed_records(self, n: int, seed: int) -> list[dict]:
         """Seed records for runs without --prompt_data (the embedded default)."""
