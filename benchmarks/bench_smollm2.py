@@ -110,16 +110,15 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
 
 
 def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
-    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import prepare
-    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.cli.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_smollm2_"))
     argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]
     if eval_steps:
         argv += ["--eval_before_training", "--eval_steps", str(eval_steps)]
-    cfg = run_config(parse_args(argv))
+    _, cfg = parse(argv)
     start = time.perf_counter()
     history = build_and_fit(cfg, prepare(cfg))
     wall = time.perf_counter() - start

@@ -62,16 +62,14 @@ class BareLLM:
 def measure(steps: int, warmup_steps: int) -> dict:
     import ray
 
-    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import prepare
-    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.sampler import encode_prompt, sampling_params
     from reinforce_pro.rollout.vllm_engine import EngineConfig
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_step_"))
-    args = parse_args(["--save_path", str(run_dir), "--max_samples", str(32 * steps)])
-    run_cfg = run_config(args)
+    args, run_cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps)])
     plan = prepare(run_cfg)
     history = build_and_fit(run_cfg, plan)[warmup_steps:]
 

@@ -76,9 +76,8 @@ def evaluate(engine, tokenizer, rows: list[dict], search: bool) -> dict:
 def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     import ray
 
-    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import prepare as prepare_run
-    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
     from reinforce_pro.search.retriever import make_server
@@ -109,7 +108,7 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
             "--param_dtype", "fp32", "--max_samples", str(r * steps), "--seed", str(seed),
             "--save_path", str(workdir / "rl"), "--actor_num_gpus_per_node", "1"]  # fmt: skip
     os.environ["SEARCH_OFF"] = "0"
-    cfg = run_config(parse_args(argv))
+    _, cfg = parse(argv)
     rl_start = time.perf_counter()
     history = build_and_fit(cfg, prepare_run(cfg), engines=[engine])
     rl_wall = time.perf_counter() - rl_start

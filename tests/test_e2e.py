@@ -22,9 +22,8 @@ pytest.importorskip("deepspeed")
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from reinforce_pro.cli.config import run_config  # noqa: E402
 from reinforce_pro.cli.run import prepare  # noqa: E402
-from reinforce_pro.cli.train_ppo_ray import parse_args  # noqa: E402
+from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
 from reinforce_pro.cli.wiring import build_and_fit  # noqa: E402
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
@@ -82,8 +81,7 @@ def engine(tiny_model):
 
 
 def run(argv, tmp_path, engine, tiny_model):
-    args = parse_args(BASE_ARGS + argv + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run")])
-    cfg = run_config(args)
+    _, cfg = parse(BASE_ARGS + argv + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run")])
     plan = prepare(cfg)
     history = build_and_fit(cfg, plan, engines=[engine])
     return cfg, plan, history
@@ -238,8 +236,7 @@ def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_pa
         "--apply_chat_template", "--remote_rm_url", digit_reward, "--advantage_estimator", "reinforce_baseline",
         "--max_samples", "16", "--samples_log_steps", "1", "--save_path", str(tmp_path / "run"),
     ]  # fmt: skip
-    args = parse_args(argv)
-    cfg = run_config(args)
+    _, cfg = parse(argv)
     plan = prepare(cfg)
     history = build_and_fit(cfg, plan)  # engines=None: one built from the Llama, removed at the end
     assert len(history) == 2
@@ -751,10 +748,9 @@ def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, dig
              "--rollout.max_new_tokens", "6", "--ds.param_dtype", "fp32", "--vllm_dtype", "float32",
              "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0", "--actor.model_name_or_path", tiny_model,
              "--reward.remote_url", digit_reward, "--sft_warmup_steps", "0"]  # fmt: skip
-    args = parse_args(argv + sized)
+    args, cfg = parse(argv + sized)
     assert (args.vllm_is_correction_type, args.n_samples_per_prompt, args.save_path) == (
         "reinforce_pro", 8, str(tmp_path / "run"))  # fmt: skip
-    cfg = run_config(args)
     history = build_and_fit(cfg, prepare(cfg), engines=[engine])
     assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 

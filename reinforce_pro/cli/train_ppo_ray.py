@@ -16,12 +16,16 @@ import argparse
 import math
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
+
+if TYPE_CHECKING:
+    from reinforce_pro.cli.config import RunConfig
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
@@ -74,6 +78,13 @@ SELFPLAY_EMBEDDED_DEFAULTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked flags (tests and the OpenRLHF scripts read these); `parse` also returns the run config."""
+    return parse(argv)[0]
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
+    """Flags -> (namespace, RunConfig), the config built once: its sections' own checks are what end a bad
+    command line (in one line, worded with the flag), and the same object is the run's."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -97,22 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problem:
         parser.error(problem)
     warn_about_combinations(args)
-    if problem := config_problem(args):
-        parser.error(problem)
-    return args
-
-
-def config_problem(args) -> str | None:
-    """What a section of the run config refuses (each section checks its own values: cli/config.py), worded
-    with the flag: `dual_clip must be > 1.0 ...` becomes `--dual_clip must be > 1.0 ...`."""
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.config import run_config  # torch and the workers: not needed for --help
 
     try:
-        run_config(args)
-    except ValueError as e:
+        return args, run_config(args)
+    except ValueError as e:  # a section refused a value: `dual_clip must be > 1.0` -> `--dual_clip must ...`
         message = str(e)
-        return f"--{message}" if hasattr(args, message.split(" ", 1)[0]) else message
-    return None
+        parser.error(f"--{message}" if hasattr(args, message.split(" ", 1)[0]) else message)
 
 
 def unsupported_flag(args, parser) -> str | None:
@@ -366,10 +368,9 @@ def warn_about_combinations(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.run import UserInputError, prepare, run
 
-    cfg = run_config(parse_args(argv))
+    _, cfg = parse(argv)
     try:
         plan = prepare(cfg)
     except UserInputError as e:
