@@ -59,7 +59,7 @@ def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     model = str(build_tiny_model(workdir / size, seed=0, **SIZES[size]))
     spec = GroupSpec(f"bench_{size}", 1, 1)
     pg = make_placement_group(spec, use_gpu=False)
-    opt = OptimConfig(param_dtype="fp32", micro_batch_size=1, zero_stage=2)
+    opt = OptimConfig(learning_rate=1e-6, param_dtype="fp32", micro_batch_size=1, zero_stage=2)
     policy = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (model, opt, PolicyLossConfig(), d, 0, {}))
     cfg = EngineConfig(model_path=model, dtype="float32", max_model_len=64, enforce_eager=True, seed=0)
     engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(cfg)

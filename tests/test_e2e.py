@@ -461,7 +461,7 @@ def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
 
     spec = GroupSpec("loopback_check", 1, 2)
     pg = make_placement_group(spec, use_gpu=False)
-    opt = OptimConfig(param_dtype="fp32", micro_batch_size=1, grad_accum_steps=1)
+    opt = OptimConfig(learning_rate=1e-6, param_dtype="fp32", micro_batch_size=1, grad_accum_steps=1)
     group = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (tiny_model, opt, PolicyLossConfig(), d, 0, {}))
     try:
         ray.get([w.parameter_checksum.remote() for w in group])  # both ranks initialised (process group up)

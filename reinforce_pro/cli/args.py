@@ -18,6 +18,7 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
+from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS
 from reinforce_pro.trainer.rollout_stream import LAG_METRICS
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
@@ -604,10 +605,10 @@ def _add_selfplay(p) -> None:
         help=f"{sp} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); "
         "group: every proposed question (learnable 1.0, not 0.0, invalid the task's format penalty)",
     )
-    g.add_argument("--safety_reward_weight", type=float, default=0.7, help=f"{sp} weight of a task's 'safety' score")
-    g.add_argument(
-        "--task_completion_weight", type=float, default=0.3, help=f"{sp} weight of a task's 'completion' score"
-    )
+    for dimension, flag in (("safety", "--safety_reward_weight"), ("completion", "--task_completion_weight")):
+        g.add_argument(
+            flag, type=float, default=DEFAULT_WEIGHTS[dimension], help=f"{sp} weight of a task's '{dimension}' score"
+        )
     g.add_argument("--format_reward_coef", type=float, default=0.5, help=f"{sp} weight of the solver's format reward")
     g.add_argument(
         "--proposer_reward_coef",

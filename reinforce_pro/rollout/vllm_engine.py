@@ -17,7 +17,7 @@ WORKER_EXTENSION = "reinforce_pro.rollout.weight_sync.WeightSyncExtension"
 @dataclass
 class EngineConfig:
     model_path: str
-    dtype: str = "float32"  # vLLM dtype: float32 | bfloat16 | float16 | auto
+    dtype: str = "bfloat16"  # vLLM dtype: float32 | bfloat16 | float16 | auto (--vllm_dtype bf16)
     seed: int = 42
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.95

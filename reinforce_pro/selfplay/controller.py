@@ -41,13 +41,19 @@ class Rollout:
 Generate = Callable[[list[str], dict | None], list[Rollout]]  # prompts, sampling overrides
 
 
+# the solver-reward weights of the dimensions named "safety" and "completion" (a task's other dimensions keep
+# the task's own weights)
+DEFAULT_WEIGHTS = {"safety": 0.7, "completion": 0.3}
+
+
 @dataclass
 class SelfPlayConfig:
     n_questions_per_prompt: int = 4
     n_samples_per_prompt: int = 8  # solver responses per question (rollout_n)
     max_repropose_attempts: int = 3  # re-proposal rounds after the first proposal
     proposer_train_scope: str = "sampled"
-    weights: dict[str, float] = field(default_factory=dict)  # dimension -> weight in the solver reward
+    # dimension -> weight in the solver reward (--safety_reward_weight, --task_completion_weight)
+    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     format_reward_coef: float = 0.5
     proposer_reward_coef: float = 0.1
     reference_buffer: int = 0  # propose from the last N learnable questions instead of the seeds (0: seeds)

@@ -49,7 +49,7 @@ class CheckpointConfig:
 @dataclass
 class LoopConfig:
     num_episodes: int = 1
-    rollout_batch_size: int = 8  # prompts per step
+    rollout_batch_size: int = 1024  # prompts per step
     train_batch_size: int = 128  # samples per optimizer step, over all data-parallel ranks
     micro_train_batch_size: int = 4  # samples per forward on one rank
     # --use_dynamic_batch: micro-batches cut by this many tokens instead of a count: padded (rows x longest row),

@@ -31,7 +31,7 @@ class DistInfo:
 
 @dataclass
 class OptimConfig:
-    learning_rate: float = 1e-6
+    learning_rate: float  # no default: the flags differ (--actor_learning_rate 1e-6, --critic_learning_rate 9e-6)
     adam_betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: float = 1e-8
     l2: float = 0.0
