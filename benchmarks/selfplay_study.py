@@ -53,6 +53,7 @@ ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "default": [],
     "no-repetition-penalty": ["--proposer_repetition_penalty", "0"],  # the embedded default before issue 32's remedy
     "reference-buffer": ["--selfplay_reference_buffer", "64"],
+    "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
 }
 LOW_RATIO, LOW_STRETCH = 0.2, 20  # the issue: no seed below 0.2 for more than 20 consecutive steps
 TARGET_LAST_THIRD = 0.4  # ... and a mean learnable ratio >= 0.4 over the last third

@@ -130,6 +130,7 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--absolute_zero", "--max_repropose_attempts", "-1"], "must be >= 0", id="az-attempts"),
         pytest.param(["--absolute_zero", "--selfplay_reference_buffer", "-1"], "must be >= 0", id="az-buffer"),
         pytest.param(["--absolute_zero", "--proposer_train_scope", "all"], "invalid choice", id="az-scope"),
+        pytest.param(["--absolute_zero", "--proposer_reward", "hardest"], "invalid choice", id="az-proposer-reward"),
         pytest.param(
             ["--absolute_zero", "--n_samples_per_prompt", "1", "--advantage_estimator", "reinforce"],
             "judges learnability from several solver responses",
@@ -381,6 +382,8 @@ def test_selfplay_task_file_errors_are_one_line(tmp_path, capsys):
         main(["--absolute_zero", "--selfplay_task", "chess"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "invalid choice: 'chess'" in err and "'code_output'" in err
+    graded = run_config(parse_args(["--absolute_zero", "--proposer_reward", "difficulty"]))
+    assert graded.selfplay.config.proposer_reward == "difficulty"
 
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "examples" / "scripts"

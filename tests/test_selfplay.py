@@ -246,10 +246,11 @@ class ScriptedEngine:
         return out
 
 
-def controller(scope="sampled", attempts=3):
+def controller(scope="sampled", attempts=3, reward="learnable"):
     cfg = SelfPlayConfig(
         n_questions_per_prompt=2, n_samples_per_prompt=N, max_repropose_attempts=attempts,
         proposer_train_scope=scope, weights={"completion": 1.0}, format_reward_coef=0.5, proposer_reward_coef=0.1,
+        proposer_reward=reward,
     )  # fmt: skip
     engine = ScriptedEngine()
     return SelfPlayController(ArithmeticTask(), cfg, engine), engine
@@ -307,6 +308,22 @@ def test_group_scope_trains_every_question_of_the_final_groups():
     proposer = [(s.rollout.text, s.reward) for s in batch.samples if s.role == "proposer"]
     assert proposer == [("1+1", 1.0), ("2+2", 0.0), ("5+5", 1.0), ("oops", -1.0), ("9+9", 0.0), ("8+8", 0.0)]
     assert batch.segments[-3:] == [(8, 10, 2), (10, 12, 2), (12, 14, 2)]
+
+
+def test_difficulty_reward_grades_learnable_questions_by_how_rarely_the_solver_succeeds():
+    """--proposer_reward difficulty (Absolute Zero's r_propose = 1 - solve rate): 1+1 (2 of 4 right) earns 0.5,
+    5+5 (1 of 4) 0.75; questions that are not learnable, invalid or unresolved earn what they did before."""
+    ctl, _ = controller(scope="group", reward="difficulty")
+    batch = ctl.step(SEEDS, random.Random(0))
+    proposer = [(s.rollout.text, s.reward) for s in batch.samples if s.role == "proposer"]
+    assert proposer == [("1+1", 0.5), ("2+2", 0.0), ("5+5", 0.75), ("oops", -1.0), ("9+9", 0.0), ("8+8", 0.0)]
+    ctl, _ = controller(scope="sampled", reward="difficulty")
+    batch = ctl.step(SEEDS, random.Random(0))
+    assert [s.reward for s in batch.samples if s.role == "proposer"] == [0.5, 0.75, -0.5]
+    solver = [s.reward for s in batch.samples if s.role == "solver" and s.rollout.prompt == "1+1="]
+    assert solver[0] == pytest.approx(1.0 + 0.5 + 0.1 * 0.5)  # right, well-formed, and its prompt's 0.5
+    with pytest.raises(ValueError, match="proposer_reward must be one of"):
+        controller(reward="hardest")
 
 
 def test_no_reproposal_with_zero_attempts():

@@ -18,7 +18,8 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
-from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS
+from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS, PROPOSER_SCOPES
+from reinforce_pro.selfplay.learnability import PROPOSER_REWARDS
 from reinforce_pro.trainer.rollout_stream import LAG_METRICS
 
 # dest -> why it is not supported. Checked only when the value differs from the default. (Flags that work on
@@ -556,7 +557,6 @@ def _add_models_data(p) -> None:
 
 def _add_selfplay(p) -> None:
     from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
-    from reinforce_pro.selfplay.controller import PROPOSER_SCOPES
 
     g = both_spellings(p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)"))
     sp = "[reinforce_pro] --absolute_zero:"
@@ -589,6 +589,14 @@ def _add_selfplay(p) -> None:
         default=0.0,
         help=f"{sp} a question proposed k times among a step's n valid proposals loses this times k/n of its "
         "proposer reward (R-Zero's repetition penalty; 0: off)",
+    )
+    g.add_argument(
+        "--proposer_reward",
+        type=str,
+        default="learnable",
+        choices=list(PROPOSER_REWARDS),
+        help=f"{sp} what a learnable question earns its proposer: learnable: 1.0; difficulty: 1 - the solver's "
+        "success rate on it (Absolute Zero's r_propose: the hard edge of what the solver can do earns most)",
     )
     g.add_argument(
         "--max_repropose_attempts",

@@ -424,7 +424,8 @@ def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_tempera
 
 def selfplay(
     absolute_zero, selfplay_task, selfplay_task_path, selfplay_judge_pretrain, n_questions_per_prompt,
-    selfplay_reference_buffer, proposer_repetition_penalty, n_samples_per_prompt, max_repropose_attempts,
+    selfplay_reference_buffer, proposer_repetition_penalty, proposer_reward, n_samples_per_prompt,
+    max_repropose_attempts,
     proposer_train_scope, safety_reward_weight, task_completion_weight, format_reward_coef, proposer_reward_coef,
 ) -> SelfPlay | None:  # fmt: skip
     if not absolute_zero:
@@ -439,6 +440,7 @@ def selfplay(
         proposer_reward_coef=proposer_reward_coef,
         reference_buffer=selfplay_reference_buffer,
         repetition_penalty=proposer_repetition_penalty,
+        proposer_reward=proposer_reward,
     )
     return SelfPlay(selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config)
 

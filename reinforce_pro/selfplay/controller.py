@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from reinforce_pro.selfplay.learnability import (
+    PROPOSER_REWARDS,
     combined_reward,
+    graded_reward,
     is_learnable,
     plan_question_sampling,
     proposer_reward,
@@ -58,6 +60,7 @@ class SelfPlayConfig:
     proposer_reward_coef: float = 0.1
     reference_buffer: int = 0  # propose from the last N learnable questions instead of the seeds (0: seeds)
     repetition_penalty: float = 0.0  # proposer reward - coef * (share of the step's proposals with this text)
+    proposer_reward: str = "learnable"  # a learnable question earns 1.0, or 1 - solve rate ("difficulty")
 
 
 @dataclass
@@ -102,6 +105,8 @@ class SelfPlayController:
     def __init__(self, task: SelfPlayTask, cfg: SelfPlayConfig, generate: Generate, judge: Judge | None = None):
         if cfg.proposer_train_scope not in PROPOSER_SCOPES:
             raise ValueError(f"proposer_train_scope must be one of {PROPOSER_SCOPES}, got {cfg.proposer_train_scope}")
+        if cfg.proposer_reward not in PROPOSER_REWARDS:
+            raise ValueError(f"proposer_reward must be one of {PROPOSER_REWARDS}, got {cfg.proposer_reward}")
         missing = set(task.thresholds) - set(cfg.weights)
         if missing:
             raise ValueError(f"no solver-reward weight for the task's dimensions {sorted(missing)}")
@@ -168,8 +173,7 @@ class SelfPlayController:
         segments: list[tuple[int, int, int]] = []
         repeats = repetition_penalties([text for text, _, _ in stats.questions], cfg.repetition_penalty)
         proposer_rewards = [
-            proposer_reward(p.sampled, p.learnable_row, p.sampled < 0)
-            - (repeats[p.questions[p.sampled].parsed.question.text] if p.sampled >= 0 else 0.0)
+            self._prompt_reward(p) - (repeats[p.questions[p.sampled].parsed.question.text] if p.sampled >= 0 else 0.0)
             for p in prompts
         ]
         for p, p_reward in zip(prompts, proposer_rewards, strict=True):
@@ -191,7 +195,8 @@ class SelfPlayController:
             else:
                 group_start = len(samples)
                 for q in p.questions:
-                    r = question_reward(q.parsed.valid, q.learnable, self.task.format_penalty)
+                    earned = self._learnable_reward(q) if q.learnable else 0.0
+                    r = question_reward(q.parsed.valid, q.learnable, self.task.format_penalty, earned)
                     r -= repeats[q.parsed.question.text] if q.parsed.valid else 0.0
                     samples.append(TrainingSample(q.proposal, r, r, "proposer"))
                 segments.append((group_start, len(samples), len(samples) - group_start))
@@ -199,6 +204,18 @@ class SelfPlayController:
             segments.append((start, len(samples), len(samples) - start))
         metrics = stats.metrics(self.task.name, prompts, samples, num_solver, proposer_rewards)
         return SelfPlayBatch(samples, segments, metrics)
+
+    def _learnable_reward(self, q: QuestionRecord) -> float:
+        """What a learnable question earns its proposer (--proposer_reward: 1.0, or 1 - the solve rate)."""
+        return graded_reward(q.scored.scores, self.task.thresholds, self.cfg.proposer_reward)
+
+    def _prompt_reward(self, p: PromptRecord) -> float:
+        """Sampled scope: the prompt's reward (learnability.proposer_reward), its learnable sampled question
+        graded by --proposer_reward."""
+        reward = proposer_reward(p.sampled, p.learnable_row, p.sampled < 0)
+        if p.sampled >= 0 and p.questions[p.sampled].learnable:
+            return self._learnable_reward(p.questions[p.sampled])
+        return reward
 
 
 def _fallback_question(p: PromptRecord) -> QuestionRecord:

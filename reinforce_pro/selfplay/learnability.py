@@ -59,12 +59,28 @@ def proposer_reward(sampled_index: int, learnable_by_prompt_row: Sequence[bool],
     return LEARNABLE_REWARD if learnable_by_prompt_row[sampled_index] else NOT_LEARNABLE_REWARD
 
 
-def question_reward(valid: bool, learnable: bool, format_penalty: float) -> float:
+def question_reward(valid: bool, learnable: bool, format_penalty: float, learnable_reward: float = 1.0) -> float:
     """Per-question proposer reward of `--proposer_train_scope group`: the format penalty for an invalid
-    question, else 1.0 when learnable and 0.0 when not."""
+    question, else `learnable_reward` when learnable (1.0, or 1 - solve rate: `graded_reward`) and 0.0 when
+    not."""
     if not valid:
         return format_penalty
-    return LEARNABLE_REWARD if learnable else NOT_LEARNABLE_REWARD
+    return learnable_reward if learnable else NOT_LEARNABLE_REWARD
+
+
+# --proposer_reward: what a learnable question earns its proposer
+PROPOSER_REWARDS = ("learnable", "difficulty")
+
+
+def graded_reward(scores: Mapping[str, Sequence[float]], thresholds: Thresholds, kind: str) -> float:
+    """The reward of a learnable question. `learnable`: 1.0 for any. `difficulty` (Absolute Zero's
+    r_propose = 1 - the solver's mean success): 1 minus the mean over dimensions of the pass ratio, so a
+    question the solver gets 1 in 8 times earns 0.875 and one it gets 7 in 8 times 0.125, and the proposer is
+    pushed toward the hard edge of what the solver can do rather than anywhere inside it."""
+    if kind == "learnable":
+        return LEARNABLE_REWARD
+    ratios = [pass_ratio(scores[d], threshold) for d, (threshold, _, _) in thresholds.items()]
+    return 1.0 - sum(ratios) / len(ratios)
 
 
 def repetition_penalties(texts: Sequence[str], coef: float) -> dict[str, float]:
