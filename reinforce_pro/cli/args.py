@@ -18,6 +18,7 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
+from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
 from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS, PROPOSER_SCOPES
 from reinforce_pro.selfplay.learnability import PROPOSER_REWARDS
 from reinforce_pro.trainer.rollout_stream import LAG_METRICS
@@ -115,6 +116,13 @@ def _add_placement(p) -> None:
 
 def _add_vllm(p) -> None:
     g = both_spellings(p.add_argument_group("rollout engines (vLLM)"))
+    _add_engine_flags(g)
+    _add_is_correction_flags(g)
+    _add_async_flags(g)
+
+
+def _add_engine_flags(g) -> None:
+    """Engines: count, parallelism, weight sync, memory, dtype."""
     g.add_argument("--vllm_num_engines", type=int, default=None, help="number of vLLM engines (unset: 1)")
     g.add_argument("--vllm_tensor_parallel_size", type=int, default=1, help="tensor-parallel size of each engine")
     g.add_argument(
@@ -147,6 +155,10 @@ def _add_vllm(p) -> None:
         "gives a real rollout/training mismatch",
     )
     g.add_argument("--vllm_cpu_kvcache_gib", type=int, default=1, help="[reinforce_pro] KV cache of a CPU engine, GiB")
+
+
+def _add_is_correction_flags(g) -> None:
+    """The importance-sampling correction of the rollout/training mismatch."""
     g.add_argument(
         "--enable_vllm_is_correction",
         dest="enable_vllm_is_correction",
@@ -185,6 +197,10 @@ def _add_vllm(p) -> None:
         "bucket of response positions: mean |log ratio| and the fraction every correction would mask "
         "(is_pos/*, docs/metrics.md)",
     )
+
+
+def _add_async_flags(g) -> None:
+    """Off-policy lag: staleness, asynchronous training, partial rollouts."""
     g.add_argument(
         "--rollout_staleness",
         type=int,
@@ -229,6 +245,12 @@ def _add_vllm(p) -> None:
 
 def _add_checkpoint_logging(p) -> None:
     g = both_spellings(p.add_argument_group("checkpoints, evaluation, logging"))
+    _add_eval_checkpoint_flags(g)
+    _add_logging_flags(g)
+
+
+def _add_eval_checkpoint_flags(g) -> None:
+    """Evaluation, console and sample logging, checkpoints."""
     g.add_argument(
         "--eval_steps",
         type=int,
@@ -283,6 +305,10 @@ def _add_checkpoint_logging(p) -> None:
         help="an eval metric (eval/<dataset>/pass@1, or just pass@1): after each evaluation that raises it, the "
         "policy is saved to <save_path>/best_model (higher is better; needs --eval_dataset)",
     )
+
+
+def _add_logging_flags(g) -> None:
+    """wandb / TensorBoard, dynamic filtering, and two refused flags."""
     g.add_argument("--use_ds_universal_ckpt", action="store_true", help="DeepSpeed universal checkpoints")
     g.add_argument("--use_wandb", type=str, default=None, help="wandb API key (or 'True' with a login)")
     g.add_argument("--wandb_org", type=str, default=None, help="wandb entity")
@@ -306,6 +332,12 @@ def _add_checkpoint_logging(p) -> None:
 
 def _add_deepspeed(p) -> None:
     g = both_spellings(p.add_argument_group("DeepSpeed (policy and critic)"))
+    _add_deepspeed_engine_flags(g)
+    _add_lora_flags(g)
+
+
+def _add_deepspeed_engine_flags(g) -> None:
+    """ZeRO, precision, memory, packing and dynamic batches."""
     g.add_argument("--local_rank", type=int, default=-1, help="rank given by torch launchers")
     g.add_argument("--zero_stage", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage")
     g.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward")
@@ -357,6 +389,10 @@ def _add_deepspeed(p) -> None:
     )
     g.add_argument("--train_max_tokens_per_gpu", type=int, default=16192, help="padded tokens per train micro-batch")
     g.add_argument("--load_in_4bit", action="store_true", help="4-bit quantised base weights")
+
+
+def _add_lora_flags(g) -> None:
+    """LoRA adapters."""
     g.add_argument(
         "--lora_rank", type=int, default=0,
         help="LoRA rank of the policy's adapters (0: train every weight). The engines get merged weights; "
@@ -377,6 +413,13 @@ def _add_deepspeed(p) -> None:
 
 def _add_training(p) -> None:
     g = both_spellings(p.add_argument_group("training"))
+    _add_batch_flags(g)
+    _add_loss_flags(g)
+    _add_kl_reward_flags(g)
+
+
+def _add_batch_flags(g) -> None:
+    """Output path, episodes, batch sizes, lengths, prompt count."""
     g.add_argument("--save_path", type=str, default=None, help="run directory (default: ./runs/<time>)")
     g.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt data")
     g.add_argument("--rollout_batch_size", type=int, default=1024, help="prompts per step")
@@ -397,6 +440,10 @@ def _add_training(p) -> None:
     g.add_argument("--max_norm", type=float, default=1.0, help="gradient clipping norm")
     g.add_argument("--l2", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--ptx_coef", type=float, default=0.05, help="pretraining (PTX) loss coefficient")
+
+
+def _add_loss_flags(g) -> None:
+    """Clipping, discounting, batch sizes, sampling, seed, learning rates."""
     g.add_argument("--eps_clip", type=float, default=0.2, help="PPO clip range")
     g.add_argument("--eps_clip_low_high", type=float, nargs=2, default=None, help="asymmetric PPO clip (low, high)")
     g.add_argument("--dual_clip", type=float, default=None, help="dual-clip constant (> 1)")
@@ -418,6 +465,10 @@ def _add_training(p) -> None:
     g.add_argument("--critic_learning_rate", type=float, default=9e-6, help="critic learning rate")
     g.add_argument("--lr_warmup_ratio", type=float, default=0.03, help="warm-up fraction of the LR schedule")
     g.add_argument("--lr_scheduler", type=str, default="cosine_with_min_lr", help="transformers scheduler name")
+
+
+def _add_kl_reward_flags(g) -> None:
+    """KL, the policy loss's type and extra terms, advantages, reward shaping."""
     g.add_argument("--kl_target", type=float, default=None, help="adaptive KL target (unset: fixed coefficient)")
     g.add_argument("--kl_horizon", type=int, default=10000, help="adaptive KL horizon")
     g.add_argument("--init_kl_coef", type=float, default=0.01, help="KL coefficient (0: no reference model)")
@@ -555,11 +606,17 @@ def _add_models_data(p) -> None:
     g.add_argument("--freeze_visual_encoder", action="store_true", help="train only a VLM's language model")
 
 
-def _add_selfplay(p) -> None:
-    from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
+SELFPLAY = "[reinforce_pro] --absolute_zero:"  # how the self-play flags' help begins
 
+
+def _add_selfplay(p) -> None:
     g = both_spellings(p.add_argument_group("Absolute-Zero self-play (docs/selfplay.md)"))
-    sp = "[reinforce_pro] --absolute_zero:"
+    _add_selfplay_task_flags(g)
+    _add_selfplay_reward_flags(g)
+
+
+def _add_selfplay_task_flags(g) -> None:
+    """The task and its proposals."""
     g.add_argument(
         "--absolute_zero",
         action="store_true",
@@ -567,27 +624,29 @@ def _add_selfplay(p) -> None:
         "roles are trained in one update. Seeds: --prompt_data records (unset: the task's built-in seeds)",
     )
     g.add_argument(
-        "--selfplay_task", type=str, default="arithmetic", choices=list(BUILTIN_TASKS), help=f"{sp} built-in task"
+        "--selfplay_task", type=str, default="arithmetic", choices=list(BUILTIN_TASKS), help=f"{SELFPLAY} built-in task"
     )
     g.add_argument(
         "--selfplay_task_path",
         type=str,
         default=None,
-        help=f"{sp} a .py file defining TASK (overrides --selfplay_task)",
+        help=f"{SELFPLAY} a .py file defining TASK (overrides --selfplay_task)",
     )
-    g.add_argument("--n_questions_per_prompt", type=int, default=4, help=f"{sp} questions proposed per seed prompt")
+    g.add_argument(
+        "--n_questions_per_prompt", type=int, default=4, help=f"{SELFPLAY} questions proposed per seed prompt"
+    )
     g.add_argument(
         "--selfplay_reference_buffer",
         type=int,
         default=0,
-        help=f"{sp} proposer prompts show a random one of the last N learnable questions instead of a seed "
+        help=f"{SELFPLAY} proposer prompts show a random one of the last N learnable questions instead of a seed "
         "(Absolute Zero's reference examples; 0: the seeds)",
     )
     g.add_argument(
         "--proposer_repetition_penalty",
         type=float,
         default=0.0,
-        help=f"{sp} a question proposed k times among a step's n valid proposals loses this times k/n of its "
+        help=f"{SELFPLAY} a question proposed k times among a step's n valid proposals loses this times k/n of its "
         "proposer reward (R-Zero's repetition penalty; 0: off)",
     )
     g.add_argument(
@@ -595,14 +654,18 @@ def _add_selfplay(p) -> None:
         type=str,
         default="learnable",
         choices=list(PROPOSER_REWARDS),
-        help=f"{sp} what a learnable question earns its proposer: learnable: 1.0; difficulty: 1 - the solver's "
+        help=f"{SELFPLAY} what a learnable question earns its proposer: learnable: 1.0; difficulty: 1 - the solver's "
         "success rate on it (Absolute Zero's r_propose: the hard edge of what the solver can do earns most)",
     )
+
+
+def _add_selfplay_reward_flags(g) -> None:
+    """Re-proposal and rewards."""
     g.add_argument(
         "--max_repropose_attempts",
         type=int,
         default=3,
-        help=f"{sp} re-proposal rounds after the first proposal for prompts whose questions are all or none "
+        help=f"{SELFPLAY} re-proposal rounds after the first proposal for prompts whose questions are all or none "
         "learnable (0: never re-propose)",
     )
     g.add_argument(
@@ -610,25 +673,30 @@ def _add_selfplay(p) -> None:
         type=str,
         default="sampled",
         choices=list(PROPOSER_SCOPES),
-        help=f"{sp} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); "
+        help=f"{SELFPLAY} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); "
         "group: every proposed question (learnable 1.0, not 0.0, invalid the task's format penalty)",
     )
     for dimension, flag in (("safety", "--safety_reward_weight"), ("completion", "--task_completion_weight")):
         g.add_argument(
-            flag, type=float, default=DEFAULT_WEIGHTS[dimension], help=f"{sp} weight of a task's '{dimension}' score"
+            flag,
+            type=float,
+            default=DEFAULT_WEIGHTS[dimension],
+            help=f"{SELFPLAY} weight of a task's '{dimension}' score",
         )
-    g.add_argument("--format_reward_coef", type=float, default=0.5, help=f"{sp} weight of the solver's format reward")
+    g.add_argument(
+        "--format_reward_coef", type=float, default=0.5, help=f"{SELFPLAY} weight of the solver's format reward"
+    )
     g.add_argument(
         "--proposer_reward_coef",
         type=float,
         default=0.1,
-        help=f"{sp} a solver sample's reward adds this times its prompt's proposer reward",
+        help=f"{SELFPLAY} a solver sample's reward adds this times its prompt's proposer reward",
     )
     g.add_argument(
         "--selfplay_judge_pretrain",
         type=str,
         default=None,
-        help=f"{sp} HF model dir of a frozen judge for the task's llm scorers (unset: the policy judges)",
+        help=f"{SELFPLAY} HF model dir of a frozen judge for the task's llm scorers (unset: the policy judges)",
     )
 
 
