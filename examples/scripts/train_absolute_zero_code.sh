@@ -29,10 +29,13 @@ read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 MODEL_ARGS=(--pretrain "$MODEL" --param_dtype fp32 --vllm_dtype bfloat16 --zero_stage 2
             --actor_num_gpus_per_node 1 --ref_num_gpus_per_node 1 --vllm_num_engines 1 --vllm_cpu_kvcache_gib 2)
 # group scope: every proposal is trained on its own verdict (invalid -1, valid 0, learnable 1), so the
-# valid-program rate has a direct signal; one re-proposal round bounds the step's time
+# valid-program rate has a direct signal; one re-proposal round bounds the step's time. The repetition
+# penalty costs a valid question c * k / n (n: the step's valid proposals, a handful here): at c = 1 a valid
+# question never earns less than an invalid one; the arithmetic default's c = 8 (n ~ 60 there) made every
+# valid program cost more than an invalid one, and the valid rate fell 0.10 -> 0.02 in 30 steps
 SELFPLAY_ARGS=(--absolute_zero --selfplay_task code_output
                --n_questions_per_prompt 4 --n_samples_per_prompt 8 --max_repropose_attempts 1
-               --proposer_train_scope group --proposer_repetition_penalty 8
+               --proposer_train_scope group --proposer_repetition_penalty 1
                --format_reward_coef 0.5 --proposer_reward_coef 0.1
                --eval_steps "$EVAL_STEPS" --eval_before_training)
 ALGO_ARGS=(--advantage_estimator reinforce_baseline --init_kl_coef 0

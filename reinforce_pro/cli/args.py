@@ -647,7 +647,8 @@ def _add_selfplay_task_flags(g) -> None:
         type=float,
         default=0.0,
         help=f"{SELFPLAY} a question proposed k times among a step's n valid proposals loses this times k/n of its "
-        "proposer reward (R-Zero's repetition penalty; 0: off)",
+        "proposer reward (R-Zero's repetition penalty; 0: off). Above the task's format penalty (1) a valid question "
+        "can earn less than an invalid one when few proposals are valid",
     )
     g.add_argument(
         "--proposer_reward",
