@@ -48,3 +48,36 @@ def test_render_writes_tables_plots_and_the_arm_comparison(tmp_path):
     # default minus the arm: +0.3 learnable ratio, +0.4 unique proposals, ladder mean +0.2 / 12 levels
     assert "| no-repetition-penalty | 2 | default +0.300" in text and "default +0.400" in text
     assert (tmp_path / "selfplay_study_default.png").exists() and (tmp_path / "selfplay_study.md").read_text() == text
+
+
+def test_code_study_renders_per_seed_thirds_and_ladder_gains(tmp_path):
+    """benchmarks/selfplay_code_study.py on constructed runs: thirds of the valid-program rate, the ladder's
+    mean before and after, the per-kind paired gain, a plot."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import selfplay_code_study as code_study
+
+    def run(seed, loop_end):
+        series = {name: [0.5] * 9 for name in code_study.SERIES}
+        series["valid"] = [0.1] * 3 + [0.5] * 3 + [0.9] * 3
+        ladder = {kind: [[0, 0.0], [9, 0.0]] for kind in code_study.CODE_LADDER}
+        ladder["loop"] = [[0, 0.25], [5, 0.3], [9, loop_end]]
+        return {"seed": seed, "steps": 9, "wall_s": 90.0, "series": series, "ladder": ladder}
+
+    payload = {"commit": "abc123def456", "config": {"recipe": "examples/scripts/x.sh"},
+               "results": {"runs": [run(2, 0.5), run(1, 0.75)]}}  # fmt: skip
+    text = code_study.render(payload, tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert rows[0].startswith("| 1 | 9 | 90 | 0.5 | 0.100 / 0.500 / 0.900 |")  # sorted by seed
+    assert rows[0].endswith("| 0.050 -> 0.150 |")  # the five kinds' mean: loop 0.25 -> 0.75
+    assert "| loop | 0.250 | 0.625 | +0.375 [" in text
+    assert (tmp_path / "selfplay_code_study.png").stat().st_size > 1000
+
+
+def test_engine_start_table_reads_both_starts_of_each_mode(tmp_path):
+    from benchmarks import bench_engine_start as bench
+
+    record = {"start_s": 12.0, "decode_tok_s": 300.0, "process_s": 14.0, "cache_load_failures": 0}
+    results = {"eager/first": {**record, "start_s": 15.0}, "eager/second": record}
+    payload = {"commit": "abc123def456", "config": {"model_name": "m"}, "results": results}
+    text = bench.render(payload, tmp_path)
+    assert "| eager | 15.0 | 12.0 | 300 | 0 / 0 |" in text and "| aot |" not in text

@@ -58,6 +58,11 @@ class VLLMEngine:
 
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # vLLM 0.32 saves its compiled model ahead of time (AOT) but on CPU cannot load it back ("'function'
+            # object has no attribute 'finalize_loading'"), so every start recompiled: 58 s to the first token
+            # for SmolLM2 on 2 cores. Its older graph cache loads: 23 s, the same decode speed
+            # (benchmarks/bench_engine_start.py)
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
             use_host_threads()  # before vLLM binds its threads
         from vllm import LLM
 
