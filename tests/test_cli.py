@@ -169,6 +169,11 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--colocate_all_models", "--vllm_num_engines", "2"], "colocate_all_models needs", id="colocate"),
         pytest.param(["--not_a_flag", "1"], "unrecognized arguments: --not_a_flag 1", id="unknown"),
         pytest.param(
+            ["--vllm_quantization", "fp8_per_channel", "--vllm_dtype", "float32"],
+            "--vllm_quantization fp8_per_channel needs --vllm_dtype bfloat16 or float16, got float32",
+            id="fp8-engine-dtype",
+        ),
+        pytest.param(
             ["--overlong_buffer_len", "64", "--max_new_tokens", "32"],
             "must be in (0, --max_new_tokens 32]",
             id="overlong",

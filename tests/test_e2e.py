@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,28 @@ def test_each_sync_backend_keeps_the_engine_on_the_trained_policy(
     for g in ray.get(engine.generate.remote([prompt] * 4, {"temperature": 1.0, "max_tokens": 6})):
         trainer = trainer_log_probs(str(final), prompt, g.token_ids)
         assert (trainer - torch.tensor(g.log_probs)).abs().max().item() < 1e-4
+
+
+def test_an_fp8_engine_requantizes_the_weights_each_sync_brings(tmp_path, engine, tiny_model):
+    """--vllm_quantization fp8_per_channel: the engine quantizes at load and again at every in-place reload,
+    so an engine that loaded model A and was synced to model B samples exactly as one that loaded B, and
+    both differ from the fp32 trainer by the quantization (the mismatch the IS correction then sees)."""
+    from safetensors.torch import load_file, save
+
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    blob = save(load_file(Path(other) / "model.safetensors"))
+    config = EngineConfig(model_path=tiny_model, dtype="bfloat16", max_model_len=64, seed=0,
+                          quantization="fp8_per_channel")  # fmt: skip
+    synced = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
+    ray.get(synced.update_weights.remote(blob))
+    fresh = ray.remote(VLLMEngine).options(num_cpus=1).remote(replace(config, model_path=str(other)))
+    prompt, greedy = [1, 21, 15, 27, 33], {"temperature": 0.0, "max_tokens": 6}
+    (a,), (b,) = ray.get([synced.generate.remote([prompt], greedy), fresh.generate.remote([prompt], greedy)])
+    for actor in (synced, fresh):
+        ray.kill(actor)
+    assert (a.token_ids, a.log_probs) == (b.token_ids, b.log_probs)
+    gap = (trainer_log_probs(str(other), prompt, a.token_ids) - torch.tensor(a.log_probs)).abs().mean().item()
+    assert 1e-3 < gap < 0.5  # quantized (an fp32 engine agrees to ~1e-6), yet the same model
 
 
 def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_path, engine, digit_reward):

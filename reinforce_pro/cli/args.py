@@ -18,6 +18,7 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
 from reinforce_pro.cli.spellings import both_spellings
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
+from reinforce_pro.rollout.vllm_engine import ENGINE_QUANTIZATIONS
 from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
 from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS, PROPOSER_SCOPES
 from reinforce_pro.selfplay.learnability import PROPOSER_REWARDS
@@ -155,6 +156,13 @@ def _add_engine_flags(g) -> None:
         "gives a real rollout/training mismatch",
     )
     g.add_argument("--vllm_cpu_kvcache_gib", type=int, default=1, help="[reinforce_pro] KV cache of a CPU engine, GiB")
+    g.add_argument(
+        "--vllm_quantization", default=None, choices=list(ENGINE_QUANTIZATIONS),
+        help="[reinforce_pro] quantize the engine's linear weights when it loads them and at every weight sync, "
+        "while the trainer keeps --param_dtype: fp8_per_channel (FP8 weights with a scale per output channel, "
+        "activations in --vllm_dtype, which must be bfloat16 or float16; runs on vLLM's CPU build too): the "
+        "FP8 rollouts of large-scale RL, a mismatch for the IS correction to handle",
+    )  # fmt: skip
 
 
 def _add_is_correction_flags(g) -> None:

@@ -67,6 +67,9 @@ class Engines:
             raise ValueError(f"vllm_num_engines must be >= 1, got {self.count}")
         if self.sync_bucket_mb <= 0:
             raise ValueError(f"vllm_sync_bucket_mb must be > 0, got {self.sync_bucket_mb}")
+        quantization, dtype = self.config.quantization, self.config.dtype
+        if quantization is not None and dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"vllm_quantization {quantization} needs --vllm_dtype bfloat16 or float16, got {dtype}")
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,7 @@ def engine_dtype(vllm_dtype: str, param_dtype: str) -> str:
 def engines(
     vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, seed, vllm_gpu_memory_utilization,
     enforce_eager, enable_prefix_caching, max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray,
-    vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep,
+    vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep, vllm_quantization,
 ) -> Engines:  # fmt: skip
     config = EngineConfig(
         model_path="",
@@ -227,6 +230,7 @@ def engines(
         enable_prefix_caching=enable_prefix_caching,
         max_model_len=max_len,
         cpu_kv_cache_gib=vllm_cpu_kvcache_gib,
+        quantization=vllm_quantization,
     )
     sleep = {"vllm_enable_sleep": vllm_enable_sleep, "deepspeed_enable_sleep": deepspeed_enable_sleep}
     return Engines(

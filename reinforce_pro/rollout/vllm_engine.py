@@ -14,6 +14,12 @@ from dataclasses import dataclass
 WORKER_EXTENSION = "reinforce_pro.rollout.weight_sync.WeightSyncExtension"
 
 
+# --vllm_quantization: vLLM's online weight quantizations that were run here on vLLM 0.32's CPU build, a
+# reload (weight sync) included. Tried and not offered: fp8_per_tensor (the CPU build lacks its quantize op),
+# int8 (only MoE layers online; dense int8 needs a pre-quantized compressed-tensors checkpoint)
+ENGINE_QUANTIZATIONS = ("fp8_per_channel",)
+
+
 @dataclass
 class EngineConfig:
     model_path: str
@@ -25,6 +31,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     max_model_len: int = 2048
     cpu_kv_cache_gib: int = 1
+    quantization: str | None = None  # vLLM online weight quantization (--vllm_quantization), None: off
 
 
 @dataclass
@@ -81,6 +88,8 @@ class VLLMEngine:
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
+            kwargs["quantization"] = cfg.quantization
         self.llm = LLM(**kwargs)
         for handler in logging.getLogger("vllm").handlers:  # configured by now
             handler.addFilter(_DropBenignReloadWarning())
