@@ -19,6 +19,7 @@ paired difference to `none` and to `tis` with a bootstrap 95% interval) and plot
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, git_commit, write_result  # noqa: E402
 from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
 from benchmarks.study_stats import (  # noqa: E402
     collapsed,
@@ -69,7 +70,22 @@ REGIMES = {
         "off-policy reuse: 4 epochs over each rollout batch in mini-batches of 64 (16 optimizer steps per batch)",
         {"max_epochs": 4, "train_batch_size": 64},
     ),
+    "fp8": Regime(
+        "FP8 rollouts: the engine quantizes its linear weights to FP8 per output channel at every sync "
+        "(--vllm_quantization fp8_per_channel, bf16 activations), fp32 trainer, synchronous",
+        {"vllm_quantization": "fp8_per_channel"},
+    ),
+    "fp8-lr1e-3": Regime("FP8 rollouts at 5x the learning rate", {"vllm_quantization": "fp8_per_channel",
+                                                                   "actor_learning_rate": 1e-3}),
+    "async8-adaptive": Regime(
+        "async8-partial with adaptive staleness: the lag moves in [0, 8], one less while the mean |dlogp| is "
+        "above 0.1, one more while below 0.05 (--async_lag_target 0.1)",
+        {"async_train": True, "async_queue_size": 8, "partial_rollout": True, "partial_rollout_chunk": 2,
+         "actor_learning_rate": 5e-4, "async_lag_target": 0.1, "async_lag_metric": "rollout/logprob_abs_diff_mean"},
+    ),
 }  # fmt: skip
+# Adaptive staleness against the fixed queues it moves between (issue 31, item 5): same seeds and corrections
+LAG_REGIMES = ("async4-partial", "async8-partial", "async8-adaptive")
 
 
 def with_correction(cfg, correction: str, save: Path):
@@ -91,6 +107,8 @@ def summarise(history: list[dict], wall: float) -> dict:
 
     out.update(
         rewards=[h["rollout/reward_mean"] for h in history],  # every step: collapse is judged from these
+        step_s=[h["time/step"] for h in history],  # every step: reward against wall-clock time
+        mean_lag=mean_of("async/max_lag"),  # the lead --async_lag_target allowed (adaptive runs only)
         grad_norms=[h.get("policy/grad_norm") for h in history],
         mean_abs_log_ratio=mean_of("rollout/logprob_abs_diff_mean"),
         p99_abs_log_ratio=mean_of("rollout/logprob_abs_diff_p99"),
@@ -101,6 +119,10 @@ def summarise(history: list[dict], wall: float) -> dict:
         positions={k: mean_of(k) for k in sorted({k for h in history for k in h if k.startswith("is_pos/")})},
     )
     return out
+
+
+def engine_kind(cfg) -> tuple[str, str | None]:
+    return cfg.engines.config.dtype, cfg.engines.config.quantization
 
 
 def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
@@ -117,7 +139,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     total, count = sum(map(len, todo.values())), 0
     if not total:
         return runs
-    workdir = Path(tempfile.mkdtemp(prefix="is_study_"))
+    workdir, commit = Path(tempfile.mkdtemp(prefix="is_study_")), git_commit()  # the code each run measured
     start_ray(logical_cpus=8)
     for seed, pending in todo.items():
         if not pending:
@@ -125,20 +147,20 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
         pretrain = warm_start(seed, workdir)
         configs = {g: base_config(pretrain, seed, steps, {**REGIMES[g].flags, **STUDY_FLAGS}) for g, _ in pending}
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
-        engines = {
-            dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
-            for dtype in {cfg.engines.config.dtype for cfg in configs.values()}
+        engines = {  # one per (dtype, quantization) the pending regimes ask for
+            kind: engine_cls.remote(EngineConfig(pretrain, kind[0], seed, max_model_len=64, quantization=kind[1]))
+            for kind in {engine_kind(cfg) for cfg in configs.values()}
         }
         ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])  # warm-up
         for regime, correction in pending:
             count += 1
             print(f"[is_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
-            engine = engines[cfg.engines.config.dtype]
+            engine = engines[engine_kind(cfg)]
             ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
             start = time.perf_counter()
             history = build_and_fit(cfg, prepare(cfg), engines=[engine])
-            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps}
+            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, "commit": commit}
             runs.append({**record, **summarise(history, time.perf_counter() - start)})
             save(runs)
         for engine in engines.values():
@@ -147,10 +169,15 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
 
 
 # ------------------------------------------------------------------------------------------ analysis
+def by_seed(runs: list[dict], regime: str, correction: str, key: str) -> dict[int, float]:
+    """seed -> `key` of the runs of one regime and correction."""
+    return {r["seed"]: r[key] for r in runs if (r["regime"], r["correction"]) == (regime, correction)}
+
+
 def paired(runs: list[dict], regime: str, a: str, b: str, key: str) -> list[float]:
     """Per-seed differences a - b of `key` in `regime`, over the seeds where both ran."""
-    by = {(r["seed"], r["correction"]): r[key] for r in runs if r["regime"] == regime}
-    return [by[s, a] - by[s, b] for s in sorted({s for s, _ in by}) if (s, a) in by and (s, b) in by]
+    first, second = by_seed(runs, regime, a, key), by_seed(runs, regime, b, key)
+    return [first[s] - second[s] for s in sorted(first) if s in second]
 
 
 def analyse(runs: list[dict]) -> list[dict]:
@@ -164,7 +191,7 @@ def analyse(runs: list[dict]) -> list[dict]:
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
                    "collapses": sum(collapsed(r["rewards"], r["grad_norms"]) for r in sel)}  # fmt: skip
             for key in ("final_reward", "auc_reward", "masked_frac", "mean_abs_log_ratio", "p99_abs_log_ratio",
-                        "mixed_rows", "versions_per_row", "mean_staleness", "wall_s"):  # fmt: skip
+                        "mixed_rows", "versions_per_row", "mean_staleness", "mean_lag", "wall_s"):  # fmt: skip
                 values = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = statistics.fmean(values) if values else None
             for base in ("none", "tis"):
@@ -215,12 +242,14 @@ def render(payload: dict, out_dir: Path) -> str:
         d = r.get("final_reward_vs_none")
         if d is not None and d["verdict"] not in ("better", "worse"):
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
-    lines += ["", *_position_table(runs)]
+    lines += ["", *_position_table(runs), "", *_lag_table(runs)]
     m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
     (out_dir / f"{stem}.md").write_text(text + "\n")
     _plot(runs, out_dir / f"{stem}.png")
+    if any(r["regime"] == LAG_REGIMES[-1] for r in runs):
+        _lag_plot(runs, out_dir / f"{stem}_lag.png")
     return text
 
 
@@ -248,6 +277,89 @@ def _position_table(runs: list[dict]) -> list[str]:
                 f"| {regime} | {b} | {_fmt(mean(f'is_pos/abs_log_ratio/{b}'), '.3f')} | " + " | ".join(cells) + " |"
             )
     return lines
+
+
+def _lag_table(runs: list[dict]) -> list[str]:
+    """Adaptive staleness against the fixed queues it moves between: for every correction run adaptively, each
+    of LAG_REGIMES at the adaptive runs' seeds, and the adaptive run's paired difference to each fixed queue."""
+    adaptive = LAG_REGIMES[-1]
+    corrections = [c for c in CORRECTIONS if any((r["regime"], r["correction"]) == (adaptive, c) for r in runs)]
+    if not corrections:
+        return []
+    lines = ["Adaptive staleness against fixed queues (same seeds): final reward, mean reward over the run (AUC), "
+             "wall time of the run, and the adaptive run's paired difference to each fixed queue (95% CI).", "",
+             "| correction | regime | seeds | final reward | AUC | wall s | staleness | lag | "
+             "adaptive - this: final reward | adaptive - this: wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for correction in corrections:
+        seeds = set(by_seed(runs, adaptive, correction, "final_reward"))
+        for regime in LAG_REGIMES:
+            cells = []
+            for key in ("final_reward", "auc_reward", "wall_s", "mean_staleness"):
+                values = [v for s, v in by_seed(runs, regime, correction, key).items() if s in seeds]
+                cells.append(statistics.fmean(values) if values else None)
+            if cells[0] is None:
+                continue
+            lags = [v for v in by_seed(runs, regime, correction, "mean_lag").values() if v is not None]
+            lag = f"{statistics.fmean(lags):.2f}" if lags else f"{REGIMES[regime].flags['async_queue_size']} (fixed)"
+            diffs = [_lag_diff(runs, correction, regime, key, seeds) for key in ("final_reward", "wall_s")]
+            n = len(by_seed(runs, regime, correction, "final_reward").keys() & seeds)
+            lines.append(
+                f"| {correction} | {regime} | {n} | {cells[0]:.3f} | {cells[1]:.3f} | {cells[2]:.0f} | "
+                f"{_fmt(cells[3], '.2f')} | {lag} | {diffs[0]} | {diffs[1]} |"
+            )
+    return lines
+
+
+def _lag_diff(runs: list[dict], correction: str, regime: str, key: str, seeds: set[int]) -> str:
+    """The adaptive regime's paired difference to `regime` in `key`, with its interval ('-' for itself)."""
+    if regime == LAG_REGIMES[-1]:
+        return "-"
+    adaptive, fixed = (by_seed(runs, g, correction, key) for g in (LAG_REGIMES[-1], regime))
+    diffs = [adaptive[s] - fixed[s] for s in sorted(seeds) if s in fixed]
+    if len(diffs) < 2:
+        return "-"
+    mean, low, high = paired_bootstrap(diffs)
+    mark, spec = "**" if low > 0 or high < 0 else "", ".0f" if key == "wall_s" else ".3f"
+    return f"{mark}{mean:+{spec}} [{low:+{spec}}, {high:+{spec}}]{mark}"
+
+
+def elapsed(run: dict) -> list[float]:
+    """Seconds into the run at the end of each step: the logged step times where the run kept them, else
+    its wall time spread evenly over its steps (runs measured before step times were kept)."""
+    if run.get("step_s"):
+        return list(itertools.accumulate(run["step_s"]))
+    return [run["wall_s"] * (i + 1) / len(run["rewards"]) for i in range(len(run["rewards"]))]
+
+
+def _lag_plot(runs: list[dict], path: Path, window: int = 10) -> None:
+    """Reward (a `window`-step moving average, mean over seeds) against seconds of training, one panel per
+    correction run adaptively, one line per LAG_REGIMES entry, at the adaptive runs' seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corrections = [c for c in CORRECTIONS if by_seed(runs, LAG_REGIMES[-1], c, "final_reward")]
+    fig, axes = plt.subplots(1, len(corrections), figsize=(4.5 * len(corrections), 3.2), squeeze=False)
+    for ax, correction in zip(axes[0], corrections, strict=True):
+        seeds = set(by_seed(runs, LAG_REGIMES[-1], correction, "final_reward"))
+        for regime in LAG_REGIMES:
+            sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction) and r["seed"] in seeds]
+            if not sel:
+                continue
+            n = min(len(r["rewards"]) for r in sel)
+            times = [statistics.fmean(elapsed(r)[i] for r in sel) for i in range(window - 1, n)]
+            moving = [statistics.fmean(statistics.fmean(r["rewards"][i - window + 1 : i + 1]) for r in sel)
+                      for i in range(window - 1, n)]  # fmt: skip
+            ax.plot(times, moving, label=regime, linewidth=1)
+        ax.set_title(f"{correction} ({len(seeds)} seeds)")
+        ax.set_xlabel("seconds of training")
+    axes[0][0].set_ylabel(f"reward ({window}-step mean, mean over seeds)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _plot(runs: list[dict], path: Path) -> None:
@@ -284,17 +396,18 @@ def main(argv=None) -> int:
     p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
     p.add_argument("--steps", type=int, default=200, help="RL steps per run")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of is_study.json and its renders")
+    p.add_argument("--name", default=NAME, help="the JSON's name: a calibration sitting keeps its own file")
     p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
     args = p.parse_args(argv)
     if args.render is not None:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
-    path = args.output / f"{NAME}.json"
+    path = args.output / f"{args.name}.json"
     runs = stored_runs(path)
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
         config = {"regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
-        write_result(NAME, config, {"runs": current}, args.output)
+        write_result(args.name, config, {"runs": current}, args.output)
 
     runs = run_study(args.seeds, args.regimes, args.corrections, args.steps, runs, save)
     print(render(json.loads(path.read_text()), args.output))

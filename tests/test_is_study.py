@@ -72,3 +72,30 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
     assert (tmp_path / "is_study.png").exists()
     # positions: mean over the 10 runs with IS on (seeds 1-5 twice): icepop masks 0.02 x mean seed 3 = 6%
     assert "| async8-partial | 0-1 | 0.100 | - | 6.00% | - | - |" in text
+
+
+def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.is_study import LAG_REGIMES, elapsed, render
+
+    runs = []
+    for seed in range(1, 5):
+        for regime, final, wall in zip(LAG_REGIMES, (0.30, 0.36, 0.34), (70.0, 60.0, 50.0), strict=True):
+            adaptive = regime == LAG_REGIMES[-1]
+            runs.append({
+                "seed": seed, "regime": regime, "correction": "reinforce_pro", "steps": 20,
+                "final_reward": final + 0.01 * seed, "auc_reward": final - 0.05, "rewards": [final] * 20,
+                "grad_norms": [1.0] * 20, "wall_s": wall + seed, "mean_staleness": 2.0, "series_step_every": 1,
+                "series": {"rollout/reward_mean": [final] * 20},
+                "step_s": [2.0] * 20 if adaptive else None, "mean_lag": 3.5 if adaptive else None,
+            })  # fmt: skip
+    runs.append({**runs[0], "seed": 9})  # a fixed-queue seed the adaptive arm did not run: left out of the table
+    assert elapsed(runs[0])[:2] == pytest.approx([71.0 / 20, 71.0 * 2 / 20])  # wall time spread evenly
+    assert elapsed(runs[2])[-1] == pytest.approx(40.0)  # the logged step times, summed
+    payload = {"results": {"runs": runs}, "machine": {"cpu": "x", "cpu_count": 2, "torch": "t"}, "commit": "abc"}
+    text = render(payload, tmp_path)
+    # adaptive - fixed queue 4: +0.04 final reward (every seed), -20 s wall
+    fixed4 = "| reinforce_pro | async4-partial | 4 | 0.325 | 0.250 | 72 | 2.00 | 4 (fixed) | "
+    assert fixed4 + "**+0.040 [+0.040, +0.040]** | **-20 [-20, -20]** |" in text
+    assert "| reinforce_pro | async8-adaptive | 4 | 0.365 | 0.290 | 52 | 2.00 | 3.50 | - | - |" in text
+    assert (tmp_path / "is_study_lag.png").exists()
