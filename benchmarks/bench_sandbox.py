@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 from reinforce_pro.selfplay import sandbox as current  # noqa: E402
-from reinforce_pro.selfplay.builtin_tasks import CODE_SEEDS  # noqa: E402
+from reinforce_pro.selfplay.code_task import CODE_SEEDS  # noqa: E402
 
 PROGRAMS = [("def f(x):\n    return x", "1")] + CODE_SEEDS
 
