@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks import bench_smollm2 as smollm2  # noqa: E402
 from benchmarks.common import RESULTS_DIR, git_commit, write_result  # noqa: E402
 from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
 from benchmarks.study_stats import (  # noqa: E402
@@ -44,13 +45,26 @@ from benchmarks.study_stats import (  # noqa: E402
 NAME = "is_study"
 STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
 CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis"]
+SMOLLM2_MODEL, SMOLLM2_DATA = smollm2.CACHE / "smollm2-135m-instruct", smollm2.CACHE / "tasks" / "chain_sum_2x1_v2"
 STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
 
 
 @dataclass(frozen=True)
 class Regime:
     what: str
-    flags: dict  # train_ppo_ray flag dests -> values, on top of the embedded default
+    flags: dict  # train_ppo_ray flag dests -> values, on top of the task's own settings
+    task: str = "embedded"  # TASKS
+
+
+# What a run trains, and the summary key its verdict ranks by
+TASKS = {
+    "embedded": "the embedded default: a 0.4M-parameter Qwen2 warm-started on additions (per seed), exact-match "
+    "reward; ranked by the training reward",
+    "smollm2": "SmolLM2-135M-Instruct (packaged) on reasoning-gym chain_sum, bench_smollm2's run (4 prompts x 4 "
+    "samples, <= 16 tokens, bf16 engine); ranked by held-out greedy exact match (50 prompts)",
+}
+SCORES = {"embedded": "final_reward", "smollm2": "final_eval"}
+EVAL_KEY = "eval/eval/pass@1"  # the held-out greedy exact match the SmolLM2 runs log (--eval_dataset)
 
 
 REGIMES = {
@@ -77,6 +91,12 @@ REGIMES = {
     ),
     "fp8-lr1e-3": Regime("FP8 rollouts at 5x the learning rate", {"vllm_quantization": "fp8_per_channel",
                                                                    "actor_learning_rate": 1e-3}),
+    "smollm2-async8-partial": Regime(
+        "SmolLM2: asynchronous, queue 8, partial rollouts (4-token chunks), lr 2e-5 (4x the recipe's)",
+        {"async_train": True, "async_queue_size": 8, "partial_rollout": True, "partial_rollout_chunk": 4,
+         "actor_learning_rate": 2e-5},
+        task="smollm2",
+    ),
     "async8-adaptive": Regime(
         "async8-partial with adaptive staleness: the lag moves in [0, 8], one less while the mean |dlogp| is "
         "above 0.1, one more while below 0.05 (--async_lag_target 0.1)",
@@ -96,10 +116,13 @@ def with_correction(cfg, correction: str, save: Path):
     return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
 
 
-def summarise(history: list[dict], wall: float) -> dict:
+def summarise(history: list[dict], wall: float, evals: list[tuple[int, float]] = ()) -> dict:
     """compare_is_correction's per-run summary plus what this study reads: every step's reward and gradient
-    norm (collapse is judged from them at analysis time), mismatch, masked fraction, mixed rows."""
+    norm (collapse is judged from them at analysis time), mismatch, masked fraction, mixed rows, and the
+    held-out evaluations (step, exact match) where the task has them."""
     out = summarise_run(history, wall)
+    if evals:
+        out.update(evals=[list(e) for e in evals], start_eval=evals[0][1], final_eval=evals[-1][1])
 
     def mean_of(key):
         values = [h[key] for h in history if key in h]
@@ -121,8 +144,43 @@ def summarise(history: list[dict], wall: float) -> dict:
     return out
 
 
-def engine_kind(cfg) -> tuple[str, str | None]:
-    return cfg.engines.config.dtype, cfg.engines.config.quantization
+def start_model(task: str, seed: int, workdir: Path) -> str:
+    """The model every run of `task` at `seed` starts from: the embedded default's warm start for the seed,
+    or the prepared SmolLM2 (the same for every seed; seeds differ in prompt order and sampling)."""
+    if task == "embedded":
+        return warm_start(seed, workdir)
+    smollm2.prepare_inputs(SMOLLM2_MODEL, SMOLLM2_DATA, n_train=2000, n_eval=50)
+    return str(SMOLLM2_MODEL)
+
+
+def task_config(task: str, pretrain: str, seed: int, steps: int, flags: dict):
+    """The run config of `task` with a regime's `flags` on top (the correction is each run's)."""
+    if task == "embedded":
+        return base_config(pretrain, seed, steps, flags)
+    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args([*smollm2.run_flags(Path(pretrain), SMOLLM2_DATA), "--seed", str(seed), "--max_samples",
+                       str(4 * steps), "--eval_before_training", "--eval_steps", str(steps)])  # fmt: skip
+    vars(args).update(flags)
+    return run_config(args)
+
+
+def regime_config(regime: str, model: str, seed: int, steps: int):
+    """The config of `regime` at `seed`, its engine settings naming `model` (one engine per kind serves every
+    run of a seed)."""
+    cfg = task_config(REGIMES[regime].task, model, seed, steps, {**REGIMES[regime].flags, **STUDY_FLAGS})
+    return replace(cfg, engines=replace(cfg.engines, config=replace(cfg.engines.config, model_path=model)))
+
+
+def held_out(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, held-out exact match) of every evaluation the run logged, the one before training included."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r[EVAL_KEY]) for r in rows if EVAL_KEY in r]
+
+
+def engine_kind(cfg) -> tuple[str, str, str | None]:
+    return cfg.engines.config.model_path, cfg.engines.config.dtype, cfg.engines.config.quantization
 
 
 def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
@@ -131,7 +189,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
 
     from reinforce_pro.cli.run import prepare
     from reinforce_pro.cli.wiring import build_and_fit
-    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.rollout.vllm_engine import VLLMEngine
     from reinforce_pro.workers.launcher import start_ray
 
     done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
@@ -144,12 +202,11 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     for seed, pending in todo.items():
         if not pending:
             continue
-        pretrain = warm_start(seed, workdir)
-        configs = {g: base_config(pretrain, seed, steps, {**REGIMES[g].flags, **STUDY_FLAGS}) for g, _ in pending}
+        models = {t: start_model(t, seed, workdir) for t in {REGIMES[g].task for g, _ in pending}}
+        configs = {g: regime_config(g, models[REGIMES[g].task], seed, steps) for g, _ in pending}
         engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
-        engines = {  # one per (dtype, quantization) the pending regimes ask for
-            kind: engine_cls.remote(EngineConfig(pretrain, kind[0], seed, max_model_len=64, quantization=kind[1]))
-            for kind in {engine_kind(cfg) for cfg in configs.values()}
+        engines = {  # one per (model, dtype, quantization) the pending regimes ask for
+            engine_kind(cfg): engine_cls.remote(cfg.engines.config) for cfg in configs.values()
         }
         ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])  # warm-up
         for regime, correction in pending:
@@ -159,9 +216,11 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
             engine = engines[engine_kind(cfg)]
             ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
             start = time.perf_counter()
-            history = build_and_fit(cfg, prepare(cfg), engines=[engine])
+            plan = prepare(cfg)
+            history = build_and_fit(cfg, plan, engines=[engine])
+            wall = time.perf_counter() - start
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, "commit": commit}
-            runs.append({**record, **summarise(history, time.perf_counter() - start)})
+            runs.append({**record, **summarise(history, wall, held_out(plan.run_dir))})
             save(runs)
         for engine in engines.values():
             ray.kill(engine)
@@ -171,7 +230,8 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
 # ------------------------------------------------------------------------------------------ analysis
 def by_seed(runs: list[dict], regime: str, correction: str, key: str) -> dict[int, float]:
     """seed -> `key` of the runs of one regime and correction."""
-    return {r["seed"]: r[key] for r in runs if (r["regime"], r["correction"]) == (regime, correction)}
+    sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction) and r.get(key) is not None]
+    return {r["seed"]: r[key] for r in sel}
 
 
 def paired(runs: list[dict], regime: str, a: str, b: str, key: str) -> list[float]:
@@ -191,11 +251,12 @@ def analyse(runs: list[dict]) -> list[dict]:
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
                    "collapses": sum(collapsed(r["rewards"], r["grad_norms"]) for r in sel)}  # fmt: skip
             for key in ("final_reward", "auc_reward", "masked_frac", "mean_abs_log_ratio", "p99_abs_log_ratio",
-                        "mixed_rows", "versions_per_row", "mean_staleness", "mean_lag", "wall_s"):  # fmt: skip
+                        "mixed_rows", "versions_per_row", "mean_staleness", "mean_lag", "wall_s", "start_eval",
+                        "final_eval"):  # fmt: skip
                 values = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = statistics.fmean(values) if values else None
             for base in ("none", "tis"):
-                for key in ("final_reward", "auc_reward"):
+                for key in ("final_reward", "auc_reward", "final_eval"):
                     diffs = paired(runs, regime, correction, base, key)
                     if correction != base and len(diffs) >= 2:
                         mean, low, high = paired_bootstrap(diffs)
@@ -242,7 +303,7 @@ def render(payload: dict, out_dir: Path) -> str:
         d = r.get("final_reward_vs_none")
         if d is not None and d["verdict"] not in ("better", "worse"):
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
-    lines += ["", *_position_table(runs), "", *_lag_table(runs)]
+    lines += ["", *_held_out_table(rows), "", *_position_table(runs), "", *_lag_table(runs)]
     m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
@@ -251,6 +312,22 @@ def render(payload: dict, out_dir: Path) -> str:
     if any(r["regime"] == LAG_REGIMES[-1] for r in runs):
         _lag_plot(runs, out_dir / f"{stem}_lag.png")
     return text
+
+
+def _held_out_table(rows: list[dict]) -> list[str]:
+    """The held-out score of the tasks that have one (SmolLM2: greedy exact match), paired like the reward."""
+    rows = [r for r in rows if r["final_eval"] is not None]
+    if not rows:
+        return []
+    lines = ["Held-out greedy exact match, before training and at the end, and the paired difference at the end.",
+             "", "| regime | correction | seeds | before | end | vs none (95% CI) | vs tis (95% CI) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['regime']} | {r['correction']} | {r['seeds']} | {r['start_eval']:.3f} | {r['final_eval']:.3f} | "
+            f"{_diff(r, 'final_eval_vs_none')} | {_diff(r, 'final_eval_vs_tis')} |"
+        )
+    return lines
 
 
 def _position_table(runs: list[dict]) -> list[str]:

@@ -99,3 +99,28 @@ def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path):
     assert fixed4 + "**+0.040 [+0.040, +0.040]** | **-20 [-20, -20]** |" in text
     assert "| reinforce_pro | async8-adaptive | 4 | 0.365 | 0.290 | 52 | 2.00 | 3.50 | - | - |" in text
     assert (tmp_path / "is_study_lag.png").exists()
+
+
+def test_the_smollm2_arm_runs_bench_smollm2s_settings_under_its_regime_and_ranks_by_held_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.is_study import REGIMES, held_out, render, task_config
+
+    cfg = task_config("smollm2", str(tmp_path / "model"), 3, 20, REGIMES["smollm2-async8-partial"].flags)
+    assert (cfg.loop.async_train, cfg.loop.async_queue_size, cfg.actor_optim.learning_rate) == (True, 8, 2e-5)
+    assert cfg.loop.seed == 3 and cfg.data.max_samples == 80 and cfg.evaluation.temperature == 0.0
+    assert cfg.data.apply_chat_template and cfg.engines.config.dtype == "bfloat16"
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 0, "eval/eval/pass@1": 0.2}\n{"step": 1, "rollout/reward_mean": 0.1}\n'
+        '{"step": 2, "eval/eval/pass@1": 0.5}\n'
+    )
+    assert held_out(tmp_path) == [(0, 0.2), (2, 0.5)]
+    runs = [
+        {"seed": seed, "regime": "smollm2-async8-partial", "correction": correction, "steps": 2, "final_reward": 0.3,
+         "auc_reward": 0.3, "rewards": [0.3] * 25, "grad_norms": [1.0] * 25, "wall_s": 60.0, "series_step_every": 1,
+         "series": {"rollout/reward_mean": [0.3] * 2}, "start_eval": 0.2, "final_eval": end + 0.01 * seed}
+        for seed in (1, 2, 3) for correction, end in (("none", 0.3), ("tis", 0.35), ("reinforce_pro", 0.5))
+    ]  # fmt: skip
+    payload = {"results": {"runs": runs}, "machine": {"cpu": "x", "cpu_count": 2, "torch": "t"}, "commit": "abc"}
+    text = render(payload, tmp_path)
+    row = "| smollm2-async8-partial | reinforce_pro | 3 | 0.200 | 0.520 | **+0.200 [+0.200, +0.200]** | **+0.150"
+    assert row in text
