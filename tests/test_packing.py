@@ -114,3 +114,42 @@ def test_batched_log_probs_packed_in_chunks(tiny_dir):
     packed = batched_log_probs(model, seq, mask, RESPONSE, 1.0, micro=4, packed=True)
     action_mask = mask[:, -RESPONSE:].bool()
     assert (padded - packed)[action_mask].abs().max() < 1e-5
+
+
+class NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no logits_to_keep (older or custom models): every position is computed."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def test_the_lm_head_runs_on_the_response_only_and_gives_the_full_forwards_log_probs_and_gradients(tiny_dir):
+    """The padded forward asks for the logits of the last num_actions + 1 positions (HF's logits_to_keep):
+    the same log-probs and gradients as slicing the full (B, S, V) logits, for an HF model, a PEFT model and a
+    model without the argument."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models.logprobs import accepts_logits_to_keep, action_log_probs, forward_logits
+
+    seq, mask = mixed_batch()
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32),
+                          LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    assert accepts_logits_to_keep(model) and accepts_logits_to_keep(lora)
+    assert not accepts_logits_to_keep(NoLogitsToKeep(model))
+    assert forward_logits(model, seq, mask, last=RESPONSE + 1).shape == (len(seq), RESPONSE + 1, 128)
+    for m in (model, lora, NoLogitsToKeep(model)):
+        m.zero_grad()
+        full, _ = action_log_probs(forward_logits(m, seq, mask), seq, RESPONSE, 0.7)
+        full.sum().backward()
+        want = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        m.zero_grad()
+        lp, _ = response_log_probs(m, seq, mask, RESPONSE, 0.7)
+        lp.sum().backward()
+        torch.testing.assert_close(lp, full, rtol=0, atol=1e-6)
+        assert want and all(torch.allclose(p.grad, want[n], atol=1e-6) for n, p in m.named_parameters() if n in want)

@@ -8,6 +8,8 @@ not shift them), and the temperature divides the logits before the softmax (vLLM
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -16,15 +18,29 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
-def forward_logits(model, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, S, V) logits of `model` (an HF causal LM or a DeepSpeed engine wrapping one)."""
+def forward_logits(
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, last: int | None = None
+) -> torch.Tensor:
+    """(B, S, V) logits of `model` (an HF causal LM, or a DeepSpeed engine or PEFT model wrapping one), or with
+    `last` only the (B, last, V) logits of the last `last` positions: the LM head then never runs on the prompt
+    (HF's logits_to_keep; a model whose forward lacks it computes every position and is sliced)."""
+    keep = {"logits_to_keep": last} if last is not None and accepts_logits_to_keep(model) else {}
     out = model(
         input_ids=sequences,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
+        **keep,
     )
-    return out.logits
+    return out.logits if last is None or keep else out.logits[:, -last:]
+
+
+def accepts_logits_to_keep(model) -> bool:
+    """Whether the HF model inside `model` (a DeepSpeed engine's `.module`, a PEFT model's base) can skip the
+    LM head on positions whose logits are not wanted."""
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def action_log_probs(
@@ -62,9 +78,9 @@ def response_log_probs(
     """(B, T) log-probs (and entropy) of the response tokens under `model`, from a padded forward or, with
     `packed` (--packing_samples), a padding-free one (models/packing.py). Padding positions of the packed
     path hold 0; action_mask excludes them either way."""
-    if not packed:
-        return action_log_probs(forward_logits(model, sequences, attention_mask), sequences, num_actions,
-                                temperature, with_entropy)  # fmt: skip
+    if not packed:  # the logits that predict the response: those at its last num_actions + 1 positions
+        logits = forward_logits(model, sequences, attention_mask, last=num_actions + 1)
+        return action_log_probs(logits, sequences, num_actions, temperature, with_entropy)
     from reinforce_pro.models.packing import response_outputs
 
     logits, real = response_outputs(model, sequences, attention_mask, num_actions)  # (B, T, V), (B, T)
