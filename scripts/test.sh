@@ -18,4 +18,4 @@ echo "[test] ruff"
 echo "[test] compileall"
 "$PY" -m compileall -q reinforce_pro tests benchmarks >/dev/null
 echo "[test] pytest"
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q --durations=20 "$@"  # the 20 slowest tests listed: where the suite's time goes
