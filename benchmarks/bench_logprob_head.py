@@ -1,0 +1,110 @@
+"""What computing the LM head on the response positions only saves in the trainer's log-prob forward (issue 30).
+
+Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
+Takes:   ~2 minutes on 2 cores with the defaults.
+
+    python benchmarks/bench_logprob_head.py                 # measure, write JSON, render the table
+    python benchmarks/bench_logprob_head.py --render FILE   # re-render from a JSON
+
+One forward + backward of `response_log_probs` (the padded path every policy micro-batch takes) on a batch
+shaped like the SmolLM2 chain_sum step (left-padded chat-templated prompts, right-padded responses), timed
+with the LM head over every position ("full": the (B, S, V) logits, then sliced) and over the last
+num_actions + 1 positions only ("response": HF's logits_to_keep), alternating, median of `--reps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+
+NAME = "bench_logprob_head"
+MODEL = Path.home() / ".cache" / "reinforce_pro" / "smollm2-135m-instruct"
+
+
+def batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
+    """(rows, prompt + response) token ids and mask: prompts of prompt/2..prompt tokens, responses of
+    response/4..response, padded on the left and the right as a rollout batch is."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.randint(10, vocab, (rows, prompt + response), generator=gen)
+    mask = torch.ones_like(seq)
+    for i in range(rows):
+        p = int(torch.randint(prompt // 2, prompt + 1, (1,), generator=gen))
+        r = int(torch.randint(response // 4, response + 1, (1,), generator=gen))
+        mask[i, : prompt - p] = 0
+        mask[i, prompt + r :] = 0
+    return seq * mask, mask
+
+
+def time_step(model, seq, mask, response: int) -> float:
+    from reinforce_pro.models.logprobs import response_log_probs
+
+    start = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    lp, _ = response_log_probs(model, seq, mask, response)
+    (lp * mask[:, -response:]).sum().backward()
+    return time.perf_counter() - start
+
+
+def measure(rows: int, prompt: int, response: int, reps: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models import logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    seq, mask = batch(rows, prompt, response, model.config.vocab_size)
+    times: dict[str, list[float]] = {"full": [], "response": []}
+    for rep in range(reps + 1):  # the first round warms up
+        for mode in times:
+            with mock.patch.object(logprobs, "accepts_logits_to_keep", lambda _m, mode=mode: mode == "response"):
+                t = time_step(model, seq, mask, response)
+            if rep:
+                times[mode].append(t)
+    return {mode: statistics.median(ts) for mode, ts in times.items()} | {"times": times}
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    res, cfg = payload["results"], payload["config"]
+    lines = [
+        f"SmolLM2-135M-Instruct, forward + backward of the response log-probs, {cfg['rows']} rows x "
+        f"({cfg['prompt']} prompt + {cfg['response']} response) columns, median of {cfg['reps']}",
+        "",
+        "| LM head over | seconds | vs full |",
+        "|---|---|---|",
+    ]
+    for mode in ("full", "response"):
+        lines.append(f"| {mode} | {res[mode]:.3f} | {res['full'] / res[mode]:.2f}x |")
+    m = payload["machine"]
+    lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
+    text = "\n".join(lines)
+    (out_dir / f"{NAME}.md").write_text(text + "\n")
+    return text
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=8, help="rows per micro-batch (the SmolLM2 recipe's 8)")
+    p.add_argument("--prompt", type=int, default=96, help="prompt columns (--prompt_max_len of the recipe)")
+    p.add_argument("--response", type=int, default=16, help="response columns (--max_new_tokens)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--output", type=Path, default=RESULTS_DIR)
+    p.add_argument("--render", type=Path, help="re-render the table from this JSON")
+    args = p.parse_args()
+    if args.render:
+        return render_saved(args.render, render)
+    config = {"rows": args.rows, "prompt": args.prompt, "response": args.response, "reps": args.reps}
+    results = measure(args.rows, args.prompt, args.response, args.reps)
+    return save_and_render(NAME, config, results, args.output, render)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
