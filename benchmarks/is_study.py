@@ -56,14 +56,13 @@ class Regime:
     task: str = "embedded"  # TASKS
 
 
-# What a run trains, and the summary key its verdict ranks by
+# What a run trains (recorded in the JSON's configuration)
 TASKS = {
     "embedded": "the embedded default: a 0.4M-parameter Qwen2 warm-started on additions (per seed), exact-match "
     "reward; ranked by the training reward",
     "smollm2": "SmolLM2-135M-Instruct (packaged) on reasoning-gym chain_sum, bench_smollm2's run (4 prompts x 4 "
     "samples, <= 16 tokens, bf16 engine); ranked by held-out greedy exact match (50 prompts)",
 }
-SCORES = {"embedded": "final_reward", "smollm2": "final_eval"}
 EVAL_KEY = "eval/eval/pass@1"  # the held-out greedy exact match the SmolLM2 runs log (--eval_dataset)
 
 
@@ -89,8 +88,10 @@ REGIMES = {
         "(--vllm_quantization fp8_per_channel, bf16 activations), fp32 trainer, synchronous",
         {"vllm_quantization": "fp8_per_channel"},
     ),
-    "fp8-lr1e-3": Regime("FP8 rollouts at 5x the learning rate", {"vllm_quantization": "fp8_per_channel",
-                                                                   "actor_learning_rate": 1e-3}),
+    "fp8-lr1e-3": Regime(
+        "FP8 rollouts at 5x the learning rate",
+        {"vllm_quantization": "fp8_per_channel", "actor_learning_rate": 1e-3},
+    ),
     "smollm2-async8-partial": Regime(
         "SmolLM2: asynchronous, queue 8, partial rollouts (4-token chunks), lr 2e-5 (4x the recipe's)",
         {"async_train": True, "async_queue_size": 8, "partial_rollout": True, "partial_rollout_chunk": 4,
@@ -483,7 +484,7 @@ def main(argv=None) -> int:
     runs = stored_runs(path)
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
-        config = {"regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
+        config = {"tasks": TASKS, "regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
         write_result(args.name, config, {"runs": current}, args.output)
 
     runs = run_study(args.seeds, args.regimes, args.corrections, args.steps, runs, save)
