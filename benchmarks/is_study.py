@@ -98,6 +98,12 @@ REGIMES = {
          "actor_learning_rate": 2e-5},
         task="smollm2",
     ),
+    "smollm2-stale4": Regime(
+        "SmolLM2: synchronous, the engine samples with the policy of 4 steps ago (--rollout_staleness 4: the lag "
+        "of an async queue of 4, exactly, on any host), lr 2e-5 (4x the recipe's)",
+        {"rollout_staleness": 4, "actor_learning_rate": 2e-5},
+        task="smollm2",
+    ),
     "async8-adaptive": Regime(
         "async8-partial with adaptive staleness: the lag moves in [0, 8], one less while the mean |dlogp| is "
         "above 0.1, one more while below 0.05 (--async_lag_target 0.1)",
