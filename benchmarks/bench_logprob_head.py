@@ -6,10 +6,11 @@ Takes:   ~2 minutes on 2 cores with the defaults.
     python benchmarks/bench_logprob_head.py                 # measure, write JSON, render the table
     python benchmarks/bench_logprob_head.py --render FILE   # re-render from a JSON
 
-One forward + backward of `response_log_probs` (the padded path every policy micro-batch takes) on a batch
-shaped like the SmolLM2 chain_sum step (left-padded chat-templated prompts, right-padded responses), timed
-with the LM head over every position ("full": the (B, S, V) logits, then sliced) and over the last
-num_actions + 1 positions only ("response": HF's logits_to_keep), alternating, median of `--reps`.
+One forward + backward of `response_log_probs` on a batch shaped like the SmolLM2 chain_sum step (left-padded
+chat-templated prompts, right-padded responses), timed with the LM head over every position ("full": the
+(B, S, V) logits, then sliced) and over the response only ("response": HF's logits_to_keep; the padded path
+keeps the last num_actions + 1 columns, the packed path of --packing_samples the columns where some bin
+predicts a response token), for the padded and the packed forward, alternating, median of `--reps`.
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ def batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
     return seq * mask, mask
 
 
-def time_step(model, seq, mask, response: int) -> float:
+MODES = ("full", "response", "packed full", "packed response")
+
+
+def time_step(model, seq, mask, response: int, packed: bool) -> float:
     from reinforce_pro.models.logprobs import response_log_probs
 
     start = time.perf_counter()
     model.zero_grad(set_to_none=True)
-    lp, _ = response_log_probs(model, seq, mask, response)
+    lp, _ = response_log_probs(model, seq, mask, response, packed=packed)
     (lp * mask[:, -response:]).sum().backward()
     return time.perf_counter() - start
 
@@ -62,11 +66,12 @@ def measure(rows: int, prompt: int, response: int, reps: int) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
     seq, mask = batch(rows, prompt, response, model.config.vocab_size)
-    times: dict[str, list[float]] = {"full": [], "response": []}
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
     for rep in range(reps + 1):  # the first round warms up
         for mode in times:
-            with mock.patch.object(logprobs, "accepts_logits_to_keep", lambda _m, mode=mode: mode == "response"):
-                t = time_step(model, seq, mask, response)
+            keep = mode.endswith("response")
+            with mock.patch.object(logprobs, "accepts_logits_to_keep", lambda _m, keep=keep: keep):
+                t = time_step(model, seq, mask, response, packed=mode.startswith("packed"))
             if rep:
                 times[mode].append(t)
     return {mode: statistics.median(ts) for mode, ts in times.items()} | {"times": times}
@@ -78,11 +83,12 @@ def render(payload: dict, out_dir: Path) -> str:
         f"SmolLM2-135M-Instruct, forward + backward of the response log-probs, {cfg['rows']} rows x "
         f"({cfg['prompt']} prompt + {cfg['response']} response) columns, median of {cfg['reps']}",
         "",
-        "| LM head over | seconds | vs full |",
-        "|---|---|---|",
+        "| forward | LM head over | seconds | vs padded, full head |",
+        "|---|---|---|---|",
     ]
-    for mode in ("full", "response"):
-        lines.append(f"| {mode} | {res[mode]:.3f} | {res['full'] / res[mode]:.2f}x |")
+    for mode in (m for m in MODES if m in res):  # JSONs before the packed modes have the padded two
+        forward, head = ("packed", mode.split()[1]) if mode.startswith("packed") else ("padded", mode)
+        lines.append(f"| {forward} | {head} | {res[mode]:.3f} | {res['full'] / res[mode]:.2f}x |")
     m = payload["machine"]
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)

@@ -123,8 +123,10 @@ class NoLogitsToKeep(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, position_ids, use_cache):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    def forward(self, input_ids, position_ids, use_cache, attention_mask=None):
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
+        )
 
 
 def test_the_lm_head_runs_on_the_response_only_and_gives_the_full_forwards_log_probs_and_gradients(tiny_dir):
@@ -153,3 +155,36 @@ def test_the_lm_head_runs_on_the_response_only_and_gives_the_full_forwards_log_p
         lp.sum().backward()
         torch.testing.assert_close(lp, full, rtol=0, atol=1e-6)
         assert want and all(torch.allclose(p.grad, want[n], atol=1e-6) for n, p in m.named_parameters() if n in want)
+
+
+def test_the_packed_forward_runs_the_lm_head_on_the_predicting_columns_only(tiny_dir):
+    """--packing_samples: the LM head sees only the packed columns where some bin predicts a response token
+    (HF's logits_to_keep as indices), and the log-probs and gradients equal a head over every position."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    seq, mask = mixed_batch()
+    packed = pack(seq, mask)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32),
+                          LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    action_mask = mask[:, -RESPONSE:].bool()
+    for m in (model, lora):
+        head_rows: list = []
+        hook = m.get_output_embeddings().register_forward_hook(
+            lambda _m, i, _o, rows=head_rows: rows.append(i[0].shape[:2])
+        )
+        results = []
+        for forward in (m, NoLogitsToKeep(m)):
+            m.zero_grad()
+            lp, _ = response_log_probs(forward, seq, mask, RESPONSE, 0.7, packed=True)
+            (lp * action_mask).sum().backward()
+            grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+            results.append((lp.detach(), grads))
+        hook.remove()
+        (lp0, g0), (lp1, g1) = results
+        bins, width = packed.input_ids.shape
+        assert head_rows[1] == (bins, width)  # the fallback: every position
+        assert head_rows[0][0] == bins and head_rows[0][1] < width  # the prompt-only columns dropped out
+        torch.testing.assert_close(lp0[action_mask], lp1[action_mask], rtol=0, atol=1e-6)
+        assert g0.keys() == g1.keys() and all(torch.allclose(g0[n], g1[n], atol=1e-6) for n in g0)

@@ -12,6 +12,8 @@ import inspect
 
 import torch
 
+from reinforce_pro.models.packing import response_outputs
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, S) attention mask -> (B, S) positions counting real tokens from 0 (padding gets 0)."""
@@ -81,9 +83,9 @@ def response_log_probs(
     if not packed:  # the logits that predict the response: those at its last num_actions + 1 positions
         logits = forward_logits(model, sequences, attention_mask, last=num_actions + 1)
         return action_log_probs(logits, sequences, num_actions, temperature, with_entropy)
-    from reinforce_pro.models.packing import response_outputs
-
-    logits, real = response_outputs(model, sequences, attention_mask, num_actions)  # (B, T, V), (B, T)
+    logits, real = response_outputs(  # (B, T, V), (B, T)
+        model, sequences, attention_mask, num_actions, logits_to_keep=accepts_logits_to_keep(model)
+    )
     log_probs, entropy = token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
     log_probs = log_probs * real
     return log_probs, (entropy * real if entropy is not None else None)

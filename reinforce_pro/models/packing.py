@@ -66,13 +66,23 @@ def predicting_positions(packed: Packed, num_actions: int) -> tuple[torch.Tensor
 
 
 def response_outputs(
-    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, hidden: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, hidden: bool = False,
+    logits_to_keep: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One packed forward of a padded (B, S) batch: the (B, T, D) outputs at the positions that predict its
     last `num_actions` tokens (logits of a causal LM, or with `hidden` the last hidden state of a bare
-    backbone) and (B, T) whether each of those tokens is real (outputs of padding are meaningless)."""
+    backbone) and (B, T) whether each of those tokens is real (outputs of padding are meaningless).
+    `logits_to_keep`: the model's forward takes HF's logits_to_keep; the LM head then runs only on the packed
+    columns where some bin predicts a response token (the prompts' columns mostly drop out)."""
     packed = pack(sequences, attention_mask)
     before, real = predicting_positions(packed, num_actions)
-    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
-    x = out.last_hidden_state if hidden else out.logits
-    return x.reshape(-1, x.size(-1))[before], real
+    inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
+    if hidden or not logits_to_keep:
+        out = model(**inputs)
+        x = out.last_hidden_state if hidden else out.logits
+        return x.reshape(-1, x.size(-1))[before], real
+    width = packed.input_ids.size(1)
+    keep = torch.unique(before[real] % width) if bool(real.any()) else before.new_zeros(1)
+    x = model(**inputs, logits_to_keep=keep).logits  # (P, len(keep), V)
+    at = (before // width) * len(keep) + torch.searchsorted(keep, before % width).clamp(max=len(keep) - 1)
+    return x.reshape(-1, x.size(-1))[at], real
