@@ -974,3 +974,35 @@ def test_reseeding_an_engine_repeats_its_samples(engine):
     other = ray.get(engine.generate.remote(prompts, sampling))
     assert [g.token_ids for g in again] == [g.token_ids for g in first]
     assert [g.token_ids for g in other] != [g.token_ids for g in first]
+
+
+def test_a_tensor_parallel_engine_samples_as_one_worker_does_and_takes_the_broadcast_into_both_shards(
+    tmp_path, engine, tiny_model
+):
+    """--vllm_tensor_parallel_size 2 on CPU: vLLM's two worker processes, each bound to its share of the
+    cores (vllm_engine.cpu_bind). Greedy tokens and log-probs equal the one-worker engine's, before and after
+    an object-store sync to other weights; then two steps of train_ppo_ray through the gloo broadcast, which
+    reaches both workers (every sampled token's log-prob matches the trainer's: both shards were synced)."""
+    from safetensors.torch import load_file, save
+
+    config = EngineConfig(model_path=tiny_model, dtype="float32", max_model_len=64, seed=0, tensor_parallel_size=2)
+    tp2 = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
+    try:
+        prompt, greedy = [1, 21, 15, 27, 33], {"temperature": 0.0, "max_tokens": 6}
+        for step in ("loaded", "synced"):
+            (a,), (b,) = ray.get([tp2.generate.remote([prompt], greedy), engine.generate.remote([prompt], greedy)])
+            assert a.token_ids == b.token_ids, step
+            assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) < 1e-5, step
+            other = build_tiny_model(tmp_path / "other", seed=1)
+            blob = save(load_file(Path(other) / "model.safetensors"))
+            ray.get([tp2.update_weights.remote(blob), engine.update_weights.remote(blob)])
+        argv = BASE_ARGS + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run"),
+                            "--vllm_tensor_parallel_size", "2", "--max_samples", "16"]  # fmt: skip
+        _, cfg = parse(argv)
+        plan = prepare(cfg)
+        history = build_and_fit(cfg, plan, engines=[tp2])
+    finally:
+        ray.kill(tp2)
+    assert len(history) == 2 and plan.run_dir.joinpath("metrics.jsonl").is_file()
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)

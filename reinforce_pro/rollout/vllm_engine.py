@@ -49,6 +49,19 @@ class _DropBenignReloadWarning(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
+def cpu_bind(workers: int, cores: list[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a tensor-parallel engine on CPU: this process's cores split into
+    `workers` contiguous groups, one per TP worker ("0|1", "0-3|4-7"). Without it vLLM 0.32 binds one worker
+    per NUMA node and refuses TP 2 on a one-node host ("Not enough allowed NUMA nodes"). Fewer cores than
+    workers: the workers share them (a one-line error otherwise would refuse a run that still works)."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    if len(cores) < workers:
+        return "|".join(str(cores[i % len(cores)]) for i in range(workers))
+    size = len(cores) // workers
+    groups = [cores[i * size : (i + 1) * size] for i in range(workers)]
+    return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
+
+
 class VLLMEngine:
     """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
 
@@ -71,6 +84,8 @@ class VLLMEngine:
             # (benchmarks/bench_engine_start.py)
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
             use_host_threads()  # before vLLM binds its threads
+            if cfg.tensor_parallel_size > 1:
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(cfg.tensor_parallel_size))
         from vllm import LLM
 
         kwargs = dict(
