@@ -800,7 +800,7 @@ def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, dig
     assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 
 
-def _policy_workers(tiny_model, world_size: int, loss=None):
+def _policy_workers(tiny_model, world_size: int, loss=None, model_kwargs=None):
     """`world_size` PolicyWorker ranks of one fresh policy (zero stage 0, fp32, lr 1e-2), one process group."""
     import tempfile
     import uuid
@@ -820,7 +820,7 @@ def _policy_workers(tiny_model, world_size: int, loss=None):
     return [
         ray.remote(PolicyWorker)
         .options(num_cpus=0)
-        .remote(tiny_model, opt, loss, d, 0, {"attn_implementation": "sdpa"})
+        .remote(tiny_model, opt, loss, d, 0, model_kwargs or {"attn_implementation": "sdpa"})
         for d in ranks
     ]
 
@@ -1006,3 +1006,34 @@ def test_a_tensor_parallel_engine_samples_as_one_worker_does_and_takes_the_broad
     assert len(history) == 2 and plan.run_dir.joinpath("metrics.jsonl").is_file()
     rows = read_metrics(plan.run_dir / "metrics.jsonl")
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)
+
+
+def test_a_ring_of_two_ranks_trains_as_one_rank_does(tmp_path, engine, tiny_model):
+    """--ring_attn_size 2 (models/ring_attention.py): two policy ranks that split each packed row along the
+    sequence train one mini-batch as one rank with the whole rows does (same training log-probs on both ring
+    ranks, same metrics); then three train_ppo_ray steps over a ring of two ranks, whose
+    old log-probs (the ring's training forward) match the engine's sampled ones."""
+    from reinforce_pro.algos.stats import reduce_stats
+    from reinforce_pro.experience import split_experience
+
+    exp = _random_experience()
+    tokens, seqs = float(exp.action_mask.sum()), float(len(exp))
+    packed = {"attn_implementation": "sdpa", "packing_samples": True}
+    single = _policy_workers(tiny_model, 1, model_kwargs=packed)
+    ring = _policy_workers(tiny_model, 2, model_kwargs={**packed, "ring_attn_size": 2})
+    one_ref = single[0].train_minibatch.remote(split_experience(exp, 2), tokens, seqs)
+    ring_refs = [w.train_minibatch.remote(split_experience(exp, 2), tokens, seqs) for w in ring]
+    (one_stats, one_lp), two = ray.get(one_ref), ray.get(ring_refs)
+    for w in single + ring:
+        ray.kill(w)
+    for _, lp in two:
+        torch.testing.assert_close(lp, one_lp, atol=1e-5, rtol=0)
+    one, speaker = reduce_stats([one_stats]), reduce_stats([two[0][0]])
+    assert set(speaker) == set(one)
+    for key, value in one.items():
+        assert speaker[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+    _, plan, history = run(["--actor_num_gpus_per_node", "2", "--ring_attn_size", "2", "--packing_samples"],
+                           tmp_path, engine, tiny_model)  # fmt: skip
+    assert len(history) == 3
+    assert all(row["rollout/logprob_abs_diff_max"] < 1e-4 for row in history)

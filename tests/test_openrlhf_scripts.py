@@ -37,8 +37,8 @@ STILL_REFUSED = {
     "train_grpo_ray_hybrid_engine.sh": TP2_COLOCATED,
     "train_gspo_ray_hybrid_engine.sh": TP2_COLOCATED,
     "train_ppo_ray_hybrid_engine.sh": TP2_COLOCATED,
-    "train_reinforce_baseline_hybrid_engine.sh": TP2_COLOCATED | {"ring_attn_size", "ring_head_stride"},
-    "train_reinforce_baseline_ray_agent_async.sh": TP2_COLOCATED | {"ring_attn_size", "ring_head_stride"},
+    "train_reinforce_baseline_hybrid_engine.sh": TP2_COLOCATED,
+    "train_reinforce_baseline_ray_agent_async.sh": TP2_COLOCATED,
     "train_vlm_math_hybrid_engine.sh": {"max_images_per_prompt", "freeze_visual_encoder"},
 }
 

@@ -60,7 +60,7 @@ def _ring_rank(rank: int, size: int, init: str, out_dir: str, model_dir: str) ->
         register()
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="ring")
         seq, mask = mixed_batch()
-        lp = ring_response_log_probs(model, seq, mask, RESPONSE, rank, list(range(size)), temperature=0.7)
+        lp, _ = ring_response_log_probs(model, seq, mask, RESPONSE, rank, list(range(size)), temperature=0.7)
         (lp * loss_weights(lp)).sum().backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         torch.save({"attention": attention, "log_probs": lp.detach(), "grads": grads}, f"{out_dir}/{rank}.pt")

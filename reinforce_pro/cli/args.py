@@ -37,8 +37,6 @@ UNSUPPORTED: dict[str, str] = {
     "ds_tensor_parallel_size": "DeepSpeed tensor parallelism (AutoTP) is not wired in",
     "load_in_4bit": "no quantised training",
     "aux_loss_coef": "no MoE auxiliary loss",
-    "ring_attn_size": "no ring attention (sequence parallelism)",
-    "ring_head_stride": "no ring attention (sequence parallelism)",
     "ref_reward_offload": "reference / reward models are not offloaded",
     "dataloader_num_workers": "prompts are held in memory",
     "perf": "use the time/* and perf/* metrics instead",
@@ -64,6 +62,8 @@ NO_EFFECT: dict[str, str] = {
     "ptx_coef": "the PTX loss needs pretraining data, which train_ppo_ray takes no flag for",
     "ema_beta": "the EMA's decay, and --enable_ema is refused",
     "image_key": "a vision-language field, and --max_images_per_prompt is refused",
+    "ring_head_stride": "the ring passes every head's keys and values in each hop (ring-flash-attn's stride "
+    "trades memory for more hops)",
     **{
         f"{role}_muon_{name}": f"a Muon setting, and --{role}.optim muon is refused"
         for role in ("actor", "critic")
@@ -503,7 +503,12 @@ def _add_kl_reward_flags(g) -> None:
     g.add_argument(
         "--stop_properly_penalty_coef", type=float, default=None, help="ProRL: truncated rewards x c (c<0: set to c)"
     )
-    g.add_argument("--ring_attn_size", type=int, default=1, help="ring attention group size")
+    g.add_argument(
+        "--ring_attn_size", type=int, default=1,
+        help="ring attention: the policy's packed rows split along the sequence over rings of this many ranks "
+        "(key / value blocks passed around the ring; needs --packing_samples; the reference and critic run "
+        "unsplit)",
+    )  # fmt: skip
     g.add_argument("--ring_head_stride", type=int, default=1, help="ring attention head stride")
     g.add_argument(
         "--recompute_old_log_probs",

@@ -80,6 +80,7 @@ class Forward:
     micro_batch_size: int  # rows per forward
     max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
     packing_samples: bool = False
+    ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
 
 
 @dataclass(frozen=True)
@@ -244,11 +245,11 @@ def engines(
 
 def forward(
     attn_implementation, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu,
-    train_max_tokens_per_gpu, packing_samples,
+    train_max_tokens_per_gpu, packing_samples, ring_attn_size,
 ) -> Forward:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
-    return Forward(attn_implementation, micro_rollout_batch_size, budget, packing_samples)
+    return Forward(attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size)
 
 
 def _optim(world: int, train_batch_size: int, **settings) -> OptimConfig:

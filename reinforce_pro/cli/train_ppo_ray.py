@@ -220,6 +220,14 @@ def invalid_layout(args) -> str | None:
             f"samples per step must be a multiple of --train_batch_size {args.train_batch_size}",
         ),
         (
+            args.ring_attn_size >= 1 and world % args.ring_attn_size == 0,
+            f"--ring_attn_size {args.ring_attn_size} must divide the {world} policy ranks",
+        ),
+        (
+            args.ring_attn_size == 1 or args.packing_samples,
+            "--ring_attn_size splits packed rows along the sequence: add --packing_samples",
+        ),
+        (
             args.train_batch_size % (args.micro_train_batch_size * world) == 0,
             f"--train_batch_size {args.train_batch_size} must be a multiple of --micro_train_batch_size "
             f"{args.micro_train_batch_size} x {world} policy ranks",

@@ -178,14 +178,16 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     attn = {"attn_implementation": attn_implementation(cfg.forward.attn_implementation)}
     forward_budget = {"forward_max_tokens": cfg.forward.max_tokens, "packing_samples": cfg.forward.packing_samples}
     fwd = {**attn, "forward_micro_batch_size": cfg.forward.micro_batch_size, **forward_budget}
+    policy_fwd = {**fwd, "ring_attn_size": cfg.forward.ring_size}  # the reference and critic run unsplit
     run.policy = create_group(
         PolicyWorker,
         where.actor,
         actor_pg,
         use_gpu,
         share,
-        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, fwd, cfg.models.lora),
+        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, policy_fwd, cfg.models.lora),
         trainer_env,
+        ring=cfg.forward.ring_size,
     )
     if cfg.needs_reference:
         ref_spec = where.actor if colocate_ref else where.ref

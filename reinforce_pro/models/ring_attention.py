@@ -194,14 +194,38 @@ class _SumOverRing(torch.autograd.Function):
         return grad, None
 
 
+@dataclass(frozen=True)
+class RingMember:
+    """This rank's ring: its index in it, the ring's global ranks, the ring's process group."""
+
+    rank: int
+    ranks: list[int]
+    group: dist.ProcessGroup | None = None
+
+
+def join_rings(rank: int, world: int, size: int) -> RingMember:
+    """Cut `world` data-parallel ranks into rings of `size` consecutive ranks and return this rank's. Every
+    rank must call it (creating a process group is collective over the whole world)."""
+    if size < 1 or world % size:
+        raise ValueError(f"--ring_attn_size {size} must divide the {world} policy ranks")
+    mine = None
+    for start in range(0, world, size):
+        ranks = list(range(start, start + size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = RingMember(rank - start, ranks, group)
+    return mine
+
+
 def ring_response_log_probs(
     model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, rank: int, ranks: list[int],
-    group=None, temperature: float = 1.0,
-) -> torch.Tensor:  # fmt: skip
-    """(B, T) log-probs of the last `num_actions` tokens of a padded batch, computed by a ring: every rank of
-    `ranks` packs the whole batch (models/packing.py), keeps its block of columns, runs `model` (loaded with
-    attn_implementation="ring") on it and scores the response tokens its columns predict; the sum over the
-    ring gives every rank the whole (B, T). Padding holds 0, as in the packed path."""
+    group=None, temperature: float = 1.0, with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(B, T) log-probs (and entropy, if asked) of the last `num_actions` tokens of a padded batch, computed
+    by a ring: every rank of `ranks` packs the whole batch (models/packing.py), keeps its block of columns,
+    runs `model` (loaded with attn_implementation="ring") on it and scores the response tokens its columns
+    predict; the sum over the ring gives every rank the whole (B, T). Padding holds 0, as in the packed
+    path."""
     packed = pack(sequences, attention_mask)
     before, real = predicting_positions(packed, num_actions)
     width = packed.input_ids.size(1)
@@ -212,10 +236,14 @@ def ring_response_log_probs(
     column = before % width
     mine = real & (column >= cols.start) & (column < cols.stop)
     local = (before // width) * ring.block + (column - cols.start)
-    log_probs, _ = token_log_probs(logits.reshape(-1, logits.size(-1))[local[mine]], sequences[:, -num_actions:][mine],
-                                   temperature)  # fmt: skip
-    partial = torch.zeros(mine.shape, dtype=log_probs.dtype, device=log_probs.device).masked_scatter(mine, log_probs)
-    return _SumOverRing.apply(partial, group)
+    step_logits = logits.reshape(-1, logits.size(-1))[local[mine]]
+    log_probs, entropy = token_log_probs(step_logits, sequences[:, -num_actions:][mine], temperature, with_entropy)
+
+    def whole(values):
+        partial = torch.zeros(mine.shape, dtype=values.dtype, device=values.device).masked_scatter(mine, values)
+        return _SumOverRing.apply(partial, group)
+
+    return whole(log_probs), (whole(entropy) if with_entropy else None)
 
 
 def _no_mask(*args, **kwargs):

@@ -175,7 +175,6 @@ class ExperienceBuilder:
 
 def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions) -> torch.Tensor:
     """Split rows across the data-parallel ranks of `group`, call `method` on each, concatenate."""
-    refs = ActorGroup(group).call_sharded(
-        method, sequences.size(0), lambda idx: (sequences[idx], attention_mask[idx], num_actions)
-    )
-    return torch.cat(ray.get(refs), dim=0)
+    group = ActorGroup.of(group)
+    refs = group.call_sharded(method, sequences.size(0), lambda idx: (sequences[idx], attention_mask[idx], num_actions))
+    return torch.cat(group.speakers(ray.get(refs)), dim=0)

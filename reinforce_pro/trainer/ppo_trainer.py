@@ -348,7 +348,7 @@ class PPOTrainer:
         for _ in range(self.cfg.max_epochs):
             order = torch.randperm(len(exp), generator=gen)
             for rows in torch.tensor_split(order, math.ceil(len(exp) / self.cfg.train_batch_size)):
-                rows = length_grouped(rows, lengths, len(self.policy))
+                rows = length_grouped(rows, lengths, ActorGroup.of(self.policy).data_parallel)
                 stats, trained_log_probs = self._train_minibatch(exp.select(rows), train_policy)
                 parts += stats
                 if old_log_probs is not None:
@@ -372,7 +372,7 @@ class PPOTrainer:
         stats = ray.get(critic_refs)
         if not policy_refs:
             return stats, None
-        results = ray.get(policy_refs)
+        results = ActorGroup.of(self.policy).speakers(ray.get(policy_refs))
         stats += [r[0] for r in results]
         log_probs = torch.cat([r[1] for r in results]) if mini.old_log_probs is None else None
         return stats, log_probs
@@ -380,7 +380,7 @@ class PPOTrainer:
     def _shard_train(self, group: list, mini: Experience, tokens: float, seqs: float, *extra) -> list:
         """train_minibatch on every rank of `group`, each on its shard of `mini` cut into micro-batches;
         `extra`: further arguments of that call (the policy's KL coefficient)."""
-        group = ActorGroup(group)
+        group = ActorGroup.of(group)
         shards = group.shards(len(mini))
         # every rank runs the same number of micro-batches: ZeRO's gradient collectives must pair up
         if self.cfg.train_max_tokens is None:

@@ -155,11 +155,12 @@ def env_options(env: dict | None) -> dict:
 
 
 def create_group(
-    cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None
-) -> ActorGroup:
+    cls, spec: GroupSpec, pg: PlacementGroup, use_gpu: bool, share: float, make_args, env: dict | None = None,
+    ring: int = 1,
+) -> ActorGroup:  # fmt: skip
     """One actor per rank, rank r in bundle r // per_node of `pg`; `make_args(dist)` gives the constructor
     arguments of each rank. `share` is the fraction of a GPU / CPU slot each actor takes (1.0, or less when
-    colocated); `env`: environment variables of the actors' processes."""
+    colocated); `env`: environment variables of the actors' processes; `ring`: --ring_attn_size (ActorGroup)."""
     addr, port = master_address(pg)
     # One host: rendezvous through a file, so no rank opens a TCP listener on every interface.
     store = f"file://{tempfile.gettempdir()}/reinforce_pro_store_{uuid.uuid4().hex}" if one_host(pg) else None
@@ -171,4 +172,4 @@ def create_group(
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
         options = dict(num_cpus=share, num_gpus=share if use_gpu else 0, scheduling_strategy=strategy)
         actors.append(actor_cls.options(**options, **env_options(env)).remote(*make_args(dist)))
-    return ActorGroup(actors)
+    return ActorGroup(actors, ring)

@@ -26,6 +26,7 @@ from reinforce_pro.models.lora import (
     merged_weights,
     trainable_summary,
 )
+from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
     DistInfo,
@@ -74,6 +75,10 @@ class PolicyWorker:
         self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
         self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
         self.packed = kwargs.pop("packing_samples", False)
+        ring_size = kwargs.pop("ring_attn_size", 1)
+        if ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
+            register()
+            kwargs["attn_implementation"] = "ring"
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
         if lora is not None:
             model = apply_lora(model, lora)
@@ -81,13 +86,25 @@ class PolicyWorker:
                 print(f"[lora] rank {lora.rank}, alpha {lora.alpha}: {trainable_summary(model)}", flush=True)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(loss.surrogate)
+        self.ring = join_rings(dist.rank, dist.world_size, ring_size) if ring_size > 1 else None
+
+    def response_log_probs(self, model, sequences, attention_mask, num_actions, temperature, with_entropy=False,
+                           packed=False):  # fmt: skip
+        """models.logprobs.response_log_probs, or under --ring_attn_size the ring's (every rank of the ring
+        gets the whole (B, T); its ranks were given the same rows)."""
+        if self.ring is None:
+            return response_log_probs(model, sequences, attention_mask, num_actions, temperature, with_entropy, packed)
+        ring = self.ring
+        return ring_response_log_probs(
+            model, sequences, attention_mask, num_actions, ring.rank, ring.ranks, ring.group, temperature, with_entropy
+        )  # fmt: skip
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
         self.engine.eval()
         return batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro,
-            self.forward_max_tokens, self.packed,
+            self.forward_max_tokens, self.packed, self.response_log_probs,
         )  # fmt: skip
 
     def train_minibatch(
@@ -120,7 +137,7 @@ class PolicyWorker:
         exp = exp.trim_padding()
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         want_entropy = cfg.entropy_loss_coef is not None
-        log_probs, entropy = response_log_probs(
+        log_probs, entropy = self.response_log_probs(
             self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, packed=self.packed
         )
         old_log_probs = log_probs.detach() if exp.old_log_probs is None else exp.old_log_probs.to(dev)
