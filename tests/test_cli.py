@@ -166,7 +166,28 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--advantage_estimator", "ppo"], "invalid choice: 'ppo'", id="estimator"),
         pytest.param(["--reward_nan_policy", "skip"], "invalid choice: 'skip'", id="nan-policy"),
         pytest.param(["--absolute_zero", "--dynamic_filtering"], "has its own filter (learnability)", id="az-filter"),
-        pytest.param(["--colocate_all_models", "--vllm_num_engines", "2"], "colocate_all_models needs", id="colocate"),
+        pytest.param(["--colocate_all_models", "--vllm_num_engines", "2"], "at most the policy ranks", id="colocate"),
+        pytest.param(
+            [
+                "--colocate_all_models",
+                "--actor_num_gpus_per_node",
+                "3",
+                "--vllm_tensor_parallel_size",
+                "2",
+                "--micro_train_batch_size",
+                "1",
+                "--train_batch_size",
+                "3",
+                "--rollout_batch_size",
+                "3",
+            ],
+            "--vllm_tensor_parallel_size must divide --actor_num_gpus_per_node",
+            id="colocate-tp",
+        ),
+        pytest.param(["--ring_attn_size", "2"], "--ring_attn_size 2 must divide the 1 policy ranks", id="ring-ranks"),
+        pytest.param(
+            ["--ring_attn_size", "2", "--actor_num_gpus_per_node", "2"], "add --packing_samples", id="ring-packing"
+        ),
         pytest.param(["--not_a_flag", "1"], "unrecognized arguments: --not_a_flag 1", id="unknown"),
         pytest.param(
             ["--vllm_quantization", "fp8_per_channel", "--vllm_dtype", "float32"],

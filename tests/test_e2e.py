@@ -1011,8 +1011,9 @@ def test_a_tensor_parallel_engine_samples_as_one_worker_does_and_takes_the_broad
 def test_a_ring_of_two_ranks_trains_as_one_rank_does(tmp_path, engine, tiny_model):
     """--ring_attn_size 2 (models/ring_attention.py): two policy ranks that split each packed row along the
     sequence train one mini-batch as one rank with the whole rows does (same training log-probs on both ring
-    ranks, same metrics); then three train_ppo_ray steps over a ring of two ranks, whose
-    old log-probs (the ring's training forward) match the engine's sampled ones."""
+    ranks, same metrics); then two train_ppo_ray steps in OpenRLHF's hybrid layout (the ring's two ranks and a
+    TP-2 engine spanning their bundles, object-store sync into both TP workers), whose old log-probs (the
+    ring's training forward) match the engine's sampled ones."""
     from reinforce_pro.algos.stats import reduce_stats
     from reinforce_pro.experience import split_experience
 
@@ -1033,7 +1034,17 @@ def test_a_ring_of_two_ranks_trains_as_one_rank_does(tmp_path, engine, tiny_mode
     for key, value in one.items():
         assert speaker[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
-    _, plan, history = run(["--actor_num_gpus_per_node", "2", "--ring_attn_size", "2", "--packing_samples"],
-                           tmp_path, engine, tiny_model)  # fmt: skip
-    assert len(history) == 3
+    # OpenRLHF's train_reinforce_baseline_hybrid_engine.sh layout: the engine (TP 2) inside the bundles of the
+    # two policy ranks, which form one ring; its own engine, built and released by the run
+    argv = BASE_ARGS + [
+        "--pretrain", tiny_model, "--save_path", str(tmp_path / "run"), "--max_samples", "16",
+        "--actor_num_gpus_per_node", "2", "--ring_attn_size", "2", "--packing_samples",
+        "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_tensor_parallel_size", "2",
+    ]  # fmt: skip
+    _, cfg = parse(argv)
+    plan = prepare(cfg)
+    history = build_and_fit(cfg, plan)
+    assert len(history) == 2
     assert all(row["rollout/logprob_abs_diff_max"] < 1e-4 for row in history)
+    placement = json.loads((plan.run_dir / "placement.json").read_text())
+    assert len(placement["policy"]) == 2 and len(placement["engines"]) == 1

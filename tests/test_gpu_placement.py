@@ -22,7 +22,7 @@ PROBE = textwrap.dedent(
     import ray
     from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
-    from reinforce_pro.cli.wiring import engine_options
+    from reinforce_pro.cli.wiring import engine_options, policy_devices
     from reinforce_pro.workers.launcher import SHARES, GroupSpec, create_group, make_placement_group
 
     nodes, per_node, colocate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -43,20 +43,24 @@ PROBE = textwrap.dedent(
         def __init__(self, *args):
             pass
 
-        def where(self):
-            return [ray.get_runtime_context().get_node_id(), os.environ.get("CUDA_VISIBLE_DEVICES")]
+        def where(self):  # an engine told several devices (tensor parallelism) would run its workers there
+            devices = os.environ.get("REINFORCE_PRO_ENGINE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+            return [ray.get_runtime_context().get_node_id(), devices]
 
     spec = GroupSpec("actor", nodes, per_node)
     pg = make_placement_group(spec, use_gpu=True)
     out = {}
-    if colocate == "all":
+    if colocate.startswith("all"):
+        tp = 2 if colocate == "all-tp2" else 1
         argv = ["--colocate_all_models", "--actor_num_nodes", str(nodes), "--actor_num_gpus_per_node",
-                str(per_node), "--vllm_num_engines", str(spec.size), "--pretrain", "m"]
+                str(per_node), "--vllm_num_engines", str(spec.size // tp), "--vllm_tensor_parallel_size", str(tp),
+                "--pretrain", "m"]
         cfg = run_config(parse_args(argv))
         out["policy"] = create_group(Probe, spec, pg, True, SHARES.all_policy, lambda d: (d,))
         out["reference"] = create_group(Probe, spec, pg, True, SHARES.all_reference, lambda d: (d,))
-        engine = ray.remote(Probe)
-        out["engine"] = [engine.options(**engine_options(cfg, True, pg, i)).remote() for i in range(spec.size)]
+        engine, devices = ray.remote(Probe), policy_devices(out["policy"])
+        out["engine"] = [engine.options(**engine_options(cfg, True, pg, i, None, devices)).remote()
+                         for i in range(spec.size // tp)]
     else:
         out["policy"] = create_group(Probe, spec, pg, True, SHARES.pair, lambda d: (d,))
         out["reference"] = create_group(Probe, spec, pg, True, SHARES.pair, lambda d: (d,))
@@ -79,6 +83,7 @@ def placed(nodes: int, per_node: int, colocate: str) -> dict[str, list[tuple[str
         pytest.param(1, 8, "all", id="1x8-hybrid-engine"),
         pytest.param(1, 4, "actor_ref", id="1x4-actor-ref"),
         pytest.param(2, 4, "all", id="2x4-hybrid-engine"),
+        pytest.param(1, 8, "all-tp2", id="1x8-hybrid-engine-tp2"),
     ],
 )
 def test_every_rank_owns_a_device_and_colocated_actors_share_it(nodes, per_node, colocate):
@@ -89,5 +94,9 @@ def test_every_rank_owns_a_device_and_colocated_actors_share_it(nodes, per_node,
     assert len({node for node, _ in policy}) == nodes
     for rank, device in enumerate(policy):
         assert where["reference"][rank] == device, (rank, where)
-        if "engine" in where:
+        if colocate == "all":
             assert where["engine"][rank] == device, (rank, where)
+    if colocate == "all-tp2":  # engine i spans policy ranks 2i and 2i + 1: their node, both their devices
+        for i, (node, devices) in enumerate(where["engine"]):
+            assert node == policy[2 * i][0] == policy[2 * i + 1][0]
+            assert devices == f"{policy[2 * i][1]},{policy[2 * i + 1][1]}", (i, where)

@@ -28,17 +28,9 @@ PATH_FLAGS = {
     "--save_path": "out", "--ckpt_path": "out/ckpt", "--use_tensorboard": "out/tb",
 }  # fmt: skip
 
-# What still stops each script, by flag: the rest of every script is accepted as it is. colocate_all_models:
-# engines of --vllm_tensor_parallel_size 2 inside the policy's bundles (each engine spanning two of them) are
-# not wired in; ring attention and vision-language models are not implemented.
-TP2_COLOCATED = {"colocate_all_models"}
+# What still stops each script, by flag: the rest of every script is accepted as it is. Vision-language
+# models are not implemented; every other script (hybrid engine with TP-2 engines, ring attention) runs.
 STILL_REFUSED = {
-    "train_dapo_ray_hybrid_engine.sh": TP2_COLOCATED,
-    "train_grpo_ray_hybrid_engine.sh": TP2_COLOCATED,
-    "train_gspo_ray_hybrid_engine.sh": TP2_COLOCATED,
-    "train_ppo_ray_hybrid_engine.sh": TP2_COLOCATED,
-    "train_reinforce_baseline_hybrid_engine.sh": TP2_COLOCATED,
-    "train_reinforce_baseline_ray_agent_async.sh": TP2_COLOCATED,
     "train_vlm_math_hybrid_engine.sh": {"max_images_per_prompt", "freeze_visual_encoder"},
 }
 

@@ -243,8 +243,13 @@ def invalid_layout(args) -> str | None:
         (not (args.remote_rm_url and args.reward_pretrain), "give --remote_rm_url or --reward_pretrain, not both"),
         (
             not args.colocate_all_models
-            or (args.vllm_tensor_parallel_size == 1 and (args.vllm_num_engines or 1) <= world),
-            "--colocate_all_models needs --vllm_tensor_parallel_size 1 and at most one engine per policy rank",
+            or (
+                (args.vllm_num_engines or 1) * args.vllm_tensor_parallel_size <= world
+                and args.actor_num_gpus_per_node % args.vllm_tensor_parallel_size == 0
+            ),
+            "--colocate_all_models puts each engine's --vllm_tensor_parallel_size workers on as many policy ranks "
+            "of one node: --vllm_num_engines x --vllm_tensor_parallel_size must be at most the policy ranks, and "
+            "--vllm_tensor_parallel_size must divide --actor_num_gpus_per_node",
         ),
         (
             not args.colocate_critic_reward or (args.advantage_estimator == "gae" and args.reward_pretrain),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
-from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
@@ -211,26 +212,43 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
             trainer_env,
         )  # fmt: skip
     engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
+    devices = policy_devices(run.policy) if use_gpu and colocate_all else None
     run.engines = engines or [
-        ray.remote(VLLMEngine).options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env)).remote(engine_cfg, i)
+        ray.remote(VLLMEngine)
+        .options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices))
+        .remote(engine_cfg, i)
         for i in range(cfg.engines.count)
     ]
     return run
 
 
-def engine_options(cfg: RunConfig, use_gpu: bool, actor_pg, index: int, env: dict | None = None) -> dict:
-    """A whole GPU per tensor-parallel rank, or with --colocate_all_models a share of policy rank
-    (index mod ranks)'s bundle, i.e. its GPU; `env`: environment variables of the engine's process (cpu_threads)."""
-    extra = env_options(env)
+def policy_devices(policy) -> list[str | None]:
+    """The device (CUDA_VISIBLE_DEVICES) Ray gave each policy rank, rank order."""
+    return ray.get([p.__ray_call__.remote(lambda self: os.environ.get("CUDA_VISIBLE_DEVICES")) for p in policy])
+
+
+def engine_options(
+    cfg: RunConfig, use_gpu: bool, actor_pg, index: int, env: dict | None = None, devices: list | None = None
+) -> dict:
+    """A whole GPU per tensor-parallel rank, or with --colocate_all_models (OpenRLHF's hybrid engine) a share
+    of the bundles of the policy ranks index * tp ... index * tp + tp - 1, i.e. of their GPUs: the actor sits
+    in the first, and with tp > 1 on GPUs it is told every device of them (`devices`: policy_devices) so
+    that vLLM's TP workers run one on each (ENGINE_DEVICES_ENV). `env`: environment variables of the engine's
+    process (cpu_threads)."""
+    tp = cfg.engines.config.tensor_parallel_size
     if not cfg.placement.colocate_all_models:
-        return {"num_cpus": 1, "num_gpus": cfg.engines.config.tensor_parallel_size if use_gpu else 0, **extra}
+        return {"num_cpus": 1, "num_gpus": tp if use_gpu else 0, **env_options(env)}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor = cfg.placement.actor
-    bundle = bundle_of(actor_pg, actor, index % actor.size)
+    first = index * tp % actor.size
+    if devices is not None and tp > 1:
+        env = {**(env or {}), ENGINE_DEVICES_ENV: ",".join(str(d) for d in devices[first : first + tp])}
+    bundle = bundle_of(actor_pg, actor, first)
     strategy = PlacementGroupSchedulingStrategy(placement_group=actor_pg, placement_group_bundle_index=bundle)
     share = SHARES.all_engine
-    return {"num_cpus": share, "num_gpus": share if use_gpu else 0, "scheduling_strategy": strategy, **extra}
+    options = {"num_cpus": share, "num_gpus": share if use_gpu else 0, "scheduling_strategy": strategy}
+    return {**options, **env_options(env)}
 
 
 def record_placement(run: RunActors, run_dir: Path) -> dict:

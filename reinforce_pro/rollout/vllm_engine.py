@@ -12,6 +12,9 @@ import os
 from dataclasses import dataclass
 
 WORKER_EXTENSION = "reinforce_pro.rollout.weight_sync.WeightSyncExtension"
+# --colocate_all_models with tensor parallelism on GPUs: the devices of the policy ranks whose bundles the
+# engine spans (cli/wiring.engine_options); Ray gave the actor only the first, its TP workers need them all
+ENGINE_DEVICES_ENV = "REINFORCE_PRO_ENGINE_DEVICES"
 
 
 # --vllm_quantization: vLLM's online weight quantizations that were run here on vLLM 0.32's CPU build, a
@@ -66,6 +69,8 @@ class VLLMEngine:
     """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
 
     def __init__(self, cfg: EngineConfig, engine_index: int = 0, name: str = "engine"):
+        if os.environ.get(ENGINE_DEVICES_ENV):  # before anything asks CUDA for its devices
+            os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[ENGINE_DEVICES_ENV]
         import torch
 
         from reinforce_pro.workers.base import capture_output
@@ -101,6 +106,10 @@ class VLLMEngine:
             # the trainer recomputes; "raw" would ignore the temperature.
             logprobs_mode="processed_logprobs",
         )
+        if cfg.tensor_parallel_size > 1:
+            # TP workers as processes of this actor, on the devices (or cores) it was given. Inside a Ray
+            # placement group vLLM would otherwise pick its Ray executor, which its CPU build refuses.
+            kwargs["distributed_executor_backend"] = "mp"
         if on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
