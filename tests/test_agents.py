@@ -121,6 +121,47 @@ def test_calculator_episode_token_layout(tokenizer):
     assert per_turn.turn_rewards[0, 8].item() == 0.0 and per_turn.turn_rewards[0, 24].item() == pytest.approx(0.8)
 
 
+def test_partial_rollout_agent_tokens_keep_the_version_and_log_prob_that_sampled_them(tokenizer):
+    """--partial_rollout with --agent_func_path (OpenRLHF's async agent script): every model turn is sampled in
+    chunks and a weight sync may land before any chunk, so one episode holds tokens of several versions; each
+    model token keeps the version and the log-prob of the weights that sampled it."""
+    from reinforce_pro.agents.source import AgentSource
+    from reinforce_pro.rollout.sampler import PartialRollout, RolloutConfig, Sampler
+
+    replies, engine = ["calc(3+4)", "7"], {"version": 0}
+
+    def continue_turn(prompt_ids, sampling, engines=None):
+        """The scripted reply of the turn the context is in, from where it stops; log-prob = -version."""
+        out = []
+        for ids in prompt_ids:
+            after = tokenizer.decode(ids, skip_special_tokens=True).split("3+4=", 1)[1]
+            turn, written = (1, after.split("answer: ")[1]) if "answer: " in after else (0, after)
+            rest = replies[turn][len(written) :]
+            piece = tokenizer(rest[: sampling["max_tokens"]], add_special_tokens=False)["input_ids"]
+            finish = "stop" if len(piece) == len(rest) else "length"
+            out.append(Generation(piece, [-float(engine["version"])] * len(piece), finish))
+        return out
+
+    def sync_before_each_chunk() -> int:
+        engine["version"] += 1
+        return engine["version"]
+
+    sampler = Sampler(engines=None, tokenizer=tokenizer, cfg=RolloutConfig(max_new_tokens=12, n_samples_per_prompt=1))
+    sampler.sample = continue_turn
+    source = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=64))
+    source.use_partial(PartialRollout(chunk=4, between=sync_before_each_chunk))
+    samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+
+    call, feedback = "calc(3+4)", " -> 7; answer: "
+    assert samples.responses == [call + feedback + "7"] and samples.rewards.rewards.tolist() == pytest.approx([0.8])
+    # the call in chunks of 4 (versions 1, 2, 3), the tool's reply (not trained), the answer after one more sync
+    versions = [1] * 4 + [2] * 4 + [3] + [3] * len(feedback) + [4]
+    assert samples.token_version[0].tolist() == versions
+    action = samples.action_mask[0]
+    assert samples.rollout_log_probs[0][action].tolist() == [-1.0] * 4 + [-2.0] * 4 + [-3.0, -4.0]
+    assert action.tolist() == [True] * len(call) + [False] * len(feedback) + [True]
+
+
 def test_turn_limit_truncates(tokenizer):
     agent = load_agent_class(EXAMPLES / "agent_calculator.py")
     engine = ScriptedEngine(tokenizer, {"1+1=": ["calc(1+1)", "calc(1+1)"]})

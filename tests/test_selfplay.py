@@ -436,12 +436,11 @@ def test_every_rollout_source_keeps_the_trainers_contract():
         assert isinstance(src, RolloutSource), type(src).__name__
         assert src.sampler is sampler
         src.load_state_dict(src.state_dict())
-    prompts = PromptSource(sampler)
-    prompts.use_partial(partial)
-    assert prompts.partial is partial
-    for src in (source, AgentSource(sampler, Agent, AgentConfig())):
-        with pytest.raises(ValueError, match="--partial_rollout applies to prompt rollouts"):
-            src.use_partial(partial)
+    for src in (PromptSource(sampler), AgentSource(sampler, Agent, AgentConfig())):
+        src.use_partial(partial)
+        assert src.partial is partial
+    with pytest.raises(ValueError, match="--partial_rollout applies to prompt rollouts"):
+        source.use_partial(partial)
 
 
 def test_curriculum_metrics_describe_the_proposals():

@@ -25,6 +25,7 @@ class Episode:
     tokens: list[int] = field(default_factory=list)  # everything after the prompt
     action: list[bool] = field(default_factory=list)  # per token: the model's (True) or the environment's
     log_probs: list[float] = field(default_factory=list)  # per token: rollout log-prob (0 for environment tokens)
+    versions: list[int] = field(default_factory=list)  # per token: the engines' weight version that sampled it
     text: str = ""  # the episode's text so far (prompt included): the agent's observation_text
     turn_rewards: list[float] = field(default_factory=list)
     turn_scores: list[float] = field(default_factory=list)
@@ -39,10 +40,11 @@ class Episode:
     def context(self) -> list[int]:
         return self.prompt_ids + self.tokens
 
-    def add_model(self, ids: list[int], log_probs: list[float], text: str) -> None:
+    def add_model(self, ids: list[int], log_probs: list[float], text: str, versions: list[int] | None = None) -> None:
         self.tokens += ids
         self.action += [True] * len(ids)
         self.log_probs += list(log_probs)
+        self.versions += list(versions) if versions is not None else [0] * len(ids)
         self.text += text
         self.turn_ends.append(len(self.tokens) - 1)
 
@@ -50,6 +52,7 @@ class Episode:
         self.tokens += ids
         self.action += [False] * len(ids)
         self.log_probs += [0.0] * len(ids)
+        self.versions += [self.versions[-1] if self.versions else 0] * len(ids)  # not trained: any version serves
         self.text += text
 
 

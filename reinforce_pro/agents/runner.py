@@ -21,6 +21,9 @@ from reinforce_pro.agents.episode import Episode
 from reinforce_pro.rollout.sampler import encode_prompt
 
 Sample = Callable[[list[list[int]], dict], list]  # (prompt ids, sampling) -> [Generation]
+# --partial_rollout: (prompt ids, sampling) -> ([Generation], each token's weight version), sampled in chunks
+# with weight syncs let in between (Sampler.sample_in_chunks)
+SampleInChunks = Callable[[list[list[int]], dict], tuple[list, list[list[int]]]]
 
 
 @dataclass
@@ -36,6 +39,7 @@ class AgentRunner:
         self.agent_cls, self.tokenizer, self.sample, self.sampling, self.cfg = (
             agent_cls, tokenizer, sample, sampling, cfg
         )  # fmt: skip
+        self.sample_in_chunks: SampleInChunks | None = None  # set for --partial_rollout (AgentSource.use_partial)
 
     # ------------------------------------------------------------------ multi-turn episodes
     def run_episodes(self, batch: list[dict], n: int) -> list[Episode]:
@@ -86,12 +90,16 @@ class AgentRunner:
             by_setting.setdefault(json.dumps(setting, sort_keys=True), []).append(k)
         texts = [""] * len(episodes)
         for key, members in by_setting.items():
-            generations = self.sample([episodes[k].context() for k in members], json.loads(key))
-            for k, g in zip(members, generations, strict=True):
+            contexts, versions = [episodes[k].context() for k in members], [None] * len(members)
+            if self.sample_in_chunks is None:
+                generations = self.sample(contexts, json.loads(key))
+            else:  # a weight sync may land before any chunk of any turn: each token keeps its version
+                generations, versions = self.sample_in_chunks(contexts, json.loads(key))
+            for k, g, v in zip(members, generations, versions, strict=True):
                 e = episodes[k]
                 text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
                 start = len(e.tokens)
-                e.add_model(list(g.token_ids), list(g.log_probs), text)
+                e.add_model(list(g.token_ids), list(g.log_probs), text, v)
                 e.step_meta.setdefault("turn_spans", []).append([start, len(e.tokens), "model"])
                 texts[k] = text
         return texts

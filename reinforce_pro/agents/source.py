@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import torch
+
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.runner import AgentConfig, AgentRunner
 from reinforce_pro.experience import Samples
-from reinforce_pro.rollout.sampler import Sampler, pad_token_id, sampling_params
+from reinforce_pro.rollout.sampler import PartialRollout, Sampler, pad_token_id, sampling_params
 
 
 class AgentSource:
     def __init__(self, sampler: Sampler, agent_cls: type, agent_cfg: AgentConfig):
         self.sampler, self.agent_cfg = sampler, agent_cfg
+        self.partial: PartialRollout | None = None
         self.runner = AgentRunner(agent_cls, sampler.tokenizer, sampler.sample, sampling_params(sampler.cfg), agent_cfg)
 
     def state_dict(self) -> dict:
@@ -20,8 +23,12 @@ class AgentSource:
     def load_state_dict(self, state: dict) -> None:
         pass
 
-    def use_partial(self, partial) -> None:
-        raise ValueError("--partial_rollout applies to prompt rollouts, not to agent episodes")
+    def use_partial(self, partial: PartialRollout) -> None:
+        """--partial_rollout: every model turn is sampled in chunks with weight syncs let in between, so an
+        episode's tokens may come from several policy versions (as OpenRLHF's async agent script runs them);
+        each token keeps the log-prob and the version of the weights that sampled it."""
+        self.partial = partial
+        self.runner.sample_in_chunks = lambda ids, sampling: self.sampler.sample_in_chunks(ids, partial, sampling)
 
     def generate(self, batch: list[dict]) -> Samples:
         n, tokenizer = self.sampler.cfg.n_samples_per_prompt, self.sampler.tokenizer
@@ -32,6 +39,9 @@ class AgentSource:
         responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
         samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.agent_cfg.reward_mode)
         samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
+        if self.partial is not None:
+            width = samples.num_actions
+            samples.token_version = torch.tensor([e.versions + [0] * (width - len(e.versions)) for e in episodes])
         return samples
 
 

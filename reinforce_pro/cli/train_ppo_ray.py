@@ -180,8 +180,8 @@ def invalid_rollout_lag(args) -> str | None:
         return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.partial_rollout and not args.async_train:
         return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
-    if args.partial_rollout and (args.absolute_zero or args.agent_func_path):
-        return "--partial_rollout applies to prompt rollouts, not to --absolute_zero or --agent_func_path"
+    if args.partial_rollout and args.absolute_zero:
+        return "--partial_rollout applies to prompt and agent rollouts, not to --absolute_zero"
     if args.vllm_sync_backend not in SYNC_BACKENDS:
         return f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {args.vllm_sync_backend}"
     if args.vllm_sync_backend == "gloo" and not args.vllm_sync_with_ray and args.rollout_staleness > 0:

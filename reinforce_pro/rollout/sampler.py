@@ -106,12 +106,12 @@ class Sampler:
         return [g for part in ray.get(refs) for g in part]
 
     def sample_in_chunks(
-        self, prompt_ids: list[list[int]], partial: PartialRollout
+        self, prompt_ids: list[list[int]], partial: PartialRollout, sampling: dict | None = None
     ) -> tuple[list[Generation], list[list[int]]]:
         """Like `sample`, `partial.chunk` tokens at a time: a response that has not stopped continues from
         its prompt plus its tokens so far, under whatever weights the engines hold by then. Returns the
         generations (each token's log-prob from the weights that sampled it) and each token's version."""
-        sampling = sampling_params(self.cfg)
+        sampling = sampling or sampling_params(self.cfg)
         limit, n = sampling["max_tokens"], len(prompt_ids)
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         finish, active = ["length"] * n, list(range(n))

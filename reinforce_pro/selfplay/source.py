@@ -37,7 +37,7 @@ class SelfPlaySource:
         self.controller.load_state_dict(state)
 
     def use_partial(self, partial) -> None:
-        raise ValueError("--partial_rollout applies to prompt rollouts, not to self-play")
+        raise ValueError("--partial_rollout applies to prompt rollouts and agent episodes, not to self-play")
 
     def generate_texts(self, prompts: list[str], sampling: dict | None = None, engines=None) -> list[Rollout]:
         """Sample one response per prompt text; Rollout.generation keeps (prompt ids, Generation). `sampling`
