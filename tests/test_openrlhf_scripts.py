@@ -1,8 +1,11 @@
 """OpenRLHF's own example scripts, in both flag eras, through reinforce_pro's parser (issue 14).
 
-The flat scripts under tests/data/openrlhf/flat are OpenRLHF's, copied unchanged (SOURCE.md there). Each one
-is run by bash with `python3` and `ray` replaced by shell functions that write the trainer's argv to a file,
-so arrays, `$(( ))`, line continuations and comments are expanded the way a user's shell would.
+The scripts under tests/data/openrlhf are OpenRLHF's, copied unchanged (SOURCE.md there): flat/ from the
+stored index (each flag-era test rewrites them into the dotted spelling), v0.9.10/ and v0.11.0/ every example
+script of those releases that calls train_ppo_ray (v0.11.0 is also the main branch of 2026-08). Each one is
+run by bash with `python3`, `ray`, `srun` and the other cluster commands replaced by shell functions that
+write the trainer's argv to a file, so arrays, `$(( ))`, line continuations, comments and the Slurm script's
+`bash -c "..."` string are expanded the way a user's shell would.
 """
 
 import argparse
@@ -18,6 +21,7 @@ from reinforce_pro.cli.train_ppo_ray import parse_args
 
 DATA = Path(__file__).parent / "data" / "openrlhf"
 FLAT_SCRIPTS = sorted((DATA / "flat").glob("*.sh"))
+RELEASE_SCRIPTS = sorted((DATA / "v0.9.10").glob("*.sh")) + sorted((DATA / "v0.11.0").glob("*.sh"))
 SHARED = Path(os.environ.get("REINFORCE_PRO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 FLAT_REFERENCE = SHARED / "reference" / "openrlhf-0.9.10-train_ppo_ray-flags.tsv"
 
@@ -34,11 +38,21 @@ STILL_REFUSED = {
     "train_vlm_math_hybrid_engine.sh": {"max_images_per_prompt", "freeze_visual_encoder"},
 }
 
+# The Slurm script's placeholder for the OpenRLHF checkout (a path the user must fill in).
+PLACEHOLDERS = {"<OPENRLHF_ROOT_PATH>": "openrlhf"}
+
 STUBS = r"""
 python3() {
     if [[ "$1" == -m && "$2" == openrlhf.cli.train_ppo_ray ]]; then shift 2; printf '%s\0' "$@" > "$ARGV_OUT"; fi
 }
-ray() { while [[ $# -gt 0 && "$1" != -- ]]; do shift; done; shift; "$@"; }
+ray() { [[ "$1" == job ]] || return 0; while [[ $# -gt 0 && "$1" != -- ]]; do shift; done; shift; "$@"; }
+pip() { :; }
+sleep() { :; }
+scontrol() { echo node-1; }
+srun() {  # the command of `srun ... bash -c "..."`, its ray at /root/.local/bin/ray being the stub
+    while [[ $# -gt 0 && "$1" != bash ]]; do shift; done
+    [[ "$2" == -c ]] && eval "${3//\/root\/.local\/bin\/ray/ray}"
+}
 """
 
 
@@ -50,15 +64,21 @@ def read_tsv(path: Path) -> dict[str, dict]:
 
 
 def script_argv(script: Path, tmp_path: Path) -> list[str]:
-    """The argv a script passes to train_ppo_ray, with its paths replaced by local stand-ins."""
-    out = tmp_path / f"{script.stem}.argv"
+    """The argv a script passes to train_ppo_ray, with its paths (in either spelling) replaced by local
+    stand-ins."""
+    text = script.read_text()
+    for placeholder, stand_in in PLACEHOLDERS.items():
+        text = text.replace(placeholder, str(tmp_path / stand_in))
+    local, out = tmp_path / script.name, tmp_path / f"{script.stem}.argv"
+    local.write_text(text)
     env = {"PATH": os.environ["PATH"], "ARGV_OUT": str(out), "HOME": str(tmp_path)}
-    subprocess.run(["bash", "-c", f"{STUBS}\nsource {script}"], env=env, cwd=tmp_path, check=True,
+    subprocess.run(["bash", "-c", f"{STUBS}\nsource {local}"], env=env, cwd=tmp_path, check=True,
                    capture_output=True, timeout=30)  # fmt: skip
     argv = out.read_bytes().decode().split("\0")[:-1]
-    return [
-        str(tmp_path / PATH_FLAGS[argv[i - 1]]) if i and argv[i - 1] in PATH_FLAGS else a for i, a in enumerate(argv)
-    ]
+    options = build_parser()._option_string_actions
+    stand_ins = {options[flag].dest: path for flag, path in PATH_FLAGS.items()}
+    path_of = {o: stand_ins[a.dest] for o, a in options.items() if a.dest in stand_ins}
+    return [str(tmp_path / path_of[argv[i - 1]]) if i and argv[i - 1] in path_of else a for i, a in enumerate(argv)]
 
 
 def parse_dropping_refused(argv: list[str], capsys) -> tuple[argparse.Namespace, set[str]]:
@@ -85,6 +105,25 @@ def to_dotted(argv: list[str]) -> list[str]:
 
 def test_the_copies_are_there():
     assert len(FLAT_SCRIPTS) == 9
+    assert [p.parent.name for p in RELEASE_SCRIPTS].count("v0.9.10") == 7  # every train_ppo_ray script of each
+    assert [p.parent.name for p in RELEASE_SCRIPTS].count("v0.11.0") == 8
+
+
+@pytest.mark.filterwarnings("ignore:IS correction with --top_p")
+@pytest.mark.parametrize("script", RELEASE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_release_script_is_accepted_with_only_its_paths_replaced(script, tmp_path, capsys):
+    """Issue 26, strict: each example script of OpenRLHF v0.9.10 and v0.11.0 (= main of 2026-08) that calls
+    train_ppo_ray parses with nothing dropped: hybrid engine with TP-2 engines, ring attention, the async agent
+    run with partial rollouts, Slurm. Only the vision-language one stops, on its image flags."""
+    argv = script_argv(script, tmp_path)
+    assert len(argv) > 40
+    if script.stem == "train_vlm_math_hybrid_engine":
+        _, refused = parse_dropping_refused(argv, capsys)
+        assert refused == STILL_REFUSED[script.name]
+        return
+    args = parse_args(argv)
+    assert args.pretrain == str(tmp_path / "models/policy") and args.save_path == str(tmp_path / "out")
+    assert args.enable_vllm_is_correction == any("is_correction" in a and "enable" in a for a in argv)
 
 
 @pytest.mark.filterwarnings("ignore:IS correction with --top_p")  # the multi-turn script samples with top_p 0.98

@@ -169,6 +169,7 @@ def _add_is_correction_flags(g) -> None:
     """The importance-sampling correction of the rollout/training mismatch."""
     g.add_argument(
         "--enable_vllm_is_correction",
+        "--vllm_enable_is_correction",  # the spelling of OpenRLHF v0.9.10's own DAPO script (its parser lacks it)
         dest="enable_vllm_is_correction",
         action="store_true",
         help="correct the rollout/training mismatch with importance sampling in the policy loss",
