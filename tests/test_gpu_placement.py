@@ -1,8 +1,14 @@
 """One device per rank on GPU nodes, proven on simulated ones: Ray gives a CPU machine GPUs to schedule
-(`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware. The placement
-functions of workers/launcher.py and cli/wiring.py place probe actors with the shares a real run uses; every
-policy rank must own a device and its colocated reference rank / engine must share that device (issue 26).
-Each case runs in its own process, with its own Ray cluster."""
+(`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware (issue 26).
+
+Each case parses a real command line and runs the run's own placement code, cli/wiring.py `build_groups` (and
+`reward_function` for the reward model), with every worker class swapped for a probe: an actor that takes
+the same resources, placement group and bundle as the real one but imports no model and never touches CUDA,
+and reports its node and CUDA_VISIBLE_DEVICES (an engine told several devices for its tensor-parallel workers
+reports those). Policy ranks must own one device each, colocated models must sit on their rank's device,
+separate groups on devices of their own, each TP engine on tp devices of one node, and no device idle that
+the layout meant to use. Each case runs in its own process, with its own Ray cluster.
+"""
 
 from __future__ import annotations
 
@@ -18,14 +24,14 @@ pytest.importorskip("ray")
 PROBE = textwrap.dedent(
     """
     import json, os, sys
+    from types import SimpleNamespace
     import reinforce_pro  # loopback settings before ray
     import ray
+    import reinforce_pro.cli.wiring as wiring
     from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
-    from reinforce_pro.cli.wiring import engine_options, policy_devices
-    from reinforce_pro.workers.launcher import SHARES, GroupSpec, create_group, make_placement_group
 
-    nodes, per_node, colocate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    nodes, per_node, argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     if nodes == 1:
         ray.init(address="local", num_cpus=4 * per_node, num_gpus=per_node, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
@@ -39,64 +45,95 @@ PROBE = textwrap.dedent(
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
 
+    ENGINE_DEVICES = wiring.ENGINE_DEVICES_ENV  # a string: the probe's process imports nothing of the project
+
     class Probe:
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def where(self):  # an engine told several devices (tensor parallelism) would run its workers there
-            devices = os.environ.get("REINFORCE_PRO_ENGINE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+            devices = os.environ.get(ENGINE_DEVICES) or os.environ.get("CUDA_VISIBLE_DEVICES")
             return [ray.get_runtime_context().get_node_id(), devices]
 
-    spec = GroupSpec("actor", nodes, per_node)
-    pg = make_placement_group(spec, use_gpu=True)
-    out = {}
-    if colocate.startswith("all"):
-        tp = 2 if colocate == "all-tp2" else 1
-        argv = ["--colocate_all_models", "--actor_num_nodes", str(nodes), "--actor_num_gpus_per_node",
-                str(per_node), "--vllm_num_engines", str(spec.size // tp), "--vllm_tensor_parallel_size", str(tp),
-                "--pretrain", "m"]
-        cfg = run_config(parse_args(argv))
-        out["policy"] = create_group(Probe, spec, pg, True, SHARES.all_policy, lambda d: (d,))
-        out["reference"] = create_group(Probe, spec, pg, True, SHARES.all_reference, lambda d: (d,))
-        engine, devices = ray.remote(Probe), policy_devices(out["policy"])
-        out["engine"] = [engine.options(**engine_options(cfg, True, pg, i, None, devices)).remote()
-                         for i in range(spec.size // tp)]
-    else:
-        out["policy"] = create_group(Probe, spec, pg, True, SHARES.pair, lambda d: (d,))
-        out["reference"] = create_group(Probe, spec, pg, True, SHARES.pair, lambda d: (d,))
-    print("PLACED " + json.dumps({k: ray.get([a.where.remote() for a in v]) for k, v in out.items()}))
+    for worker in ("PolicyWorker", "ReferenceWorker", "CriticWorker", "VLLMEngine", "RewardModelWorker"):
+        setattr(wiring, worker, Probe)
+    cfg = run_config(parse_args(["--pretrain", "m", "--advantage_estimator", "reinforce", *argv]))
+    plan = SimpleNamespace(pretrain="m", log_dir=None, reward_source="model:rm")
+    run = wiring.build_groups(cfg, plan, use_gpu=True)
+    if cfg.needs_critic:
+        wiring.reward_function(cfg, plan, True, run)
+    print("PLACED " + json.dumps({k: ray.get([a.where.remote() for a in v]) for k, v in run.roles().items()}))
     """
 )
 
 
-def placed(nodes: int, per_node: int, colocate: str) -> dict[str, list[tuple[str, str]]]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(per_node), colocate],
+def placed(nodes: int, per_node: int, argv: list[str]) -> dict[str, list[tuple[str, str]]]:
+    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(per_node), json.dumps(argv)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     line = next((x for x in done.stdout.splitlines() if x.startswith("PLACED ")), None)
     assert line is not None, (done.stdout + done.stderr)[-4000:]
     return {role: [tuple(w) for w in where] for role, where in json.loads(line[len("PLACED ") :]).items()}
 
 
+def devices(where: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every (node, device) a role's actors hold, an engine's TP devices one by one."""
+    return [(node, d) for node, ds in where for d in ds.split(",")]
+
+
+def group(role: str, nodes: int, per_node: int) -> list[str]:
+    return [f"--{role}_num_nodes", str(nodes), f"--{role}_num_gpus_per_node", str(per_node)]
+
+
+KL = ["--init_kl_coef", "0.01"]  # a reference model
+# a critic and a reward model (without it the probe runs reinforce: no critic)
+GAE = ["--advantage_estimator", "gae", "--critic_pretrain", "m", "--reward_pretrain", "rm"]
+
+
 @pytest.mark.parametrize(
-    "nodes, per_node, colocate",
+    "nodes, per_node, argv",
     [
-        pytest.param(1, 8, "all", id="1x8-hybrid-engine"),
-        pytest.param(1, 4, "actor_ref", id="1x4-actor-ref"),
-        pytest.param(2, 4, "all", id="2x4-hybrid-engine"),
-        pytest.param(1, 8, "all-tp2", id="1x8-hybrid-engine-tp2"),
+        pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "8"],
+                     id="1x8-hybrid-engine"),
+        pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
+                            "--vllm_tensor_parallel_size", "2"], id="1x8-hybrid-engine-tp2"),
+        pytest.param(2, 4, [*group("actor", 2, 4), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
+                            "--vllm_tensor_parallel_size", "2"], id="2x4-hybrid-engine-tp2"),
+        pytest.param(1, 4, [*group("actor", 1, 2), *KL, "--colocate_actor_ref", "--vllm_num_engines", "2"],
+                     id="1x4-actor-ref"),
+        pytest.param(1, 8, [*group("actor", 1, 4), *group("ref", 1, 2), *KL, "--vllm_num_engines", "1",
+                            "--vllm_tensor_parallel_size", "2"], id="1x8-separate-tp2"),
+        pytest.param(2, 4, [*group("actor", 2, 2), *group("ref", 1, 2), *KL, "--vllm_num_engines", "2"],
+                     id="2x4-separate"),
+        pytest.param(1, 8, [*group("actor", 1, 2), *group("ref", 1, 2), *group("critic", 1, 2), *KL, *GAE,
+                            "--colocate_critic_reward", "--vllm_num_engines", "2"], id="1x8-critic-reward"),
+        pytest.param(2, 4, [*group("actor", 2, 2), *group("critic", 1, 2), *KL, *GAE, "--colocate_actor_ref",
+                            "--colocate_critic_reward", "--vllm_num_engines", "1", "--vllm_tensor_parallel_size",
+                            "2"], id="2x4-actor-ref-critic-reward-tp2"),
     ],
-)
-def test_every_rank_owns_a_device_and_colocated_actors_share_it(nodes, per_node, colocate):
-    where = placed(nodes, per_node, colocate)
+)  # fmt: skip
+def test_every_rank_owns_a_device_and_colocated_actors_share_it(nodes, per_node, argv):
+    where = placed(nodes, per_node, argv)
     policy = where["policy"]
-    assert len(set(policy)) == nodes * per_node, policy  # one (node, device) per policy rank: none shared
-    assert all(device is not None and "," not in device for _, device in policy)  # exactly one device each
-    assert len({node for node, _ in policy}) == nodes
-    for rank, device in enumerate(policy):
-        assert where["reference"][rank] == device, (rank, where)
-        if colocate == "all":
-            assert where["engine"][rank] == device, (rank, where)
-    if colocate == "all-tp2":  # engine i spans policy ranks 2i and 2i + 1: their node, both their devices
-        for i, (node, devices) in enumerate(where["engine"]):
-            assert node == policy[2 * i][0] == policy[2 * i + 1][0]
-            assert devices == f"{policy[2 * i][1]},{policy[2 * i + 1][1]}", (i, where)
+    colocate_all, colocate_ref = "--colocate_all_models" in argv, "--colocate_actor_ref" in argv
+    tp = int(argv[argv.index("--vllm_tensor_parallel_size") + 1]) if "--vllm_tensor_parallel_size" in argv else 1
+    assert all("," not in device for _, device in policy)  # exactly one device each
+    assert len(set(policy)) == len(policy)  # one (node, device) per policy rank: none shared
+    if argv[argv.index("--actor_num_gpus_per_node") + 1] == str(per_node):  # whole nodes: one per --actor_num_nodes
+        assert len({node for node, _ in policy}) == int(argv[argv.index("--actor_num_nodes") + 1])
+    if colocate_all or colocate_ref:
+        assert where["reference"] == policy  # each reference rank on its policy rank's device
+    for i, (node, engine_devices) in enumerate(where.get("engines", [])):
+        assert len(engine_devices.split(",")) == tp, where["engines"]  # one device per TP worker
+        if colocate_all:  # engine i spans policy ranks i*tp .. i*tp + tp - 1: their node, their devices
+            ranks = policy[i * tp : (i + 1) * tp]
+            assert {node} == {n for n, _ in ranks} and engine_devices == ",".join(d for _, d in ranks), where
+    if "critic" in where:  # the reward model (one, no ranks of its own) beside critic rank 0
+        assert where["reward_model"] == where["critic"][:1]
+    owners = {role: devices(w) for role, w in where.items() if role != "reward_model"}
+    if colocate_all:
+        del owners["engines"]
+    if colocate_all or colocate_ref:
+        del owners["reference"]
+    held = [d for ds in owners.values() for d in ds]
+    assert len(set(held)) == len(held), owners  # no device held by two groups that were not meant to share
+    assert len(held) == nodes * per_node  # nothing idle: every layout here uses the whole cluster
