@@ -463,10 +463,11 @@ def _plot(runs: list[dict], path: Path) -> None:
                 n, every = min(map(len, curves)), sel[0]["series_step_every"]
                 ax.plot([i * every for i in range(n)], [statistics.fmean(c[i] for c in curves) for i in range(n)],
                         label=correction, linewidth=1)  # fmt: skip
-        ax.set_title(f"{regime} ({len({r['seed'] for r in runs if r['regime'] == regime})} seeds)")
+        seeds = len({r["seed"] for r in runs if r["regime"] == regime})
+        ax.set_title(f"{regime} ({seeds} seed{'s' * (seeds > 1)})")
         ax.set_xlabel("step")
+        ax.legend(fontsize=7)  # each panel: regimes need not share their corrections
     axes[0][0].set_ylabel("reward (mean over seeds)")
-    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
