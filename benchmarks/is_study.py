@@ -113,6 +113,17 @@ REGIMES = {
 }  # fmt: skip
 # Adaptive staleness against the fixed queues it moves between (issue 31, item 5): same seeds and corrections
 LAG_REGIMES = ("async4-partial", "async8-partial", "async8-adaptive")
+# The producer runs ahead only where generation is faster than training, which depends on the host (the lag
+# probes: staleness 5.3 on one host, 1.0-1.2 on two others). Training in micro-batches of 4 rows (64 per step
+# instead of 4) computes the same gradient (the loss is normalised by the global token count) several times
+# slower, so the trainer is the slow side and the queues fill on any of these hosts.
+SLOW_TRAINER = {"micro_train_batch_size": 4}
+for _name in LAG_REGIMES:
+    REGIMES[f"{_name}-mb4"] = Regime(
+        f"{REGIMES[_name].what}; the trainer in micro-batches of 4 rows (same gradient, a slower trainer)",
+        {**REGIMES[_name].flags, **SLOW_TRAINER},
+    )
+LAG_SETS = (LAG_REGIMES, tuple(f"{g}-mb4" for g in LAG_REGIMES))  # (fixed 4, fixed 8, adaptive) each
 
 
 def with_correction(cfg, correction: str, save: Path):
@@ -310,14 +321,17 @@ def render(payload: dict, out_dir: Path) -> str:
         d = r.get("final_reward_vs_none")
         if d is not None and d["verdict"] not in ("better", "worse"):
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
-    lines += ["", *_held_out_table(rows), "", *_position_table(runs), "", *_lag_table(runs)]
+    lines += ["", *_held_out_table(rows), "", *_position_table(runs)]
+    for lag_set in LAG_SETS:
+        lines += ["", *_lag_table(runs, lag_set)]
     m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
     (out_dir / f"{stem}.md").write_text(text + "\n")
     _plot(runs, out_dir / f"{stem}.png")
-    if any(r["regime"] == LAG_REGIMES[-1] for r in runs):
-        _lag_plot(runs, out_dir / f"{stem}_lag.png")
+    for lag_set, suffix in zip(LAG_SETS, ("lag", "lag_mb4"), strict=True):
+        if any(r["regime"] == lag_set[-1] for r in runs):
+            _lag_plot(runs, out_dir / f"{stem}_{suffix}.png", lag_set)
     return text
 
 
@@ -363,10 +377,11 @@ def _position_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def _lag_table(runs: list[dict]) -> list[str]:
+def _lag_table(runs: list[dict], lag_set: tuple[str, ...] = LAG_REGIMES) -> list[str]:
     """Adaptive staleness against the fixed queues it moves between: for every correction run adaptively, each
-    of LAG_REGIMES at the adaptive runs' seeds, and the adaptive run's paired difference to each fixed queue."""
-    adaptive = LAG_REGIMES[-1]
+    regime of `lag_set` (fixed queues, then the adaptive one) at the adaptive runs' seeds, and the adaptive
+    run's paired difference to each fixed queue."""
+    adaptive = lag_set[-1]
     corrections = [c for c in CORRECTIONS if any((r["regime"], r["correction"]) == (adaptive, c) for r in runs)]
     if not corrections:
         return []
@@ -377,7 +392,7 @@ def _lag_table(runs: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for correction in corrections:
         seeds = set(by_seed(runs, adaptive, correction, "final_reward"))
-        for regime in LAG_REGIMES:
+        for regime in lag_set:
             cells = []
             for key in ("final_reward", "auc_reward", "wall_s", "mean_staleness"):
                 values = [v for s, v in by_seed(runs, regime, correction, key).items() if s in seeds]
@@ -386,7 +401,7 @@ def _lag_table(runs: list[dict]) -> list[str]:
                 continue
             lags = [v for v in by_seed(runs, regime, correction, "mean_lag").values() if v is not None]
             lag = f"{statistics.fmean(lags):.2f}" if lags else f"{REGIMES[regime].flags['async_queue_size']} (fixed)"
-            diffs = [_lag_diff(runs, correction, regime, key, seeds) for key in ("final_reward", "wall_s")]
+            diffs = [_lag_diff(runs, correction, regime, key, seeds, adaptive) for key in ("final_reward", "wall_s")]
             n = len(by_seed(runs, regime, correction, "final_reward").keys() & seeds)
             lines.append(
                 f"| {correction} | {regime} | {n} | {cells[0]:.3f} | {cells[1]:.3f} | {cells[2]:.0f} | "
@@ -395,11 +410,11 @@ def _lag_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def _lag_diff(runs: list[dict], correction: str, regime: str, key: str, seeds: set[int]) -> str:
+def _lag_diff(runs: list[dict], correction: str, regime: str, key: str, seeds: set[int], adaptive_regime: str) -> str:
     """The adaptive regime's paired difference to `regime` in `key`, with its interval ('-' for itself)."""
-    if regime == LAG_REGIMES[-1]:
+    if regime == adaptive_regime:
         return "-"
-    adaptive, fixed = (by_seed(runs, g, correction, key) for g in (LAG_REGIMES[-1], regime))
+    adaptive, fixed = (by_seed(runs, g, correction, key) for g in (adaptive_regime, regime))
     diffs = [adaptive[s] - fixed[s] for s in sorted(seeds) if s in fixed]
     if len(diffs) < 2:
         return "-"
@@ -416,19 +431,19 @@ def elapsed(run: dict) -> list[float]:
     return [run["wall_s"] * (i + 1) / len(run["rewards"]) for i in range(len(run["rewards"]))]
 
 
-def _lag_plot(runs: list[dict], path: Path, window: int = 10) -> None:
+def _lag_plot(runs: list[dict], path: Path, lag_set: tuple[str, ...] = LAG_REGIMES, window: int = 10) -> None:
     """Reward (a `window`-step moving average, mean over seeds) against seconds of training, one panel per
-    correction run adaptively, one line per LAG_REGIMES entry, at the adaptive runs' seeds."""
+    correction run adaptively, one line per regime of `lag_set`, at the adaptive runs' seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    corrections = [c for c in CORRECTIONS if by_seed(runs, LAG_REGIMES[-1], c, "final_reward")]
+    corrections = [c for c in CORRECTIONS if by_seed(runs, lag_set[-1], c, "final_reward")]
     fig, axes = plt.subplots(1, len(corrections), figsize=(4.5 * len(corrections), 3.2), squeeze=False)
     for ax, correction in zip(axes[0], corrections, strict=True):
-        seeds = set(by_seed(runs, LAG_REGIMES[-1], correction, "final_reward"))
-        for regime in LAG_REGIMES:
+        seeds = set(by_seed(runs, lag_set[-1], correction, "final_reward"))
+        for regime in lag_set:
             sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction) and r["seed"] in seeds]
             if not sel:
                 continue

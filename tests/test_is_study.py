@@ -74,14 +74,20 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
     assert "| async8-partial | 0-1 | 0.100 | - | 6.00% | - | - |" in text
 
 
-def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path):
+@pytest.mark.parametrize("lag_set", [0, 1], ids=["as-fast-as-the-host", "slow-trainer"])
+def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path, lag_set):
     pytest.importorskip("matplotlib")
-    from benchmarks.is_study import LAG_REGIMES, elapsed, render
+    from benchmarks.is_study import LAG_SETS, REGIMES, elapsed, render
 
+    regimes = LAG_SETS[lag_set]
+    suffix = "-mb4" if lag_set else ""
+    assert regimes == tuple(f"{g}{suffix}" for g in ("async4-partial", "async8-partial", "async8-adaptive"))
+    if lag_set:  # the slow-trainer set: the same regimes, the trainer in micro-batches of 4 rows
+        assert all(REGIMES[g].flags == {**REGIMES[g[:-4]].flags, "micro_train_batch_size": 4} for g in regimes)
     runs = []
     for seed in range(1, 5):
-        for regime, final, wall in zip(LAG_REGIMES, (0.30, 0.36, 0.34), (70.0, 60.0, 50.0), strict=True):
-            adaptive = regime == LAG_REGIMES[-1]
+        for regime, final, wall in zip(regimes, (0.30, 0.36, 0.34), (70.0, 60.0, 50.0), strict=True):
+            adaptive = regime == regimes[-1]
             runs.append({
                 "seed": seed, "regime": regime, "correction": "reinforce_pro", "steps": 20,
                 "final_reward": final + 0.01 * seed, "auc_reward": final - 0.05, "rewards": [final] * 20,
@@ -95,10 +101,10 @@ def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path):
     payload = {"results": {"runs": runs}, "machine": {"cpu": "x", "cpu_count": 2, "torch": "t"}, "commit": "abc"}
     text = render(payload, tmp_path)
     # adaptive - fixed queue 4: +0.04 final reward (every seed), -20 s wall
-    fixed4 = "| reinforce_pro | async4-partial | 4 | 0.325 | 0.250 | 72 | 2.00 | 4 (fixed) | "
+    fixed4 = f"| reinforce_pro | async4-partial{suffix} | 4 | 0.325 | 0.250 | 72 | 2.00 | 4 (fixed) | "
     assert fixed4 + "**+0.040 [+0.040, +0.040]** | **-20 [-20, -20]** |" in text
-    assert "| reinforce_pro | async8-adaptive | 4 | 0.365 | 0.290 | 52 | 2.00 | 3.50 | - | - |" in text
-    assert (tmp_path / "is_study_lag.png").exists()
+    assert f"| reinforce_pro | async8-adaptive{suffix} | 4 | 0.365 | 0.290 | 52 | 2.00 | 3.50 | - | - |" in text
+    assert (tmp_path / f"is_study_{'lag_mb4' if lag_set else 'lag'}.png").exists()
 
 
 def test_the_smollm2_arm_runs_bench_smollm2s_settings_under_its_regime_and_ranks_by_held_out(tmp_path):
