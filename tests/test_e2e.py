@@ -224,16 +224,19 @@ def test_each_sync_backend_keeps_the_engine_on_the_trained_policy(
         assert (trainer - torch.tensor(g.log_probs)).abs().max().item() < 1e-4
 
 
-def test_an_fp8_engine_requantizes_the_weights_each_sync_brings(tmp_path, engine, tiny_model):
-    """--vllm_quantization fp8_per_channel: the engine quantizes at load and again at every in-place reload,
-    so an engine that loaded model A and was synced to model B samples exactly as one that loaded B, and
-    both differ from the fp32 trainer by the quantization (the mismatch the IS correction then sees)."""
+@pytest.mark.parametrize("quantization", [None, "fp8_per_channel"])
+def test_a_synced_engine_samples_as_one_that_loaded_the_weights(tmp_path, engine, tiny_model, quantization):
+    """An engine that loaded model A and was synced to model B samples exactly as one that loaded B. The tiny
+    model ties its LM head to its embedding: on a CPU where vLLM packs the LM head's GEMM (oneDNN on AVX-512
+    BF16 hosts) the reload used to leave the head packed from A ([126, 126, ...] against [33, 33, ...]).
+    --vllm_quantization fp8_per_channel: the engine quantizes at load and again at every in-place reload, and
+    differs from the fp32 trainer by the quantization (the mismatch the IS correction then sees)."""
     from safetensors.torch import load_file, save
 
     other = build_tiny_model(tmp_path / "other", seed=1)
     blob = save(load_file(Path(other) / "model.safetensors"))
     config = EngineConfig(model_path=tiny_model, dtype="bfloat16", max_model_len=64, seed=0,
-                          quantization="fp8_per_channel")  # fmt: skip
+                          quantization=quantization)  # fmt: skip
     synced = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
     ray.get(synced.update_weights.remote(blob))
     fresh = ray.remote(VLLMEngine).options(num_cpus=1).remote(replace(config, model_path=str(other)))
@@ -243,7 +246,10 @@ def test_an_fp8_engine_requantizes_the_weights_each_sync_brings(tmp_path, engine
         ray.kill(actor)
     assert (a.token_ids, a.log_probs) == (b.token_ids, b.log_probs)
     gap = (trainer_log_probs(str(other), prompt, a.token_ids) - torch.tensor(a.log_probs)).abs().mean().item()
-    assert 1e-3 < gap < 0.5  # quantized (an fp32 engine agrees to ~1e-6), yet the same model
+    if quantization:
+        assert 1e-3 < gap < 0.5  # quantized (an fp32 engine agrees to ~1e-6), yet the same model
+    else:
+        assert gap < 0.05  # bf16 rounding only
 
 
 def test_a_bpe_llama_with_chat_template_and_no_pad_token_trains_and_syncs(tmp_path, engine, digit_reward):
@@ -993,7 +999,8 @@ def test_a_tensor_parallel_engine_samples_as_one_worker_does_and_takes_the_broad
 
     config = EngineConfig(model_path=tiny_model, dtype="float32", max_model_len=64, seed=0, tensor_parallel_size=2)
     tp2 = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
-    try:
+    try:  # the shared engine holds whatever the last test trained: give it the weights tp2 loaded
+        ray.get(engine.update_weights.remote(save(load_file(Path(tiny_model) / "model.safetensors"))))
         prompt, greedy = [1, 21, 15, 27, 33], {"temperature": 0.0, "max_tokens": 6}
         for step in ("loaded", "synced"):
             (a,), (b,) = ray.get([tp2.generate.remote([prompt], greedy), engine.generate.remote([prompt], greedy)])

@@ -213,10 +213,9 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
         )  # fmt: skip
     engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
     devices = policy_devices(run.policy) if use_gpu and colocate_all else None
+    engine_cls = ray.remote(VLLMEngine)
     run.engines = engines or [
-        ray.remote(VLLMEngine)
-        .options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices))
-        .remote(engine_cfg, i)
+        engine_cls.options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices)).remote(engine_cfg, i)
         for i in range(cfg.engines.count)
     ]
     return run

@@ -20,6 +20,7 @@ class WeightSyncExtension:
 
         state_dict = load(blob)
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
+        self._repack_cpu_embedding_gemms()
         return len(state_dict)
 
     def join_weight_group(self, spec, rank_offset: int, host: str) -> int:
@@ -39,7 +40,22 @@ class WeightSyncExtension:
 
         stream = receive(self._weight_group, manifest, bucket_bytes, self._weight_device)
         self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
+        self._repack_cpu_embedding_gemms()
         return len(manifest)
+
+    def _repack_cpu_embedding_gemms(self) -> None:
+        """vLLM's CPU backend computes an LM head with a packed copy of its weight, made when the weights are
+        processed after loading (dispatch_cpu_unquantized_gemm: sgl-kernel or oneDNN, chosen by the CPU). A
+        tied LM head (tie_word_embeddings: the tiny model, SmolLM2, Qwen2.5-0.5B) is never loaded itself, so an
+        in-place reload left it packed from the first weights: on a host whose CPU takes the packed path
+        (AVX-512 BF16) every sync after the first sampled with the old LM head over the new model. Re-pack
+        every embedding-shaped GEMM from the weights it now shares."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+        for module in self.model_runner.model.modules():
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
+                method.process_weights_after_loading(module)
 
     def reseed(self, seed: int) -> None:
         """Reset the sampler's random state: requests without a seed of their own draw from torch's default
