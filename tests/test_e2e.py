@@ -964,9 +964,11 @@ def test_adaptive_kl_coefficient_is_the_one_the_kl_loss_uses(tmp_path, engine, t
 
 def test_adaptive_lag_moves_with_the_mismatch(tmp_path, engine, tiny_model, digit_reward):
     """Issue 31: --async_lag_target. A target far below the measured mismatch pulls the producer's lead to 0
-    (later rows are never stale); one far above lets it grow to --async_queue_size."""
+    (later rows are never stale); one far above lets it grow to --async_queue_size. The trainer runs in
+    micro-batches of 1 row (the same gradient, slower) so that the producer is the faster side on any host:
+    how far ahead it gets otherwise depends on the host and on what else runs (is_study's -mb4 regimes)."""
     common = ["--async_train", "--async_queue_size", "3", "--async_lag_metric", "rollout/logprob_abs_diff_mean",
-              "--remote_rm_url", digit_reward, "--max_samples", "40"]  # fmt: skip
+              "--remote_rm_url", digit_reward, "--max_samples", "40", "--micro_train_batch_size", "1"]  # fmt: skip
     _, _, tight = run([*common, "--async_lag_target", "1e-12"], tmp_path / "tight", engine, tiny_model)
     _, _, loose = run([*common, "--async_lag_target", "10"], tmp_path / "loose", engine, tiny_model)
     assert [h["async/max_lag"] for h in tight] == [0.0] * 5
