@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.runner import AgentConfig, AgentRunner
 from reinforce_pro.experience import Samples
-from reinforce_pro.rollout.sampler import PartialRollout, Sampler, pad_token_id, sampling_params
+from reinforce_pro.rollout.sampler import PartialRollout, Sampler, pad_token_id, sampling_params, token_versions
 
 
 class AgentSource:
@@ -40,8 +38,7 @@ class AgentSource:
         samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.agent_cfg.reward_mode)
         samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
         if self.partial is not None:
-            width = samples.num_actions
-            samples.token_version = torch.tensor([e.versions + [0] * (width - len(e.versions)) for e in episodes])
+            samples.token_version = token_versions([e.versions for e in episodes], samples.num_actions)
         return samples
 
 

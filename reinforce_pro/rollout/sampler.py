@@ -72,6 +72,12 @@ def pad_token_id(tokenizer) -> int:
     return 0
 
 
+def token_versions(versions: list[list[int]], width: int) -> torch.Tensor:
+    """[rows, width] weight versions of each response token (partial rollouts), right-padded with 0 like
+    the action columns they align with."""
+    return torch.tensor([v + [0] * (width - len(v)) for v in versions], dtype=torch.long)
+
+
 @dataclass
 class PartialRollout:
     """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between()` lets a
@@ -208,9 +214,7 @@ class PromptSource:
         index = torch.arange(len(batch)).repeat_interleave(n)
         samples = self.sampler.to_samples(prompt_ids, generations, prompts, labels, index)
         if versions is not None:
-            samples.token_version = torch.tensor(
-                [v + [0] * (samples.num_actions - len(v)) for v in versions], dtype=torch.long
-            )
+            samples.token_version = token_versions(versions, samples.num_actions)
         return samples
 
     def state_dict(self) -> dict:
