@@ -323,12 +323,15 @@ def render(payload: dict, out_dir: Path) -> str:
             lines.append(f"- {r['regime']} / {r['correction']}: {d['verdict']}")
     lines += ["", *_held_out_table(rows), "", *_position_table(runs)]
     for lag_set in LAG_SETS:
-        lines += ["", *_lag_table(runs, lag_set)]
+        if table := _lag_table(runs, lag_set):
+            lines += ["", *table]
     m, stem = payload["machine"], payload.get("benchmark", NAME)  # is_study, or a copy such as the calibration
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
     (out_dir / f"{stem}.md").write_text(text + "\n")
     _plot(runs, out_dir / f"{stem}.png")
+    if any(r.get("positions") for r in runs):
+        _position_plot(runs, out_dir / f"{stem}_positions.png")
     for lag_set, suffix in zip(LAG_SETS, ("lag", "lag_mb4"), strict=True):
         if any(r["regime"] == lag_set[-1] for r in runs):
             _lag_plot(runs, out_dir / f"{stem}_{suffix}.png", lag_set)
@@ -483,6 +486,51 @@ def _plot(runs: list[dict], path: Path) -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)  # each panel: regimes need not share their corrections
     axes[0][0].set_ylabel("reward (mean over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _position_plot(runs: list[dict], path: Path) -> None:
+    """Where in the responses the drift is, per regime: the mean |dlogp| per response-position bucket and the
+    fraction of the bucket's tokens each correction masks (top), and where each correction's first masked token
+    of a sequence falls (bottom: the distribution over buckets). Means over the runs that logged is_pos/*."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logged = [r for r in runs if r.get("positions")]
+    regimes = list(dict.fromkeys(r["regime"] for r in logged))
+    buckets = list(dict.fromkeys(k.rsplit("/", 1)[1] for r in logged for k in r["positions"] if "abs_log_ratio" in k))
+    masking = [c for c in CORRECTIONS[1:] if c != "tis"]  # tis truncates, it never masks
+    fig, axes = plt.subplots(2, len(regimes), figsize=(4.5 * len(regimes), 6), squeeze=False)
+    width = 0.8 / len(masking)
+    for col, regime in enumerate(regimes):
+        sel = [r["positions"] for r in logged if r["regime"] == regime]
+
+        def mean(key, sel=sel):
+            values = [p[key] for p in sel if p.get(key) is not None]
+            return statistics.fmean(values) if values else 0.0
+
+        top, bottom = axes[0][col], axes[1][col]
+        for i, c in enumerate(masking):
+            xs = [b + (i - (len(masking) - 1) / 2) * width for b in range(len(buckets))]
+            top.bar(xs, [100 * mean(f"is_pos/masked/{c}/{b}") for b in buckets], width, label=c)
+            # a step that masks no row logs 0 in every bucket: renormalise the mean over steps to a distribution
+            first = [mean(f"is_pos/first_masked/{c}/{b}") for b in buckets]
+            bottom.bar(xs, [100 * f / (sum(first) or 1) for f in first], width, label=c)
+        drift = top.twinx()
+        drift.plot(range(len(buckets)), [mean(f"is_pos/abs_log_ratio/{b}") for b in buckets], "k.-",
+                   label="mean |dlogp|")  # fmt: skip
+        drift.set_ylabel("mean |dlogp|" if col == len(regimes) - 1 else "")
+        top.set_title(f"{regime} ({len(sel)} runs)")
+        top.set_ylabel("% of the tokens masked" if col == 0 else "")
+        bottom.set_ylabel("% of masked rows: first mask here" if col == 0 else "")
+        for ax in (top, bottom):
+            ax.set_xticks(range(len(buckets)), buckets)
+        bottom.set_xlabel("response positions")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

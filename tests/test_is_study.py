@@ -69,7 +69,7 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
     payload = {"results": {"runs": runs}, "machine": {"cpu": "x", "cpu_count": 2, "torch": "t"}, "commit": "abc"}
     text = render(payload, tmp_path)
     assert "| async8-partial | reinforce_pro | 5 | 0.330 | **+0.100" in text
-    assert (tmp_path / "is_study.png").exists()
+    assert (tmp_path / "is_study.png").exists() and (tmp_path / "is_study_positions.png").stat().st_size > 1000
     # positions: mean over the 10 runs with IS on (seeds 1-5 twice): icepop masks 0.02 x mean seed 3 = 6%
     assert "| async8-partial | 0-1 | 0.100 | - | 6.00% | - | - |" in text
 
