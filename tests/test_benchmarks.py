@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from benchmarks import bench_is_correction
 
 
@@ -22,43 +24,70 @@ def test_bench_is_correction_writes_json_table_and_plot(tmp_path):
     assert (tmp_path / "bench_is_correction.png").stat().st_size > 1000
 
 
-def test_bench_peers_our_command_parses_and_means_the_same_work(tmp_path):
+@pytest.mark.parametrize("name", ["W1", "W3"])
+def test_bench_peers_our_command_parses_and_means_the_same_work(tmp_path, name):
     from benchmarks import bench_peers
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
-    w = bench_peers.WORKLOADS["W1"]
+    w = bench_peers.WORKLOADS[name]
+    per_step = w.prompts_per_step * w.n_samples_per_prompt
     spec = {**bench_peers.asdict(w), "model": str(tmp_path / "m"), "prompts": str(tmp_path / "p.jsonl"),
-            "samples_per_step": 64, "warmup_steps": 2}  # fmt: skip
+            "samples_per_step": per_step, "warmup_steps": 2}  # fmt: skip
     cmd = bench_peers.ours_command(spec, tmp_path / "run")
     assert cmd[1:3] == ["-m", "reinforce_pro.cli.train_ppo_ray"]
     args = parse_args(cmd[3:])
-    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.train_batch_size) == (8, 8, 64)
-    assert (args.max_new_tokens, args.micro_train_batch_size, args.zero_stage) == (32, 16, 0)
+    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.train_batch_size) == (
+        w.prompts_per_step, 8, per_step
+    )  # fmt: skip
+    assert (args.max_new_tokens, args.micro_train_batch_size, args.zero_stage) == (w.max_new_tokens, 16, 0)
     assert (args.init_kl_coef, args.param_dtype, args.vllm_dtype, args.advantage_estimator) == (
         0.0, "fp32", "float32", "group_norm"
     )  # fmt: skip
-    assert args.num_episodes * 64 // 8 >= 2 + w.steps  # enough steps for warm-up plus the measured ones
+    steps = args.num_episodes * (args.max_samples // args.rollout_batch_size)
+    assert steps >= 2 + w.steps  # enough steps for warm-up plus the measured ones
+    assert steps < 2 + w.steps + args.max_samples // args.rollout_batch_size  # and not an episode more
+
+
+def test_bench_peers_counts_the_matmul_work_of_a_step(tmp_path):
+    from benchmarks import bench_peers
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    arch = bench_peers.TinyArch(64, 2, 128, 4, 2)
+    model = build_tiny_model(tmp_path / "m", **bench_peers.asdict(arch))
+    work = bench_peers.train_work(model, [{"question": "What is 1 + 2?"}, {"question": "What is 10 + 20?"}])
+    cfg = json.loads((model / "config.json").read_text())
+    # per layer: q, o (64 x 64), k, v (64 x 32: 2 of 4 heads), gate, up, down (64 x 128); plus the LM head
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
+    assert work["matmul_params"] == 2 * layer + cfg["vocab_size"] * 64
+    assert work["prompt_tokens_mean"] > len("What is 10 + 20?")  # a character tokenizer, plus the chat template
+    assert bench_peers.gemm_peak_gflops(size=64, repeats=2) > 0
 
 
 def test_bench_peers_summary_and_render(tmp_path):
     from benchmarks import bench_peers
 
-    ours = {"steps": [{"seconds": 9.0, "tokens": 10, "generate": 1, "make_experience": 0, "train": 8,
-                       "weight_sync": 0}] + [{"seconds": s, "tokens": 100, "generate": 0.5, "make_experience": 0.0,
-                                              "train": 0.4, "weight_sync": 0.1} for s in (1.0, 1.0, 2.0)],
-            "process_wall_s": 30.0}  # fmt: skip
+    ours = {"steps": [{"seconds": 9.0, "tokens": 10, "samples": 4, "generate": 1, "make_experience": 0, "train": 8,
+                       "weight_sync": 0}] + [{"seconds": s, "tokens": 100, "samples": 4, "generate": 0.5,
+                                              "make_experience": 0.0, "train": 0.4, "weight_sync": 0.1}
+                                             for s in (1.0, 1.0, 2.0)],
+            "process_wall_s": 30.0, "first_step_s": 12.0}  # fmt: skip
     versions = {"trl": "1.16.0", "transformers": "5.19.0", "torch": "2.13.0"}
     trl = {"steps": [{"seconds": 5.0, "tokens": 1}] + [{"seconds": 2.0, "tokens": 100}] * 3,
-           "process_wall_s": 20.0, "versions": versions}  # fmt: skip
-    s_ours, s_trl = bench_peers.summarise(ours, 1), bench_peers.summarise(trl, 1)
+           "process_wall_s": 20.0, "first_step_s": 7.5, "versions": versions}  # fmt: skip
+    spec = {"warmup_steps": 1, "matmul_params": 1000, "prompt_tokens_mean": 25.0}
+    s_ours, s_trl = bench_peers.summarise(ours, spec, 2.0), bench_peers.summarise(trl, spec, 2.0)
     assert s_ours["tokens_per_s"] == 300 / 4.0 and s_ours["median_step_s"] == 1.0
     assert s_ours["median_phase_s"]["train"] == 0.4
-    assert s_trl["tokens_per_s"] == 300 / 6.0 and "median_phase_s" not in s_trl
-    results = {"W1": {"trl": s_trl, "ours": s_ours, "throughput_ratio": 1.5, "raw": {"trl": trl, "ours": ours}}}
+    assert s_ours["train_roofline_s"] == 6 * 1000 * (4 * 25 + 100) / 2e9  # 6 x params x tokens / peak
+    assert s_trl["tokens_per_s"] == 300 / 6.0 and "median_phase_s" not in s_trl and s_trl["first_step_s"] == 7.5
+    results = {"W1": {"trl": s_trl, "ours": s_ours, "throughput_ratio": 1.5, "gemm_peak_gflops": 2.0,
+                      "raw": {"trl": trl, "ours": ours}}}  # fmt: skip
     payload = {"results": results, "machine": {"cpu": "cpu", "cpu_count": 2, "torch": "2.13.0+cpu"}, "commit": "abc",
                "config": {"warmup_steps": 1}}  # fmt: skip
     table = bench_peers.render(payload, tmp_path)
-    assert "| W1 | train_ppo_ray | 1.00 | 75 |" in table and "**1.50x**" in table
+    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 12 | 30 | **1.50x** |" in table
+    assert "| W1 | TRL GRPOTrainer | 2.00 | 50 | 100 | 8 | 20 |  |" in table
+    assert f"| 0.400 | 0.100 | {0.0006:.3f} | {0.4 / 0.0006:.2f}x |" in table  # train, weight_sync, roofline
     assert (tmp_path / "bench_peers.png").stat().st_size > 1000
 
 

@@ -37,6 +37,7 @@ def main(workdir: Path) -> None:
         return [1.0 if lab in text else 0.0 for text, lab in zip(texts, label, strict=True)]
 
     step_ends: list[float] = []
+    first_step_end_unix: list[float] = []  # the wall clock, for the time from the command to the first step
 
     class StepClock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -44,6 +45,8 @@ def main(workdir: Path) -> None:
 
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
+            if not first_step_end_unix:
+                first_step_end_unix.append(time.time())
 
     micro = w["micro_batch_size"]
     config = GRPOConfig(
@@ -85,6 +88,7 @@ def main(workdir: Path) -> None:
         "step_seconds": step_seconds,
         "response_tokens": tokens_per_generation[: len(step_seconds)],
         "train_wall_s": total,
+        "first_step_end_unix": first_step_end_unix[0],
         "torch_threads": torch.get_num_threads(),
         "trl": __import__("trl").__version__,
         "transformers": __import__("transformers").__version__,
