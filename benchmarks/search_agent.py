@@ -34,7 +34,8 @@ NAME = "search_agent"
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
 SETTINGS = {  # the agent's environment (examples/python/agent_search.py) and the run's shape
     "SEARCH_TOPK": "2", "SEARCH_INFO_CHARS": "110", "SEARCH_MAX_SEARCHES": "3",
-    "entities": 200, "demo_frac": 0.5, "sft_steps": 300, "max_turns": 4, "max_len": 512, "max_new_tokens": 40,
+    "entities": 200, "demo_frac": 0.5, "extra_kbs": 0, "sft_steps": 300,
+    "max_turns": 4, "max_len": 512, "max_new_tokens": 40,
     "rollout_batch_size": 16, "n_samples_per_prompt": 8, "lr": 3e-4, "eval_questions": 200,
 }  # fmt: skip
 
@@ -49,8 +50,9 @@ def prepare(seed: int, workdir: Path) -> tuple[dict, str, object]:
     paths = knowledge.write(kb, workdir / "kb")
     topk, chars = int(SETTINGS["SEARCH_TOPK"]), int(SETTINGS["SEARCH_INFO_CHARS"])
     stats = warm_start(
-        workdir / "kb", workdir / "warm", SETTINGS["sft_steps"], SETTINGS["demo_frac"], topk, chars, seed
-    )
+        workdir / "kb", workdir / "warm", SETTINGS["sft_steps"], SETTINGS["demo_frac"], topk, chars, seed,
+        SETTINGS["extra_kbs"],
+    )  # fmt: skip
     info = {**{k: str(v) for k, v in paths.items()}, **stats, "heldout_rows": kb.heldout}
     return info, str(workdir / "warm"), BM25Index(kb.passages)
 

@@ -336,6 +336,28 @@ def test_search_recipe_trains_with_the_service_running(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ warm start
+def test_extra_knowledge_bases_bring_new_names_and_none_of_the_evaluated_base(kb):
+    """The warm start's extra bases (they teach copying unseen names): questions of other bases, each answered
+    by its own index, and no question that names a name of the base under evaluation."""
+    from reinforce_pro.search.demonstrations import NAME, extra_questions
+
+    base_names = set(NAME.findall(" ".join(p["contents"] for p in kb.passages)))
+    extra = extra_questions(kb.passages, 2, seed=3)
+    assert extra_questions(kb.passages, 0, seed=3) == []
+    assert len({id(index) for _, index in extra}) == 2
+    assert len(extra) > 1.5 * len(kb.train + kb.heldout)  # two bases' questions, few or none left out
+    for row, index in extra:
+        assert base_names.isdisjoint(NAME.findall(f"{row['question']} {row['answer']}"))
+        (hits,) = index.search([row["question"].rstrip("?")], 2)
+        assert any(row["answer"] in doc["contents"] or " of mentor of " in row["question"] for doc, _ in hits)
+    # a base that shares a name with an extra one loses the questions naming it (same people: same extra base)
+    clash = NAME.findall(extra[0][0]["question"])[0]
+    person = kb.passages[0]["contents"].split("\n")[0]
+    shared = [{"id": "x", "contents": f"{person}\n{person} met {clash}."}, *kb.passages[1:]]
+    kept = extra_questions(shared, 2, seed=3)
+    assert 0 < len(kept) < len(extra) and all(clash not in f"{r['question']} {r['answer']}" for r, _ in kept)
+
+
 def test_demonstrations_lay_out_episodes_as_the_runner_does(kb, tokenizer):
     """A two-hop demonstration: question, search (trained, ends with EOS), the index's real answer (context),
     the bridge search, its answer, the answer turn; and the SFT batch trains exactly the model turns."""
