@@ -85,8 +85,9 @@ def test_bench_peers_summary_and_render(tmp_path):
     payload = {"results": results, "machine": {"cpu": "cpu", "cpu_count": 2, "torch": "2.13.0+cpu"}, "commit": "abc",
                "config": {"warmup_steps": 1}}  # fmt: skip
     table = bench_peers.render(payload, tmp_path)
-    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 12 | 30 | **1.50x** |" in table
-    assert "| W1 | TRL GRPOTrainer | 2.00 | 50 | 100 | 8 | 20 |  |" in table
+    assert s_ours["startup_s"] == 12.0 - 9.0 and s_trl["startup_s"] == 7.5 - 5.0  # first step's end less its time
+    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 3 | 30 | **1.50x** |" in table
+    assert "| W1 | TRL GRPOTrainer | 2.00 | 50 | 100 | 2 | 20 |  |" in table
     assert f"| 0.400 | 0.100 | {0.0006:.3f} | {0.4 / 0.0006:.2f}x |" in table  # train, weight_sync, roofline
     assert (tmp_path / "bench_peers.png").stat().st_size > 1000
 
