@@ -70,7 +70,8 @@ def test_bench_peers_summary_and_render(tmp_path):
                        "weight_sync": 0}] + [{"seconds": s, "tokens": 100, "samples": 4, "generate": 0.5,
                                               "make_experience": 0.0, "train": 0.4, "weight_sync": 0.1}
                                              for s in (1.0, 1.0, 2.0)],
-            "process_wall_s": 30.0, "first_step_s": 12.0}  # fmt: skip
+            "process_wall_s": 30.0, "first_step_s": 12.0,
+            "first_run": {"steps": [{"seconds": 2.0}], "first_step_s": 50.0}}  # fmt: skip
     versions = {"trl": "1.16.0", "transformers": "5.19.0", "torch": "2.13.0"}
     trl = {"steps": [{"seconds": 5.0, "tokens": 1}] + [{"seconds": 2.0, "tokens": 100}] * 3,
            "process_wall_s": 20.0, "first_step_s": 7.5, "versions": versions}  # fmt: skip
@@ -86,7 +87,8 @@ def test_bench_peers_summary_and_render(tmp_path):
                "config": {"warmup_steps": 1}}  # fmt: skip
     table = bench_peers.render(payload, tmp_path)
     assert s_ours["startup_s"] == 12.0 - 9.0 and s_trl["startup_s"] == 7.5 - 5.0  # first step's end less its time
-    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 3 | 30 | **1.50x** |" in table
+    assert s_ours["startup_first_run_s"] == 48.0 and "startup_first_run_s" not in s_trl
+    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 48 / 3 | 30 | **1.50x** |" in table
     assert "| W1 | TRL GRPOTrainer | 2.00 | 50 | 100 | 2 | 20 |  |" in table
     assert f"| 0.400 | 0.100 | {0.0006:.3f} | {0.4 / 0.0006:.2f}x |" in table  # train, weight_sync, roofline
     assert (tmp_path / "bench_peers.png").stat().st_size > 1000
