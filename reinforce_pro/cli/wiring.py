@@ -385,6 +385,19 @@ def rollout_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, us
     return PromptSource(sampler)
 
 
+def announce_engines(cfg: RunConfig, use_gpu: bool) -> None:
+    """What the engines' start does before the first step, the longest wait of a cold start."""
+    count, device = cfg.engines.count, "GPU" if use_gpu else "CPU"
+    if cfg.engines.config.enforce_eager:
+        what = "no compilation (--enforce_eager)"
+    else:
+        cache = os.path.join(os.environ.get("VLLM_CACHE_ROOT", "~/.cache/vllm"), "torch_compile_cache")
+        key = "GPU: per model path" if use_gpu else "per architecture"  # rollout/vllm_engine._cacheable_model_path
+        what = (f"compiling the model's graph with torch.compile, cached in {cache} ({key}: a later run loads it; "
+                "--enforce_eager skips compiling and decodes more slowly)")  # fmt: skip
+    print(f"[engines] starting {count} vLLM engine{'s' * (count > 1)} ({device}): {what}", flush=True)
+
+
 def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
     (the end-to-end tests) share already-started rollout engines."""
@@ -397,6 +410,8 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
     (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
     if plan.log_dir is not None:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
+    if engines is None:
+        announce_engines(cfg, use_gpu)
     groups = build_groups(cfg, plan, use_gpu, engines)
     if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
         summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
