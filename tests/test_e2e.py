@@ -1063,23 +1063,3 @@ def test_a_ring_of_two_ranks_trains_as_one_rank_does(tmp_path, engine, tiny_mode
     assert all(row["rollout/logprob_abs_diff_max"] < 1e-4 for row in history)
     placement = json.loads((plan.run_dir / "placement.json").read_text())
     assert len(placement["policy"]) == 2 and len(placement["engines"]) == 1
-
-
-def test_engines_of_one_architecture_share_a_compile_cache_key(tmp_path, monkeypatch):
-    """A CPU engine loads its model by directory name from the parent directory: vLLM's compile-cache key then
-    depends on the architecture, not on where a run keeps its weights (the embedded default's warm start lives
-    in a fresh run directory each time, and recompiled every run). Different sizes keep different keys."""
-    from vllm.config import ModelConfig
-
-    from reinforce_pro.rollout.vllm_engine import _cacheable_model_path
-
-    keys = {}
-    for run, seed, hidden in (("run_a", 0, 128), ("run_b", 1, 128), ("run_c", 0, 64)):
-        model = build_tiny_model(tmp_path / run / "warmstart", hidden_size=hidden, seed=seed)
-        monkeypatch.chdir(tmp_path)
-        name = _cacheable_model_path(str(model))
-        assert name == "warmstart" and Path.cwd() == model.parent
-        keys[run] = ModelConfig(model=name, dtype="bfloat16", max_model_len=64).compute_hash()
-    assert keys["run_a"] == keys["run_b"] != keys["run_c"]
-    monkeypatch.chdir(tmp_path)
-    assert _cacheable_model_path("Org/not-a-local-dir") == "Org/not-a-local-dir" and Path.cwd() == tmp_path

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -390,11 +392,15 @@ def announce_engines(cfg: RunConfig, use_gpu: bool) -> None:
     count, device = cfg.engines.count, "GPU" if use_gpu else "CPU"
     if cfg.engines.config.enforce_eager:
         what = "no compilation (--enforce_eager)"
-    else:
-        cache = os.path.join(os.environ.get("VLLM_CACHE_ROOT", "~/.cache/vllm"), "torch_compile_cache")
-        key = "GPU: per model path" if use_gpu else "per architecture"  # rollout/vllm_engine._cacheable_model_path
-        what = (f"compiling the model's graph with torch.compile, cached in {cache} ({key}: a later run loads it; "
-                "--enforce_eager skips compiling and decodes more slowly)")  # fmt: skip
+    elif use_gpu:
+        what = "compiling the model's graph with torch.compile (vLLM caches it per model path)"
+    else:  # vLLM's CPU build compiles with torch.compile's Inductor, whose cache is keyed by the graph
+        default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")  # Inductor's own default
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default
+        what = (
+            f"compiling the model's graph with torch.compile, cached by Inductor in {cache} (a later run of the "
+            "same architecture and lengths loads it; --enforce_eager skips compiling, decoding more slowly)"
+        )
     print(f"[engines] starting {count} vLLM engine{'s' * (count > 1)} ({device}): {what}", flush=True)
 
 

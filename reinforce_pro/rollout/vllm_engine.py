@@ -65,22 +65,6 @@ def cpu_bind(workers: int, cores: list[int] | None = None) -> str:
     return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
 
 
-def _cacheable_model_path(model_path: str) -> str:
-    """The model's directory name, with this process moved into its parent: vLLM keys its compile cache on
-    the model's config *and its path*, so a run whose model lives in a fresh directory (the embedded default's
-    warm start in its run directory, every benchmark's temporary model) recompiled a graph already compiled
-    for the same architecture. By its name the path is the same across runs; the weights are inputs of the
-    compiled graph, not part of it, and distinct architectures still get distinct keys. CPU engines only: their
-    workers (TP included) are processes of this actor, which start in its directory; a model name that is not a
-    local directory (a hub id) is left as it is."""
-    path = os.path.abspath(model_path)
-    if not os.path.isdir(path):
-        return model_path
-    parent, name = os.path.split(path)
-    os.chdir(parent)
-    return name
-
-
 class VLLMEngine:
     """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
 
@@ -109,11 +93,8 @@ class VLLMEngine:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(cfg.tensor_parallel_size))
         from vllm import LLM
 
-        model = cfg.model_path
-        if not on_gpu:
-            model = _cacheable_model_path(model)
         kwargs = dict(
-            model=model,
+            model=cfg.model_path,
             dtype=cfg.dtype,
             seed=cfg.seed + engine_index,
             enforce_eager=cfg.enforce_eager,
