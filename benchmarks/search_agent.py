@@ -2,12 +2,14 @@
 the same model answering without search.
 
     python benchmarks/search_agent.py --seeds 1-3 --steps 60
+    python benchmarks/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
     python benchmarks/search_agent.py --render benchmarks/results/search_agent.json
 
 Per seed: a generated knowledge base (reinforce_pro.search.knowledge: invented people, their home / tool /
 mentor; train and held-out people share no fact), its BM25 service on loopback, and the built-in tiny Qwen2
 (512 positions) warm-started on demonstrations of a share of the train questions (search turns, the service's
-real answers, the answer turn; reinforce_pro.search.demonstrations). Then RL with the search agent
+real answers, the answer turn; reinforce_pro.search.demonstrations) and of every question of 20 other generated
+bases, whose names it must learn to copy rather than memorise. Then RL with the search agent
 (examples/python/agent_search.py) on the train questions: reinforce_baseline, the reinforce_pro correction,
 an fp32 engine. Evaluated on the held-out questions with greedy decoding at the warm start and after RL: with
 search, and without (the service answers every search with an empty block; the same model, the same turns).
@@ -34,7 +36,8 @@ NAME = "search_agent"
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
 SETTINGS = {  # the agent's environment (examples/python/agent_search.py) and the run's shape
     "SEARCH_TOPK": "2", "SEARCH_INFO_CHARS": "110", "SEARCH_MAX_SEARCHES": "3",
-    "entities": 200, "demo_frac": 0.5, "extra_kbs": 0, "sft_steps": 300,
+    # extra_kbs: demonstrations from 20 other generated bases teach copying unseen names (docs/agents.md)
+    "entities": 200, "demo_frac": 0.5, "extra_kbs": 20, "sft_steps": 1500,
     "max_turns": 4, "max_len": 512, "max_new_tokens": 40,
     "rollout_batch_size": 16, "n_samples_per_prompt": 8, "lr": 3e-4, "eval_questions": 200,
 }  # fmt: skip
@@ -110,16 +113,18 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
             "--param_dtype", "fp32", "--max_samples", str(r * steps), "--seed", str(seed),
             "--save_path", str(workdir / "rl"), "--actor_num_gpus_per_node", "1"]  # fmt: skip
     os.environ["SEARCH_OFF"] = "0"
-    _, cfg = parse(argv)
-    rl_start = time.perf_counter()
-    history = build_and_fit(cfg, prepare_run(cfg), engines=[engine])
+    rl_start, history, after = time.perf_counter(), [], before  # --steps 0: the warm start alone
+    if steps > 0:
+        _, cfg = parse(argv)
+        history = build_and_fit(cfg, prepare_run(cfg), engines=[engine])
+        after = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
     rl_wall = time.perf_counter() - rl_start
-    after = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
     ray.kill(engine)
     server.shutdown()
     curve = [h.get("rollout/reward_mean") for h in history]
     return {"seed": seed, "steps": len(history), "before": before, "after": after, "rl_wall_s": rl_wall,
-            "wall_s": time.perf_counter() - start, "sft_loss_last": info["sft/loss_last"], "reward_curve": curve,
+            "wall_s": time.perf_counter() - start, "sft_loss_last": info["sft/loss_last"],
+            "demonstrations": info["sft/demonstrations"], "reward_curve": curve,
             "searches_curve": [h.get("reward/searches") for h in history]}  # fmt: skip
 
 
@@ -146,7 +151,7 @@ def render(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="1-3", help="e.g. 1-3 or 1,4")
-    p.add_argument("--steps", type=int, default=60, help="RL steps per seed")
+    p.add_argument("--steps", type=int, default=60, help="RL steps per seed (0: evaluate the warm start only)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", type=Path, default=None, help="only render the table of this JSON")
     args = p.parse_args(argv)
@@ -158,13 +163,14 @@ def main(argv=None) -> int:
     low, _, high = args.seeds.partition("-")
     seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
     start_ray(logical_cpus=8)
+    name = NAME if args.steps > 0 else f"{NAME}_warm_start"  # the warm start alone keeps its own file
     runs = []
     for seed in seeds:
         print(f"[search_agent] seed {seed}", flush=True)
         runs.append(run_seed(seed, args.steps, Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))))
-        path = write_result(NAME, {**SETTINGS, "steps": args.steps}, {"runs": runs}, args.output)
+        path = write_result(name, {**SETTINGS, "steps": args.steps}, {"runs": runs}, args.output)
     table = render(json.loads(path.read_text()))
-    (args.output / f"{NAME}.md").write_text(table + "\n")
+    (args.output / f"{name}.md").write_text(table + "\n")
     print(table)
     return 0
 
