@@ -86,6 +86,14 @@ def train(run_dir: Path, inputs, extra: list[str], address: str | None) -> list[
     return read_metrics(run_dir / "metrics.jsonl")
 
 
+def close(key: str, a: float, b: float) -> bool:
+    """Equal up to float order. The fp32 engine-trainer log-prob gaps are themselves float noise (1e-7 to 3e-6,
+    by reduction order from run to run: a CI run saw 2.9e-7 against 1.8e-7), so they are compared at 1e-5, still
+    far below a real mismatch (a bf16 engine: 5e-3)."""
+    noise = key.startswith("rollout/logprob_abs_diff")
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5 if noise else 1e-7)
+
+
 def deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "async/"))}
 
@@ -108,9 +116,7 @@ def test_two_node_policy_trains_like_one_node_and_resumes(tmp_path, cluster, inp
     for m, s in zip(multi, single, strict=True):
         m, s = deterministic(m), deterministic(s)
         assert m.keys() == s.keys()
-        assert all(math.isclose(m[k], s[k], rel_tol=1e-5, abs_tol=1e-7) for k in m), [
-            (k, m[k], s[k]) for k in m if not math.isclose(m[k], s[k], rel_tol=1e-5, abs_tol=1e-7)
-        ]
+        assert all(close(k, m[k], s[k]) for k in m), [(k, m[k], s[k]) for k in m if not close(k, m[k], s[k])]
     assert any(r["policy/grad_norm"] > 0 for r in multi)  # there was something to train
 
     # the checkpoint of step 2, written by ranks on two nodes, resumes there and trains step 3 on the same
