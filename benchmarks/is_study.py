@@ -369,8 +369,7 @@ def _position_table(runs: list[dict]) -> list[str]:
         sel = [r["positions"] for r in logged if r["regime"] == regime]
 
         def mean(key, sel=sel):
-            values = [p[key] for p in sel if p.get(key) is not None]
-            return statistics.fmean(values) if values else None
+            return _position_mean(sel, key)
 
         for b in buckets:
             cells = [_fmt(mean(f"is_pos/masked/{c}/{b}"), ".2%") for c in CORRECTIONS[1:]]
@@ -491,6 +490,12 @@ def _plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _position_mean(positions: list[dict], key: str) -> float | None:
+    """Mean of one is_pos/* value over the runs that logged it (None if none did)."""
+    values = [p[key] for p in positions if p.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
 def _position_plot(runs: list[dict], path: Path) -> None:
     """Where in the responses the drift is, per regime: the mean |dlogp| per response-position bucket and the
     fraction of the bucket's tokens each correction masks (top), and where each correction's first masked token
@@ -510,8 +515,7 @@ def _position_plot(runs: list[dict], path: Path) -> None:
         sel = [r["positions"] for r in logged if r["regime"] == regime]
 
         def mean(key, sel=sel):
-            values = [p[key] for p in sel if p.get(key) is not None]
-            return statistics.fmean(values) if values else 0.0
+            return _position_mean(sel, key) or 0.0
 
         top, bottom = axes[0][col], axes[1][col]
         for i, c in enumerate(masking):
