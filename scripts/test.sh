@@ -17,5 +17,5 @@ echo "[test] ruff"
 "$PY" -m ruff format --check --quiet reinforce_pro tests benchmarks
 echo "[test] compileall"
 "$PY" -m compileall -q reinforce_pro tests benchmarks >/dev/null
-echo "[test] pytest"
+echo "[test] pytest (set-up and lint took ${SECONDS} s; tests slower than 60 s are named as they end)"
 "$PY" -m pytest -q --durations=20 "$@"  # the 20 slowest tests listed: where the suite's time goes

@@ -1,5 +1,6 @@
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,28 @@ import pytest
 # Import the package before any test module imports ray: it puts Ray's loopback settings in the
 # environment, which Ray reads at import time (reinforce_pro/ray_env.py).
 import reinforce_pro  # noqa: F401
+
+SLOW_TEST_S = 60.0  # a test slower than this gets its own line as it ends (CI's log is otherwise dots)
+_SESSION_START = time.monotonic()
+_CONFIG = None
+
+
+def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config
+
+
+def pytest_runtest_logreport(report):
+    """Say where the time goes while the suite runs, not only at its end (--durations): a CI run stopped by
+    its time limit then shows the last slow tests and when each ended."""
+    if report.duration > SLOW_TEST_S:  # setup counts too: the shared Ray cluster and engines start there
+        minutes, seconds = divmod(int(time.monotonic() - _SESSION_START), 60)
+        phase = "" if report.when == "call" else f" ({report.when})"
+        line = f"[slow test] {report.nodeid}{phase}: {report.duration:.0f} s (session at {minutes}m{seconds:02d}s)"
+        terminal = _CONFIG.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.ensure_newline()
+            terminal.write_line(line)
 
 
 @pytest.fixture
