@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -96,6 +97,7 @@ def setup_distributed(dist: DistInfo) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/reinforce_pro/torch_extensions"))
+        load_shm_op(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
     use_host_threads()
     import deepspeed
 
@@ -105,6 +107,34 @@ def setup_distributed(dist: DistInfo) -> None:
         rank=dist.rank,
         world_size=dist.world_size,
     )
+
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory comm op, JIT-built by every CPU rank's init_distributed
+
+
+def load_shm_op(extensions_dir: Path, load=None) -> None:
+    """Load DeepSpeed's CPU comm op before init_distributed does, so that a lock a dead process left cannot
+    hang the run.
+
+    torch's JIT extension loader guards the op's build directory with a plain file (<dir>/<op>/lock) that
+    every loading process creates and removes, even when the op is already built; a process killed while it
+    holds the file (Ctrl-C during start-up, a killed actor, a stopped machine) leaves it behind, and from then
+    on every rank of every run waits for it in FileBaton.wait, forever and silently. Here each process takes
+    a kernel lock (flock on <dir>/reinforce_pro.lock, released when its holder dies, however it dies) around
+    the load: a build lock found while holding it belongs to no live loader and is removed. DeepSpeed keeps
+    the loaded op, so init_distributed does not load it again. `load`: the loader (tests)."""
+    import fcntl
+
+    if load is None:
+        from deepspeed.comm.torch import build_shm_op as load
+    extensions_dir.mkdir(parents=True, exist_ok=True)
+    with open(extensions_dir / "reinforce_pro.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = extensions_dir / SHM_OP / "lock"
+        if stale.exists():
+            print(f"[deepspeed] removing {stale}, left by a process that died while loading the op", flush=True)
+            stale.unlink(missing_ok=True)
+        load()
 
 
 def device() -> torch.device:
