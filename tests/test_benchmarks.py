@@ -172,3 +172,42 @@ def test_bench_weight_sync_renders_measured_and_computed_rows(tmp_path):
     # 7B in bf16 is 15.24 GB: 0.30 s at 50 GB/s; the object store at the 100m model's 0.25 GB/s takes 61 s
     assert "| 7B | 15.2 | 0.03 | 0.30 | 1.22 | 60.96 |" in table
     assert (tmp_path / "bench_weight_sync.png").stat().st_size > 1000
+
+
+@pytest.mark.e2e
+def test_bench_train_phase_profiles_a_real_policy_step(tmp_path):
+    """The policy worker of a run, at a tiny size, in its own process (DeepSpeed starts torch.distributed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks import bench_train_phase
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, intermediate_size=128)
+    script = Path(bench_train_phase.__file__)
+    args = ["--model", str(model), "--rows", "4", "--micro", "2", "--steps", "1", "--max_response_tokens", "8",
+            "--prompt_tokens", "10", "--output", str(tmp_path)]  # fmt: skip
+    subprocess.run([sys.executable, str(script), *args], check=True, timeout=600, cwd=script.parent.parent)
+    payload = json.loads((tmp_path / "bench_train_phase.json").read_text())
+    r = payload["results"]
+    assert len(r["step_s"]) == 1 and r["roofline_s"] > 0 and r["trained_tokens"] <= 4 * 18
+    profile = r["profile"]
+    assert set(profile["by_kind_s"]) == set(bench_train_phase.KINDS)
+    assert profile["by_kind_s"]["GEMM"] > 0 and profile["gemm_flops"] > 0
+    assert sum(profile["by_kind_s"].values()) <= profile["wall_s"] * 1.05  # self times partition the step
+    assert profile["by_kind_s"]["optimizer step"] > 0  # AdamW's ops are found under its step
+    table = (tmp_path / "bench_train_phase.md").read_text()
+    assert "| GEMM |" in table and "GFLOP/s" in table and "| no op (Python" in table
+
+
+def test_bench_train_phase_sorts_ops_by_kind():
+    from benchmarks.bench_train_phase import op_kind
+
+    assert op_kind("aten::addmm") == op_kind("aten::mm") == "GEMM"
+    assert op_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert op_kind("aten::logsumexp") == "log-prob / loss"
+    assert op_kind("aten::copy_") == op_kind("aten::view") == "copy / fill / views"
+    assert op_kind("aten::scatter_add_") == "log-prob / loss" and op_kind("aten::histc") == "element-wise"
+    assert op_kind("aten::mul") == "element-wise"
+    assert op_kind("autograd::engine::evaluate_function: MmBackward0") == "other ops"

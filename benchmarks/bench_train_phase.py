@@ -1,0 +1,355 @@
+"""Where the train phase of a real model's RL step goes, against its roofline (issue 30).
+
+Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
+Takes:   ~3 minutes on 2 cores with the defaults.
+
+    python benchmarks/bench_train_phase.py                 # measure, write JSON, render the table
+    python benchmarks/bench_train_phase.py --render FILE   # re-render from a JSON
+
+The policy worker of a run (workers/policy.PolicyWorker: DeepSpeed, AdamW, the policy loss), built in this
+process as one rank, trains on batches shaped like bench_peers' W3 step: 32 rows of a chat-templated prompt
+(~36 tokens) and a response of 16-64 tokens (mean ~47, as W3's rollouts), micro-batches of 16, one optimizer
+step per batch, fp32, ZeRO stage 0 — what `time/train` of a W3 step covers. It reports:
+- seconds per optimizer step (median of `--steps`, after one warm-up step), beside the roofline
+  6 x matmul parameters x trained tokens / the machine's fp32 GEMM rate (a square GEMM, as bench_peers);
+- a torch-profiler breakdown of one step: self time by kind of op (GEMM, attention, the optimizer's step,
+  element-wise, copies, ...), the GEMMs' own rate (their FLOPs / their time) and the time no op accounts for
+  (Python, DeepSpeed and autograd bookkeeping);
+- the 15 ops with the most self time;
+- one AdamW step over the model's parameters with each of torch's implementations (for-loop, foreach, fused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+
+NAME = "bench_train_phase"
+MODEL = Path.home() / ".cache" / "reinforce_pro" / "smollm2-135m-instruct"  # where the recipes keep it
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv"}
+KINDS = [
+    "GEMM",
+    "attention",
+    "optimizer step",
+    "vocabulary-wide (log-probs)",
+    "log-prob / loss",
+    "element-wise",
+    "copy / fill / views",
+    "other ops",
+]
+
+
+LOG_PROB_OPS = ("logsumexp", "gather", "log_softmax", "_log_softmax", "softmax", "_softmax", "scatter")
+COPY_OPS = {"copy_", "fill_", "zero_", "zeros", "zeros_like", "empty", "empty_like", "empty_strided", "clone", "to",
+            "_to_copy", "contiguous", "cat", "new_zeros", "new_empty", "full", "ones_like", "resize_", "as_strided",
+            "slice", "select", "view", "reshape", "_reshape_alias", "expand", "transpose", "t", "permute",
+            "unsqueeze", "squeeze", "narrow", "split", "detach"}  # fmt: skip
+
+
+def op_kind(name: str) -> str:
+    op = name.removeprefix("aten::")
+    if name in GEMM_OPS:
+        return "GEMM"
+    if "scaled_dot_product" in op or "flash_attention" in op:
+        return "attention"
+    if name.startswith("aten::") and op.startswith(LOG_PROB_OPS):
+        return "log-prob / loss"
+    if name.startswith("aten::") and op in COPY_OPS:
+        return "copy / fill / views"
+    if name.startswith("aten::"):
+        return "element-wise"  # mul, add, silu, rsqrt, pow, mean, embedding_dense_backward, ...
+    return "other ops"
+
+
+def experience_batch(rows: int, prompt: int, max_response: int, vocab: int, seed: int):
+    """One rollout batch as the trainer hands it to the policy: left-padded prompts of prompt-6..prompt tokens,
+    right-padded responses of max_response/4..max_response, advantages of +-1, no old log-probs (one epoch)."""
+    import torch
+
+    from reinforce_pro.experience import Experience
+
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.randint(10, vocab, (rows, prompt + max_response), generator=gen)
+    mask = torch.ones_like(seq)
+    for i in range(rows):
+        p = int(torch.randint(prompt - 6, prompt + 1, (1,), generator=gen))
+        r = int(torch.randint(max_response // 4, max_response + 1, (1,), generator=gen))
+        mask[i, : prompt - p] = 0
+        mask[i, prompt + r :] = 0
+    action_mask = mask[:, prompt:].bool()
+    advantages = (torch.randint(0, 2, (rows, 1), generator=gen).float() * 2 - 1) * action_mask
+    return Experience(
+        sequences=seq * mask, attention_mask=mask, action_mask=action_mask, old_log_probs=None,
+        rollout_log_probs=torch.full(action_mask.shape, -1.0), advantages=advantages, returns=advantages,
+        rewards=advantages[:, 0],
+    )  # fmt: skip
+
+
+def build_worker(model: Path, micro: int, rendezvous: Path):
+    from reinforce_pro.workers.base import DistInfo, OptimConfig
+    from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
+
+    opt = OptimConfig(learning_rate=1e-6, lr_scheduler="constant", lr_warmup_ratio=0.0, total_steps=1000,
+                      zero_stage=0, param_dtype="fp32", micro_batch_size=micro, grad_accum_steps=1)  # fmt: skip
+    dist = DistInfo(init_method=f"file://{rendezvous}")
+    return PolicyWorker(str(model), opt, PolicyLossConfig(), dist, seed=0, model_kwargs={"attn_implementation": "sdpa"})
+
+
+def train_step(worker, batch, micro: int) -> float:
+    micro_batches = [batch.select(slice(i, i + micro)) for i in range(0, len(batch), micro)]
+    tokens = float(batch.action_mask.sum())
+    start = time.perf_counter()
+    worker.train_minibatch(micro_batches, global_tokens=tokens, global_seqs=float(len(batch)))
+    return time.perf_counter() - start
+
+
+def profile_step(worker, batch, micro: int, vocab: int) -> dict:
+    """Self time (s) by kind of op over one step, the optimizer step's own time, the GEMMs' FLOPs. An op that
+    is no GEMM and reads a (..., vocabulary) tensor is the log-prob computation over the LM head's logits
+    (logsumexp, gather and their gradients): "vocabulary-wide"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True, record_shapes=True) as prof:
+        wall = train_step(worker, batch, micro)
+    by_kind, by_op, gemm_flops, gemm_shapes = defaultdict(float), defaultdict(float), 0.0, defaultdict(int)
+    for e in prof.events():
+        self_s = e.self_cpu_time_total / 1e6
+        parent, in_optimizer = e.cpu_parent, False
+        while parent is not None:  # AdamW's per-parameter ops are element-wise, but they belong to its step
+            in_optimizer |= parent.name.startswith("Optimizer.step")
+            parent = parent.cpu_parent
+        kind = op_kind(e.name)
+        if in_optimizer or e.name.startswith("Optimizer.step"):
+            kind = "optimizer step"
+        elif kind != "GEMM" and any(isinstance(shape, list) and shape[-1:] == [vocab] for shape in e.input_shapes):
+            kind = "vocabulary-wide (log-probs)"
+        by_kind[kind] += self_s
+        by_op[(e.name, kind)] += self_s
+        if e.name == "aten::mm":
+            gemm_shapes[tuple(map(tuple, e.input_shapes[:2]))] += 1
+        if e.name in GEMM_OPS:
+            gemm_flops += e.flops or 0.0
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:15]
+    return {"wall_s": wall, "by_kind_s": {k: by_kind.get(k, 0.0) for k in KINDS}, "gemm_flops": gemm_flops,
+            "gemm_alone_s": gemms_alone_s(gemm_shapes),
+            "top_ops": [{"op": name, "self_s": s, "kind": kind} for (name, kind), s in top]}  # fmt: skip
+
+
+def gemms_alone_s(shapes: dict[tuple, int], reps: int = 3) -> float:
+    """The step's matrix products (aten::mm, by shape and count) timed alone, each the best of `reps` on fresh
+    contiguous operands: what its GEMMs cost at their own shapes with nothing else running, the ceiling a
+    faster step around them could reach (the square GEMM's rate is not reached by (1,600 x 576) x (576 x 576))."""
+    import torch
+
+    total = 0.0
+    for (a_shape, b_shape), count in shapes.items():
+        a, b = torch.randn(a_shape), torch.randn(b_shape)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+        total += best * count
+    return total
+
+
+ADAMW_VARIANTS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def use_adamw(optimizer, impl: str) -> None:
+    """Switch a torch AdamW between its implementations; each reads the same state."""
+    for group in optimizer.param_groups:
+        group.update(ADAMW_VARIANTS[impl] | {k: False for k in ("foreach", "fused") if k not in ADAMW_VARIANTS[impl]})
+
+
+@contextmanager
+def swapped_adamw(optimizer, impl: str, back: str):
+    use_adamw(optimizer, impl)
+    try:
+        yield
+    finally:
+        use_adamw(optimizer, back)
+
+
+def autograd_lp(logits, targets):
+    """models/logprobs._TokenLogProbs as autograd differentiates it: logsumexp and gather."""
+    import torch
+
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def adamw_step_s(model_dir: Path, reps: int = 3) -> dict[str, float]:
+    """Seconds of one AdamW step over the model's parameters (random gradients), per implementation: torch's
+    default on CPU (a loop over parameters), its multi-tensor `foreach` path, and its fused kernel; the median
+    of `reps` steps after a warm-up step that creates the state."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    params = list(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    out = {}
+    for name, kwargs in ADAMW_VARIANTS.items():
+        opt = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.95), **kwargs)
+        opt.step()
+        seconds = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            opt.step()
+            seconds.append(time.perf_counter() - start)
+        out[name] = statistics.median(seconds)
+        del opt
+    return out
+
+
+def matmul_params(model_dir: Path) -> int:
+    """Parameters every trained token passes through a matmul (bench_peers.train_work: the LM head once)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    body = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n
+               and "lm_head" not in n)  # fmt: skip
+    return body + config.vocab_size * config.hidden_size
+
+
+def measure(args) -> dict:
+    import torch
+    from transformers import AutoConfig
+
+    from benchmarks.bench_peers import gemm_peak_gflops
+    from reinforce_pro.models import logprobs
+    from reinforce_pro.models.prepare import prepare
+
+    model = prepare("smollm2-135m-instruct", MODEL) if args.model is None else Path(args.model)
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    batch = experience_batch(args.rows, args.prompt_tokens, args.max_response_tokens, vocab, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = build_worker(model, args.micro, Path(tmp) / "rendezvous")
+        peak = gemm_peak_gflops()
+        optimizer = getattr(worker.engine.optimizer, "optimizer", worker.engine.optimizer)  # under ZeRO's wrapper
+        group = optimizer.param_groups[0]
+        adamw_impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
+        train_step(worker, batch, args.micro)  # warm-up: allocator, AdamW's state
+        undone = {  # each of the train phase's optimisations undone alone, on the same worker and state
+            "torch's for-loop AdamW": partial(swapped_adamw, optimizer, "for-loop", adamw_impl),
+            "autograd's log-prob backward": partial(mock.patch.object, logprobs._TokenLogProbs, "apply", autograd_lp),
+        }
+        seconds, without = [], defaultdict(list)
+        for _ in range(args.steps):  # alternating: the run's step, then each variant
+            seconds.append(train_step(worker, batch, args.micro))
+            for name, variant in undone.items():
+                with variant():
+                    without[name].append(train_step(worker, batch, args.micro))
+        profiled = profile_step(worker, batch, args.micro, vocab)
+        del worker, undone
+    adamw = adamw_step_s(model)
+    tokens = int(batch.attention_mask.sum())
+    params = matmul_params(model)
+    return {
+        "step_s": seconds,
+        "median_step_s": statistics.median(seconds),
+        "median_step_s_without": {name: statistics.median(v) for name, v in without.items()},
+        "gemm_peak_gflops": peak,
+        "matmul_params": params,
+        "trained_tokens": tokens,
+        "response_tokens": int(batch.action_mask.sum()),
+        "roofline_s": 6 * params * tokens / (peak * 1e9),
+        "profile": profiled,
+        "adamw_step_s": adamw,
+        "adamw_impl": adamw_impl,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    r, c, m = payload["results"], payload["config"], payload["machine"]
+    p = r["profile"]
+    gemm_s = p["by_kind_s"]["GEMM"]
+    accounted = sum(p["by_kind_s"].values())
+    lines = [
+        f"Train phase of one RL step, {c['model_name']}: {c['rows']} rows ({r['trained_tokens']} tokens, "
+        f"{r['response_tokens']} of them response), micro-batches of {c['micro']}, fp32, ZeRO 0; {m['cpu']} "
+        f"({m['cpu_count']} cores, {r['torch_threads']} torch threads), commit {payload['commit'][:12]}",
+        "",
+        "| step (median of {}) | roofline 6 x {:.1f}M x {} tokens / {:.0f} GFLOP/s | step / roofline |".format(
+            len(r["step_s"]), r["matmul_params"] / 1e6, r["trained_tokens"], r["gemm_peak_gflops"]
+        ),
+        "|---|---|---|",
+        f"| {r['median_step_s']:.2f} s | {r['roofline_s']:.2f} s | {r['median_step_s'] / r['roofline_s']:.2f}x |",
+        "",
+        "The same step with one optimisation undone (alternating with the step above, same worker and state):",
+        "",
+        "| undone | median step | saved by it |",
+        "|---|---|---|",
+        *(
+            f"| {name} | {v:.2f} s | {v - r['median_step_s']:+.2f} s ({v / r['median_step_s'] - 1:+.1%}) |"
+            for name, v in r["median_step_s_without"].items()
+        ),
+        "",
+        f"One profiled step ({p['wall_s']:.2f} s with the profiler on): self time by kind of op",
+        "",
+        "| kind | s | share of the step |",
+        "|---|---|---|",
+    ]
+    for kind in KINDS:
+        lines.append(f"| {kind} | {p['by_kind_s'][kind]:.2f} | {p['by_kind_s'][kind] / p['wall_s']:.0%} |")
+    rest = p["wall_s"] - accounted
+    lines += [
+        f"| no op (Python, DeepSpeed, autograd bookkeeping) | {rest:.2f} | {rest / p['wall_s']:.0%} |",
+        "",
+        f"GEMMs: {p['gemm_flops'] / 1e12:.2f} TFLOP in {gemm_s:.2f} s = {p['gemm_flops'] / gemm_s / 1e9:.0f} GFLOP/s "
+        f"({p['gemm_flops'] / gemm_s / 1e9 / r['gemm_peak_gflops']:.0%} of the square GEMM's "
+        f"{r['gemm_peak_gflops']:.0f}); 6 x params x tokens = "
+        f"{6 * r['matmul_params'] * r['trained_tokens'] / 1e12:.2f} TFLOP. The same products timed alone, shape by "
+        f"shape: {p['gemm_alone_s']:.2f} s; the step without the profiler is {r['median_step_s']:.2f} s",
+        "",
+        "AdamW step over every parameter, by torch implementation (the run uses "
+        f"{r.get('adamw_impl', 'for-loop')}): " + ", ".join(f"{k} {v:.2f} s" for k, v in r["adamw_step_s"].items()),
+        "",
+        "| op | self s | kind |",
+        "|---|---|---|",
+        *(f"| `{o['op']}` | {o['self_s']:.3f} | {o['kind']} |" for o in p["top_ops"]),
+    ]
+    text = "\n".join(lines) + "\n"
+    (out_dir / f"{payload['benchmark']}.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="an HF model directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rows", type=int, default=32, help="rows per optimizer step (W3: 4 prompts x 8)")
+    parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch")
+    parser.add_argument("--prompt_tokens", type=int, default=36, help="longest prompt (W3's chat template: ~36)")
+    parser.add_argument("--max_response_tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps after one warm-up")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
+    args = parser.parse_args(argv)
+    if args.render:
+        return render_saved(args.render, render)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    results = measure(args)
+    config = {k: getattr(args, k) for k in ("rows", "micro", "prompt_tokens", "max_response_tokens", "steps")}
+    config["model_name"] = Path(args.model).name if args.model else MODEL.name
+    return save_and_render(NAME, config, results, args.output, render)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
