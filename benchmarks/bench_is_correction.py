@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS  # noqa: E402
 from reinforce_pro.algos.losses import PolicyLoss  # noqa: E402
+from reinforce_pro.workers.base import KEEP_FREED_MEMORY  # noqa: E402  (what the CPU trainer ranks get too)
 
 SIZES = [(64, 1024), (256, 4096), (256, 8192)]
 VARIANTS = ["none", *IS_CORRECTIONS]  # "none": PolicyLoss without IS correction
 TARGET = {"reinforce_pro": 1.15}
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 
 def make_inputs(b: int, t: int, seed: int = 0):

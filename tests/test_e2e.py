@@ -99,6 +99,29 @@ def trainer_log_probs(model_dir: str, prompt_ids: list[int], response_ids: list[
     return lp[0]
 
 
+def test_cpu_model_ranks_start_with_freed_memory_kept(tmp_path, engine, tiny_model):
+    """glibc reads KEEP_FREED_MEMORY when a process starts: the policy and reference ranks' processes must have
+    it in the environment they were started with (/proc/self/environ), not set later."""
+    from reinforce_pro.cli.wiring import build_groups
+    from reinforce_pro.workers.base import KEEP_FREED_MEMORY
+
+    argv = BASE_ARGS + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run"), "--init_kl_coef", "0.01"]
+    _, cfg = parse(argv)  # a KL term: the run has a reference group too
+    groups = build_groups(cfg, prepare(cfg), use_gpu=False, engines=[engine])
+
+    def start_env(_worker) -> dict:
+        with open("/proc/self/environ") as f:
+            return dict(kv.split("=", 1) for kv in f.read().split("\0") if "=" in kv)
+
+    try:
+        assert groups.policy and groups.reference
+        for actor in groups.policy + groups.reference:
+            env = ray.get(actor.__ray_call__.remote(start_env))
+            assert {k: env.get(k) for k in KEEP_FREED_MEMORY} == KEEP_FREED_MEMORY
+    finally:
+        groups.release()
+
+
 def test_reinforce_pro_run_trains_syncs_and_logs(tmp_path, engine, tiny_model, digit_reward):
     cfg, plan, history = run(
         ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction",

@@ -24,7 +24,7 @@ from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_j
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.ppo_trainer import EvalSet, PPOTrainer
-from reinforce_pro.workers.base import LOG_DIR_ENV
+from reinforce_pro.workers.base import KEEP_FREED_MEMORY, LOG_DIR_ENV
 from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.group import ActorGroup
 from reinforce_pro.workers.launcher import (
@@ -173,6 +173,8 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     where = cfg.placement
     actor_pg = new_pg(where.actor)
     engine_env, trainer_env = (with_log_dir(env, plan) for env in cpu_threads(cfg, use_gpu))
+    if not use_gpu:  # model ranks keep freed memory (workers/base.py: KEEP_FREED_MEMORY)
+        trainer_env = {**(trainer_env or {}), **KEEP_FREED_MEMORY}
     colocate_all = where.colocate_all_models
     colocate_ref = where.colocate_actor_ref or colocate_all
     share = (
