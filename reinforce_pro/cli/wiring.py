@@ -102,19 +102,23 @@ def logical_cpus(cfg: RunConfig) -> int:
 
 
 def cpu_threads(cfg: RunConfig, use_gpu: bool) -> tuple[dict | None, dict | None]:
-    """(engine env, trainer env): the thread count of each CPU actor under --async_train, where engines and
-    trainer ranks run at the same time. The cores are split in two halves, the engines' split over the
+    """(engine env, trainer env) of CPU actors. Under --async_train, where engines and trainer ranks run at
+    the same time, each actor's thread count: the cores are split in two halves, the engines' split over the
     engines, the trainer's over the policy ranks (reference and critic ranks run when the policy's do not,
-    and take the same count). None: the default, every core for each actor (synchronous: phases alternate)."""
-    if use_gpu or not cfg.loop.async_train:
+    and take the same count); otherwise every core for each actor (synchronous: phases alternate). The model
+    ranks also keep freed memory (workers/base.py: KEEP_FREED_MEMORY). None: nothing to set (GPU)."""
+    if use_gpu:
         return None, None
+    if not cfg.loop.async_train:
+        return None, dict(KEEP_FREED_MEMORY)
     import os
 
     cores = os.cpu_count() or 1
     engine_cores = max(1, cores // 2)
     per_engine = max(1, engine_cores // engine_slots(cfg))
     per_rank = max(1, (cores - engine_cores) // cfg.placement.actor.size)
-    return {"REINFORCE_PRO_CPU_THREADS": str(per_engine)}, {"REINFORCE_PRO_CPU_THREADS": str(per_rank)}
+    return {"REINFORCE_PRO_CPU_THREADS": str(per_engine)}, {"REINFORCE_PRO_CPU_THREADS": str(per_rank),
+                                                             **KEEP_FREED_MEMORY}  # fmt: skip
 
 
 def with_log_dir(env: dict | None, plan) -> dict | None:
@@ -173,8 +177,6 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     where = cfg.placement
     actor_pg = new_pg(where.actor)
     engine_env, trainer_env = (with_log_dir(env, plan) for env in cpu_threads(cfg, use_gpu))
-    if not use_gpu:  # model ranks keep freed memory (workers/base.py: KEEP_FREED_MEMORY)
-        trainer_env = {**(trainer_env or {}), **KEEP_FREED_MEMORY}
     colocate_all = where.colocate_all_models
     colocate_ref = where.colocate_actor_ref or colocate_all
     share = (
