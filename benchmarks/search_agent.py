@@ -5,6 +5,8 @@ the same model answering without search.
     python benchmarks/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
     python benchmarks/search_agent.py --render benchmarks/results/search_agent.json
 
+Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
+
 Per seed: a generated knowledge base (reinforce_pro.search.knowledge: invented people, their home / tool /
 mentor; train and held-out people share no fact), its BM25 service on loopback, and the built-in tiny Qwen2
 (512 positions) warm-started on demonstrations of a share of the train questions (search turns, the service's
@@ -148,6 +150,14 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def done_runs(path: Path, config: dict) -> list[dict]:
+    """The seeds an earlier invocation with the same settings finished (a study resumes where it stopped)."""
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    return saved["results"]["runs"] if saved["config"] == config else []
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="1-3", help="e.g. 1-3 or 1,4")
@@ -164,8 +174,11 @@ def main(argv=None) -> int:
     seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
     start_ray(logical_cpus=8)
     name = NAME if args.steps > 0 else f"{NAME}_warm_start"  # the warm start alone keeps its own file
-    runs = []
+    runs = done_runs(args.output / f"{name}.json", {**SETTINGS, "steps": args.steps})
     for seed in seeds:
+        if any(r["seed"] == seed for r in runs):
+            print(f"[search_agent] seed {seed}: already in {args.output / f'{name}.json'}, kept", flush=True)
+            continue
         print(f"[search_agent] seed {seed}", flush=True)
         runs.append(run_seed(seed, args.steps, Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))))
         path = write_result(name, {**SETTINGS, "steps": args.steps}, {"runs": runs}, args.output)
