@@ -130,9 +130,9 @@ class NoLogitsToKeep(torch.nn.Module):
 
 
 def test_the_lm_head_runs_on_the_response_only_and_gives_the_full_forwards_log_probs_and_gradients(tiny_dir):
-    """The padded forward asks for the logits of the last num_actions + 1 positions (HF's logits_to_keep):
-    the same log-probs and gradients as slicing the full (B, S, V) logits, for an HF model, a PEFT model and a
-    model without the argument."""
+    """The padded forward asks for the logits at the num_actions positions that predict the response (HF's
+    logits_to_keep, as indices): the same log-probs and gradients as slicing the full (B, S, V) logits, for an
+    HF model, a PEFT model and a model without the argument."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -144,7 +144,10 @@ def test_the_lm_head_runs_on_the_response_only_and_gives_the_full_forwards_log_p
                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
     assert accepts_logits_to_keep(model) and accepts_logits_to_keep(lora)
     assert not accepts_logits_to_keep(NoLogitsToKeep(model))
-    assert forward_logits(model, seq, mask, last=RESPONSE + 1).shape == (len(seq), RESPONSE + 1, 128)
+    with torch.no_grad():
+        kept, every = forward_logits(model, seq, mask, predicting=RESPONSE), forward_logits(model, seq, mask)
+    assert kept.shape == (len(seq), RESPONSE, 128)  # the head ran on the predicting positions alone
+    torch.testing.assert_close(kept, every[:, -RESPONSE - 1 : -1], rtol=0, atol=1e-5)
     for m in (model, lora, NoLogitsToKeep(model)):
         m.zero_grad()
         full, _ = action_log_probs(forward_logits(m, seq, mask), seq, RESPONSE, 0.7)

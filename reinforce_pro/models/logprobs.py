@@ -21,12 +21,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def forward_logits(
-    model, sequences: torch.Tensor, attention_mask: torch.Tensor, last: int | None = None
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, predicting: int | None = None
 ) -> torch.Tensor:
     """(B, S, V) logits of `model` (an HF causal LM, or a DeepSpeed engine or PEFT model wrapping one), or with
-    `last` only the (B, last, V) logits of the last `last` positions: the LM head then never runs on the prompt
-    (HF's logits_to_keep; a model whose forward lacks it computes every position and is sliced)."""
-    keep = {"logits_to_keep": last} if last is not None and accepts_logits_to_keep(model) else {}
+    `predicting` = T only the (B, T, V) logits that predict the last T tokens (those at positions S-T-1 .. S-2):
+    the LM head then runs on those positions alone (HF's logits_to_keep, given their indices), so neither the
+    prompt's logits nor the last position's are computed, and the backward writes no vocabulary-wide zeros for
+    them. A model whose forward lacks logits_to_keep computes every position and is sliced."""
+    width = sequences.shape[1]
+    wanted = None if predicting is None else torch.arange(width - predicting - 1, width - 1, device=sequences.device)
+    keep = {"logits_to_keep": wanted} if wanted is not None and accepts_logits_to_keep(model) else {}
     out = model(
         input_ids=sequences,
         attention_mask=attention_mask,
@@ -34,7 +38,7 @@ def forward_logits(
         use_cache=False,
         **keep,
     )
-    return out.logits if last is None or keep else out.logits[:, -last:]
+    return out.logits if wanted is None or keep else out.logits[:, -predicting - 1 : -1]
 
 
 def accepts_logits_to_keep(model) -> bool:
@@ -100,9 +104,9 @@ def response_log_probs(
     """(B, T) log-probs (and entropy) of the response tokens under `model`, from a padded forward or, with
     `packed` (--packing_samples), a padding-free one (models/packing.py). Padding positions of the packed
     path hold 0; action_mask excludes them either way."""
-    if not packed:  # the logits that predict the response: those at its last num_actions + 1 positions
-        logits = forward_logits(model, sequences, attention_mask, last=num_actions + 1)
-        return action_log_probs(logits, sequences, num_actions, temperature, with_entropy)
+    if not packed:  # only the logits that predict the response
+        logits = forward_logits(model, sequences, attention_mask, predicting=num_actions)
+        return token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
     logits, real = response_outputs(  # (B, T, V), (B, T)
         model, sequences, attention_mask, num_actions, logits_to_keep=accepts_logits_to_keep(model)
     )
