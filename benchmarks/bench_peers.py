@@ -110,26 +110,31 @@ def prepare(workdir: Path, w: Workload, warmup_steps: int) -> dict:
     return spec
 
 
-def train_work(model_dir: Path, records: list[dict]) -> dict:
-    """What the roofline estimate needs: the parameters every trained token passes through a matmul (the
-    LM head counted once even when tied to the embedding, whose lookup is no matmul) and the mean prompt
-    length after the chat template."""
+def matmul_params(model_dir: Path) -> int:
+    """The parameters every trained token passes through a matmul: the 2-D weights of the layers, and the LM
+    head once even when tied to the embedding (whose lookup is no matmul)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     body = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name
                and "lm_head" not in name)  # fmt: skip
-    head = config.vocab_size * config.hidden_size
+    return body + config.vocab_size * config.hidden_size
+
+
+def train_work(model_dir: Path, records: list[dict]) -> dict:
+    """What the roofline estimate needs: matmul_params and the mean prompt length after the chat template."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lengths = [
         len(tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
                                           tokenize=True, return_dict=True)["input_ids"])
         for r in records
     ]  # fmt: skip
-    return {"matmul_params": body + head, "prompt_tokens_mean": sum(lengths) / len(lengths)}
+    return {"matmul_params": matmul_params(model_dir), "prompt_tokens_mean": sum(lengths) / len(lengths)}
 
 
 def gemm_peak_gflops(size: int = 2048, repeats: int = 10) -> float:

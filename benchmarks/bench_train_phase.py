@@ -215,24 +215,11 @@ def adamw_step_s(model_dir: Path, reps: int = 3) -> dict[str, float]:
     return out
 
 
-def matmul_params(model_dir: Path) -> int:
-    """Parameters every trained token passes through a matmul (bench_peers.train_work: the LM head once)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    body = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n
-               and "lm_head" not in n)  # fmt: skip
-    return body + config.vocab_size * config.hidden_size
-
-
 def measure(args) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from benchmarks.bench_peers import gemm_peak_gflops
+    from benchmarks.bench_peers import gemm_peak_gflops, matmul_params
     from reinforce_pro.models import logprobs
     from reinforce_pro.models.prepare import prepare
 
