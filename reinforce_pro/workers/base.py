@@ -66,7 +66,10 @@ def use_host_threads() -> None:
 # glibc's malloc hands large freed blocks back to the kernel, so every micro-batch's big temporaries (the LM head's
 # logits, the layers' activations and their gradients) fault their pages in afresh; with these set at process start
 # freed memory stays in the heap for the next micro-batch, as torch's caching allocator keeps CUDA memory. The CPU
-# trainer ranks get them (cli/wiring.py): SmolLM2's forward + backward of a W3 step, 13.5 -> 12.6 s.
+# trainer ranks get them (cli/wiring.py): SmolLM2's forward + backward of a W3 step, 13.5 -> 12.6 s. Both are
+# needed (glibc 2.36, mallinfo2 after malloc): the mmap threshold puts blocks of 1-300 MiB in the heap (without it
+# those over 32 MiB are always mmapped), and the trim threshold alone turns off glibc's adaptive threshold, so that
+# every block over 128 KiB is mmapped.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 LOG_DIR_ENV = "REINFORCE_PRO_LOG_DIR"
