@@ -85,11 +85,12 @@ def base_config(pretrain: str, seed: int, steps: int, overrides: dict | None = N
     here to the flag defaults, then `overrides` (flag dests -> values; the sections' own checks run in
     run_config)."""
     from reinforce_pro.cli.config import run_config
-    from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, parse_args
+    from reinforce_pro.cli.presets import EMBEDDED
+    from reinforce_pro.cli.train_ppo_ray import parse_args
 
     args = parse_args(["--pretrain", pretrain])
     presets = {
-        k: v for k, v in EMBEDDED_DEFAULTS.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")
+        k: v for k, v in EMBEDDED.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")
     }
     vars(args).update(presets, seed=seed, max_samples=32 * steps)  # the correction is each run's (run_config_for)
     vars(args).update(overrides or {})

@@ -100,7 +100,7 @@ def test_bench_async_conditions_parse_and_summaries_render(tmp_path):
 
     for name, flags in bench_async.CONDITIONS.items():
         args = parse_args(["--save_path", str(tmp_path / name), *flags])
-        assert args.async_train == (name != "sync") and args.embedded_default
+        assert args.async_train == (name != "sync") and args.preset == "embedded"
     assert parse_args(bench_async.CONDITIONS["async_q2"]).async_queue_size == 2
 
     def history(step_s: float, rewards: list[float], stale: float) -> list[dict]:

@@ -9,7 +9,8 @@ import pytest
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.config import run_config
-from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, main, parse_args
+from reinforce_pro.cli.presets import EMBEDDED
+from reinforce_pro.cli.train_ppo_ray import main, parse_args
 
 # CI clones the repository with shared/ beside it.
 SHARED = Path(os.environ.get("REINFORCE_PRO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -83,12 +84,16 @@ def test_reinforce_pro_is_a_correction_choice():
 
 def test_embedded_default_presets_only_fill_what_was_not_given():
     args = parse_args([])
-    assert args.embedded_default
-    for dest, value in EMBEDDED_DEFAULTS.items():
+    assert args.preset == "embedded"
+    for dest, value in EMBEDDED.items():
         assert getattr(args, dest) == value, dest
     args = parse_args(["--actor_learning_rate", "1e-6", "--n_samples_per_prompt", "4", "--train_batch_size", "128"])
     assert args.actor_learning_rate == 1e-6 and args.n_samples_per_prompt == 4
     assert args.vllm_is_correction_type == "reinforce_pro"  # still preset
+    dotted = parse_args(["--actor.adam.lr", "1e-6", "--rollout.n_samples_per_prompt", "4", "--train_batch_size", "128"])
+    assert (dotted.actor_learning_rate, dotted.n_samples_per_prompt) == (1e-6, 4)  # given wins in either spelling
+    assert parse_args(["--pretrain", "some/model", "--remote_rm_url", "r.py"]).preset is None
+    assert parse_args(["--pretrain", "some/model", "--remote_rm_url", "r.py"]).rollout_batch_size == 1024
 
 
 @pytest.mark.parametrize(
@@ -378,10 +383,11 @@ def test_module_entry_point_exits_2_without_traceback():
 
 
 def test_absolute_zero_embedded_default():
-    from reinforce_pro.cli.train_ppo_ray import SELFPLAY_EMBEDDED_DEFAULTS
+    from reinforce_pro.cli.presets import EMBEDDED_SELFPLAY
 
     args = parse_args(["--absolute_zero"])
-    for dest, value in SELFPLAY_EMBEDDED_DEFAULTS.items():
+    assert args.preset == "embedded-selfplay"
+    for dest, value in EMBEDDED_SELFPLAY.items():
         assert getattr(args, dest) == value, dest
     assert args.proposer_train_scope == "group" and args.rollout_batch_size == 16
     assert parse_args(["--absolute_zero", "--proposer_train_scope", "sampled"]).proposer_train_scope == "sampled"

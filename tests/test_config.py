@@ -13,7 +13,8 @@ import pytest
 from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.cli.args import NO_EFFECT, UNSUPPORTED, build_parser
 from reinforce_pro.cli.config import SECTIONS, KLSettings, RunConfig, flag_sections, run_config
-from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS, parse, parse_args
+from reinforce_pro.cli.presets import EMBEDDED
+from reinforce_pro.cli.train_ppo_ray import parse, parse_args
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.workers.base import OptimConfig
 
@@ -130,7 +131,7 @@ def test_the_is_benchmark_builds_the_config_the_command_line_gives(tmp_path):
     from benchmarks.compare_is_correction import base_config, run_config_for
 
     preset = []
-    for dest, value in EMBEDDED_DEFAULTS.items():
+    for dest, value in EMBEDDED.items():
         if dest not in ("enable_vllm_is_correction", "vllm_is_correction_type", "vllm_dtype", "max_samples"):
             preset += [f"--{dest}", *map(str, value if isinstance(value, list) else [value])]
     common = ["--pretrain", "m", "--seed", "3", "--max_samples", str(32 * 10), "--save_path", str(tmp_path)]

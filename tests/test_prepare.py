@@ -48,6 +48,6 @@ def test_the_absolute_zero_code_recipe_parses(recipe_argv, tmp_path):
 
     args = parse_args(recipe_argv("train_absolute_zero_code.sh", CACHE=str(tmp_path / "cache"), STEPS="3", SEED="7"))
     assert args.absolute_zero and args.selfplay_task == "code_output" and args.proposer_train_scope == "group"
-    assert args.pretrain == str(tmp_path / "cache" / "smollm2-135m-instruct") and not args.embedded_default
+    assert args.pretrain == str(tmp_path / "cache" / "smollm2-135m-instruct") and args.preset is None
     assert args.max_samples == 8 * 3 and args.seed == 7 and args.eval_before_training and args.eval_steps == 5
     assert args.max_new_tokens == 128 and args.max_len >= args.prompt_max_len + args.max_new_tokens

@@ -729,6 +729,7 @@ def build_parser() -> OneLineParser:
         _add_models_data, _add_selfplay,
     ):  # fmt: skip
         add(p)
+    p.set_defaults(preset=None)  # the name of the preset (cli/presets.py) whose values are the defaults, if any
     for action in p._actions:
         if action.dest in NO_EFFECT:
             action.help = f"{action.help} (no effect: {NO_EFFECT[action.dest]})"

@@ -9,7 +9,7 @@ import argparse
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.config import flag_sections
-from reinforce_pro.cli.train_ppo_ray import EMBEDDED_DEFAULTS
+from reinforce_pro.cli.presets import PRESETS
 
 
 def _default(action: argparse.Action) -> str:
@@ -36,8 +36,8 @@ def render() -> str:
         "recognised, but giving it a non-default value stops with the reason shown; one marked *no effect* is",
         "accepted (OpenRLHF's scripts pass it) and its help says why it changes nothing. The *config* column names",
         "the sections of the typed run config (`reinforce_pro/cli/config.py`: `RunConfig`) that read the flag.",
-        "With no `--pretrain` and no `--prompt_data` the embedded default runs; its presets (below) fill only",
-        "the flags you did not give.",
+        "With no `--pretrain` and no `--prompt_data` the embedded default runs: its preset (below, from",
+        "`reinforce_pro/cli/presets.py`) replaces the defaults of the flags it names; flags you give win.",
         "",
     ]
     for group in parser._action_groups:
@@ -57,8 +57,12 @@ def render() -> str:
             config = ", ".join(f"`{s}`" for s in readers.get(a.dest, [])) or "-"
             lines.append(f"| {flat} | {dotted} | {_default(a)} | {config} | {meaning} |")
         lines.append("")
-    lines += ["## Embedded-default presets", "", "| flag | value |", "|---|---|"]
-    lines += [f"| `--{k}` | `{v}` |" for k, v in EMBEDDED_DEFAULTS.items()]
+    names = list(PRESETS)
+    lines += ["## Presets", "", "| flag | " + " | ".join(f"`{n}`" for n in names) + " |"]
+    lines.append("|---" * (len(names) + 1) + "|")
+    for dest in dict.fromkeys(k for values in PRESETS.values() for k in values):
+        cells = [f"`{PRESETS[n][dest]}`" if dest in PRESETS[n] else "-" for n in names]
+        lines.append(f"| `--{dest}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

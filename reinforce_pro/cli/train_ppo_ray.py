@@ -2,8 +2,8 @@
 
 With no model or data flags it runs the embedded default on CPU: a tiny Qwen2 model and tokenizer
 created locally, a short supervised warm start on built-in additions, then RL with reinforce_baseline
-and the reinforce_pro IS correction. The embedded default's settings (EMBEDDED_DEFAULTS) apply only to
-flags the user did not give.
+and the reinforce_pro IS correction. Its settings are a named preset (cli/presets.py), which changes the
+defaults of the flags: a flag given on the command line wins.
 
 `parse_args(argv)` validates flag values and their combinations without touching the file system or
 starting anything; `main(argv)` then checks paths and runs. User errors end with one line on stderr
@@ -19,8 +19,8 @@ import warnings
 from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.presets import PRESETS, preset_for
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
 
@@ -29,52 +29,6 @@ if TYPE_CHECKING:
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
-
-EMBEDDED_DEFAULTS = {
-    "advantage_estimator": "reinforce_baseline",
-    "enable_vllm_is_correction": True,
-    "vllm_is_correction_type": "reinforce_pro",
-    "vllm_is_truncated_threshold": list(DEFAULT_IS_THRESHOLD),
-    "n_samples_per_prompt": 8,
-    "rollout_batch_size": 32,
-    "train_batch_size": 256,
-    "micro_train_batch_size": 64,
-    "micro_rollout_batch_size": 64,
-    "max_epochs": 1,
-    "actor_learning_rate": 2e-4,
-    "lr_scheduler": "constant_with_warmup",
-    "lr_warmup_ratio": 0.0,
-    "init_kl_coef": 0.0,
-    "max_new_tokens": 6,
-    "max_len": 64,
-    "prompt_max_len": 32,
-    "param_dtype": "fp32",
-    "vllm_dtype": "bfloat16",  # a real (small) rollout/training mismatch for the IS correction to handle
-    "zero_stage": 2,
-    "vllm_num_engines": 1,
-    "actor_num_gpus_per_node": 1,
-    "critic_num_gpus_per_node": 1,
-    "ref_num_gpus_per_node": 1,
-    "reward_num_gpus_per_node": 1,
-    "max_samples": 32 * 700,  # 700 RL steps, ~5 minutes on 2 cores
-}
-# With --absolute_zero the embedded default trains self-play on the arithmetic task: 16 seed prompts x 4
-# questions x 8 solver samples per round; at most 16 x 8 solver and 16 x 4 proposer rows are trained.
-# group scope: with the reference design's `sampled` scope the proposer is rewarded 1.0 for nearly every
-# prompt (most resolve within the re-proposal budget) and measurably learned nothing in 20-step runs; the
-# longer warm start gives the solver enough skill that some questions are learnable from the start.
-SELFPLAY_EMBEDDED_DEFAULTS = {
-    **EMBEDDED_DEFAULTS,
-    "rollout_batch_size": 16,
-    "train_batch_size": 256,
-    "proposer_train_scope": "group",
-    "proposer_repetition_penalty": 8.0,  # without it the proposer collapses onto a few questions (issue 32)
-    "sft_warmup_steps": 1000,
-    "max_new_tokens": 20,  # the longest question the task accepts (4 operands of 4 digits) and its end token
-    "eval_steps": 25,  # the solver's greedy accuracy on the task's held-out ladder (eval/ladder/*)
-    "eval_before_training": True,  # ... and on the warm start's policy, as step 0
-    "max_samples": 16 * 300,  # 300 steps, ~4 minutes on 2 cores
-}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,16 +42,11 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    options = given_options(parser, argv)
-    if clash := conflicting_spellings(parser, options):
+    if clash := conflicting_spellings(parser, given_options(parser, argv)):
         parser.error(clash)
-    given = {dest for dest, _, _ in options}  # what the user set explicitly, in any spelling
-    args.embedded_default = args.pretrain is None and args.prompt_data is None
-    if args.embedded_default:
-        defaults = SELFPLAY_EMBEDDED_DEFAULTS if args.absolute_zero else EMBEDDED_DEFAULTS
-        for dest, value in defaults.items():
-            if dest not in given:
-                setattr(args, dest, value)
+    if (preset := preset_for(args)) is not None:  # the preset's values become the defaults: given flags win
+        parser.set_defaults(preset=preset, **PRESETS[preset])
+        args = parser.parse_args(argv)
     problem = (
         unsupported_flag(args, parser)
         or invalid_combination(args)
