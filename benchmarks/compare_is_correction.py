@@ -89,9 +89,7 @@ def base_config(pretrain: str, seed: int, steps: int, overrides: dict | None = N
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
     args = parse_args(["--pretrain", pretrain])
-    presets = {
-        k: v for k, v in EMBEDDED.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")
-    }
+    presets = {k: v for k, v in EMBEDDED.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")}
     vars(args).update(presets, seed=seed, max_samples=32 * steps)  # the correction is each run's (run_config_for)
     vars(args).update(overrides or {})
     return run_config(args)
