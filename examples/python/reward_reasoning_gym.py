@@ -29,7 +29,7 @@ def verifier(task: str):
 
 def reward_func(queries, prompts, labels):
     scores, answered = [], []
-    for query, prompt, entry in zip(queries, prompts, labels):
+    for query, prompt, entry in zip(queries, prompts, labels, strict=True):
         answer = extract_answer(query[len(prompt) :])
         answered.append(float(answer is not None))
         task = entry["metadata"]["source_dataset"]
