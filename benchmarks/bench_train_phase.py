@@ -191,6 +191,16 @@ def autograd_lp(logits, targets):
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def sliced_head_logits(model, sequences, attention_mask, predicting=None):
+    """models/logprobs.forward_logits before b1287cb: the head over the last `predicting` + 1 positions (HF's
+    logits_to_keep as a count), the last position's logits sliced off (its backward zero-fills them)."""
+    from reinforce_pro.models.logprobs import position_ids_from_mask
+
+    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+                use_cache=False, logits_to_keep=predicting + 1)  # fmt: skip
+    return out.logits[:, :-1]
+
+
 def adamw_step_s(model_dir: Path, reps: int = 3) -> dict[str, float]:
     """Seconds of one AdamW step over the model's parameters (random gradients), per implementation: torch's
     default on CPU (a loop over parameters), its multi-tensor `foreach` path, and its fused kernel; the median
@@ -236,6 +246,9 @@ def measure(args) -> dict:
         undone = {  # each of the train phase's optimisations undone alone, on the same worker and state
             "torch's for-loop AdamW": partial(swapped_adamw, optimizer, "for-loop", adamw_impl),
             "autograd's log-prob backward": partial(mock.patch.object, logprobs._TokenLogProbs, "apply", autograd_lp),
+            "the LM head on num_actions + 1 positions, sliced": partial(
+                mock.patch.object, logprobs, "forward_logits", sliced_head_logits
+            ),
         }
         seconds, without = [], defaultdict(list)
         for _ in range(args.steps):  # alternating: the run's step, then each variant
