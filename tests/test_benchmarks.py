@@ -211,3 +211,17 @@ def test_bench_train_phase_sorts_ops_by_kind():
     assert op_kind("aten::scatter_add_") == "log-prob / loss" and op_kind("aten::histc") == "element-wise"
     assert op_kind("aten::mul") == "element-wise"
     assert op_kind("autograd::engine::evaluate_function: MmBackward0") == "other ops"
+
+
+def test_the_search_study_resumes_the_seeds_of_the_same_settings(tmp_path):
+    """benchmarks/search_agent.py keeps the seeds an earlier invocation finished (a study outlives a session),
+    but only when the settings match: runs of other settings are never mixed into one table."""
+    from benchmarks import search_agent
+    from benchmarks.common import write_result
+
+    config = {**search_agent.SETTINGS, "steps": 60}
+    assert search_agent.done_runs(tmp_path / "search_agent.json", config) == []
+    path = write_result("search_agent", config, {"runs": [{"seed": 1}, {"seed": 2}]}, tmp_path)
+    assert [r["seed"] for r in search_agent.done_runs(path, config)] == [1, 2]
+    assert search_agent.done_runs(path, {**config, "steps": 30}) == []
+    assert search_agent.done_runs(path, {**config, "lr": 1e-4}) == []
