@@ -147,7 +147,20 @@ def render(result: dict) -> str:
                      f"{mean(lambda r: r['after']['search']['accuracy']):.3f} | "
                      f"{mean(lambda r: r['before']['no_search']['accuracy']):.3f} -> "
                      f"{mean(lambda r: r['after']['no_search']['accuracy']):.3f} | | | | |")  # fmt: skip
+        lines += ["", paired_line(runs)]
     return "\n".join(lines)
+
+
+def paired_line(runs: list[dict]) -> str:
+    """The two comparisons the study is for, as paired differences over seeds with 95% bootstrap intervals."""
+    from benchmarks.study_stats import paired_bootstrap
+
+    acc = lambda r, when, mode: r[when][mode]["accuracy"]  # noqa: E731
+    rl = paired_bootstrap([acc(r, "after", "search") - acc(r, "before", "search") for r in runs])
+    search = paired_bootstrap([acc(r, "after", "search") - acc(r, "after", "no_search") for r in runs])
+    show = lambda m: f"{m[0]:+.3f} [{m[1]:+.3f}, {m[2]:+.3f}]"  # noqa: E731
+    return (f"Held-out accuracy with search, after RL - warm start: {show(rl)}; after RL, with search - without: "
+            f"{show(search)} (mean over {len(runs)} seeds, 95% paired bootstrap interval).")  # fmt: skip
 
 
 def done_runs(path: Path, config: dict) -> list[dict]:

@@ -225,3 +225,17 @@ def test_the_search_study_resumes_the_seeds_of_the_same_settings(tmp_path):
     assert [r["seed"] for r in search_agent.done_runs(path, config)] == [1, 2]
     assert search_agent.done_runs(path, {**config, "steps": 30}) == []
     assert search_agent.done_runs(path, {**config, "lr": 1e-4}) == []
+
+
+def test_the_search_study_table_gives_both_paired_differences():
+    from benchmarks import search_agent
+
+    def run(seed, before, after):
+        side = lambda acc: {"accuracy": acc, "searches": 1.5, "hit": 0.5, "invalid": 0.0}  # noqa: E731
+        return {"seed": seed, "before": {"search": side(before), "no_search": side(0.0)},
+                "after": {"search": side(after), "no_search": side(0.0)}, "steps": 37, "rl_wall_s": 150.0}  # fmt: skip
+
+    table = search_agent.render({"results": {"runs": [run(1, 0.1, 0.3), run(2, 0.2, 0.3)]}})
+    assert "| mean | 0.150 -> 0.300 | 0.000 -> 0.000 |" in table
+    assert "after RL - warm start: +0.150 [+0.100, +0.200]" in table
+    assert "with search - without: +0.300 [+0.300, +0.300]" in table
