@@ -165,10 +165,10 @@ def paired_line(runs: list[dict]) -> str:
 
 def done_runs(path: Path, config: dict) -> list[dict]:
     """The seeds an earlier invocation with the same settings finished (a study resumes where it stopped)."""
-    if not path.exists():
-        return []
-    saved = json.loads(path.read_text())
-    return saved["results"]["runs"] if saved["config"] == config else []
+    from benchmarks.study_stats import stored_runs
+
+    same = path.exists() and json.loads(path.read_text())["config"] == config
+    return stored_runs(path) if same else []
 
 
 def main(argv=None) -> int:
@@ -181,10 +181,10 @@ def main(argv=None) -> int:
     if args.render is not None:
         print(render(json.loads(args.render.read_text())))
         return 0
+    from benchmarks.study_stats import parse_seeds
     from reinforce_pro.workers.launcher import start_ray
 
-    low, _, high = args.seeds.partition("-")
-    seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
+    seeds = parse_seeds(args.seeds)
     start_ray(logical_cpus=8)
     name = NAME if args.steps > 0 else f"{NAME}_warm_start"  # the warm start alone keeps its own file
     runs = done_runs(args.output / f"{name}.json", {**SETTINGS, "steps": args.steps})
