@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, git_commit, write_result  # noqa: E402
 from benchmarks.study_stats import longest_run, paired_bootstrap, parse_seeds, stored_runs  # noqa: E402
 from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS  # noqa: E402
 
@@ -54,6 +54,8 @@ ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "no-repetition-penalty": ["--proposer_repetition_penalty", "0"],  # the embedded default before issue 32's remedy
     "reference-buffer": ["--selfplay_reference_buffer", "64"],
     "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
+    # Absolute Zero's whole proposer: references from past learnable questions and the 1 - solve rate reward
+    "buffer-difficulty": ["--selfplay_reference_buffer", "64", "--proposer_reward", "difficulty"],
 }
 LOW_RATIO, LOW_STRETCH = 0.2, 20  # the issue: no seed below 0.2 for more than 20 consecutive steps
 TARGET_LAST_THIRD = 0.4  # ... and a mean learnable ratio >= 0.4 over the last third
@@ -83,7 +85,8 @@ def run_seed(seed: int, steps: int, arm: str) -> dict:
         if step > 0 and SERIES["learnable"] in row:
             for name, key in SERIES.items():
                 series[name].append(row.get(key))
-    return {"arm": arm, "seed": seed, "steps": steps, "wall_s": round(wall, 1), "series": series, "ladder": ladder}
+    return {"arm": arm, "seed": seed, "steps": steps, "commit": git_commit(), "wall_s": round(wall, 1),
+            "series": series, "ladder": ladder}  # fmt: skip
 
 
 def run_study(seeds: list[int], steps: int, arm: str, runs: list[dict], save) -> list[dict]:
