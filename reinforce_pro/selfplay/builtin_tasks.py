@@ -168,6 +168,10 @@ LADDER_LEVELS = {  # name: operation_operand range; the warm start covers the fi
     "mul_10-19x2-9": lambda r: _join(r, "*", [(10, 19), (2, 9)]),
     "sum3_0-9": lambda r: _join(r, "+", [(0, 9)] * 3),
     "sum3_10-19": lambda r: _join(r, "+", [(10, 19)] * 3),
+    # The first rungs past the warm start, where the proposer's variants of small seeds lead (an operand of
+    # 20-29 beside a smaller one). Listed last so that the levels above keep the questions of earlier runs.
+    "add_20-29+0-9": lambda r: _join(r, "+", [(20, 29), (0, 9)]),
+    "add_20-29+10-19": lambda r: _join(r, "+", [(20, 29), (10, 19)]),
 }
 
 
