@@ -7,6 +7,8 @@ Modes (all through reinforce_pro's VLLMEngine, bf16, max_model_len 512, as the S
 - `aot`: vLLM 0.32's default with torch >= 2.10: torch.compile, the compiled function saved ahead of time.
 - `no-aot` (VLLM_USE_AOT_COMPILE=0): torch.compile with vLLM's graph cache (Inductor's compiled graphs).
 - `eager` (--enforce_eager): no compilation.
+- `no-aot-4096`: `no-aot` with vLLM's own CPU budget of 4,096 tokens per forward instead of reinforce_pro's
+  512 (vllm_engine.CPU_MAX_BATCHED_TOKENS): the start's dummy forward is that many tokens.
 Each mode gets its own empty VLLM_CACHE_ROOT and starts twice in a row: the first start is a machine's first
 run, the second what every later run pays. "start" is constructing the engine plus one 1-token generation
 (what the trainer waits for before its first step, interpreter start-up and imports included); "decode" is
@@ -26,12 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS  # noqa: E402
 
 NAME = "bench_engine_start"
-MODES = {  # mode -> (environment, enforce_eager)
-    "aot": ({}, False),
-    "no-aot": ({"VLLM_USE_AOT_COMPILE": "0"}, False),
-    "eager": ({}, True),
+MODES = {  # mode -> (environment, enforce_eager, tokens per forward)
+    "aot": ({}, False, CPU_MAX_BATCHED_TOKENS),
+    "no-aot": ({"VLLM_USE_AOT_COMPILE": "0"}, False, CPU_MAX_BATCHED_TOKENS),
+    "no-aot-4096": ({"VLLM_USE_AOT_COMPILE": "0"}, False, 4096),  # vLLM's CPU default budget
+    "eager": ({}, True, CPU_MAX_BATCHED_TOKENS),
 }
 STARTS = ("first", "second")
 
@@ -39,9 +43,9 @@ CHILD = """
 import json, sys, time
 start = time.perf_counter()
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
-model, eager = sys.argv[1], sys.argv[2] == "1"
+model, eager, budget = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 engine = VLLMEngine(EngineConfig(model_path=model, dtype="bfloat16", max_model_len=512, enforce_eager=eager,
-                                 cpu_kv_cache_gib=2, seed=0))
+                                 cpu_kv_cache_gib=2, seed=0, cpu_max_batched_tokens=budget))
 prompt = list(range(100, 160))
 engine.generate([prompt], {"temperature": 1.0, "max_tokens": 1})
 ready = time.perf_counter() - start
@@ -53,11 +57,11 @@ print("RESULT " + json.dumps({"start_s": ready, "decode_tok_s": decode}))
 
 
 def start_once(model: str, mode: str, cache_root: Path) -> dict:
-    env_extra, eager = MODES[mode]
+    env_extra, eager, budget = MODES[mode]
     env = {**os.environ, **env_extra, "VLLM_CACHE_ROOT": str(cache_root), "PYTHONWARNINGS": "ignore"}
     env.pop("REINFORCE_PRO_LOG_DIR", None)
     wall = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, model, "1" if eager else "0"], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, model, "1" if eager else "0", str(budget)], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     wall = time.perf_counter() - wall
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
