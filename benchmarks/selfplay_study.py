@@ -56,6 +56,9 @@ ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
     # Absolute Zero's whole proposer: references from past learnable questions and the 1 - solve rate reward
     "buffer-difficulty": ["--selfplay_reference_buffer", "64", "--proposer_reward", "difficulty"],
+    # The same command at commit 6be61ef, whose warm start has no copies (n+0=n): a code variant, run from a
+    # checkout of that commit (each run records its commit, which the table header prints)
+    "no-copies": [],
 }
 LOW_RATIO, LOW_STRETCH = 0.2, 20  # the issue: no seed below 0.2 for more than 20 consecutive steps
 TARGET_LAST_THIRD = 0.4  # ... and a mean learnable ratio >= 0.4 over the last third
@@ -152,7 +155,8 @@ def render(payload: dict, out_dir: Path) -> str:
     for arm in arms:
         runs = sorted((r for r in every if r["arm"] == arm), key=lambda r: r["seed"])
         flags = " ".join(ARMS[arm]) or "none"
-        lines += [f"## {arm} ({len(runs)} seeds; flags on top of the README command: {flags})", ""]
+        commits = ", ".join(sorted({r.get("commit", "unrecorded")[:12] for r in runs}))
+        lines += [f"## {arm} ({len(runs)} seeds at commit {commits}; flags on top of the README command: {flags})", ""]
         lines += _arm_section(runs, payload, out_dir / f"{NAME}_{arm}.png")
     if len(arms) > 1:
         lines += _comparison(every, arms)
@@ -164,19 +168,23 @@ def render(payload: dict, out_dir: Path) -> str:
 def _comparison(every: list[dict], arms: list[str]) -> list[str]:
     """Each arm against `default` at the seeds both ran: paired differences with 95% bootstrap intervals."""
     lines = ["## Arms compared with `default` (paired by seed)", "",
-             "| arm | seeds | learnable ratio, last third | unique proposals, last third | ladder mean, end |",
-             "|---|---|---|---|---|"]  # fmt: skip
+             "| arm | seeds | learnable ratio, last third | unique proposals, last third | ladder mean, step 0 "
+             "| ladder mean, end |", "|---|---|---|---|---|---|"]  # fmt: skip
     by = {(r["arm"], r["seed"]): r for r in every}
     for arm in arms[1:]:
         seeds = sorted(s for a, s in by if a == arm and ("default", s) in by)
         cells = []
         last_thirds = (lambda r: thirds(r["series"]["learnable"])[-1], lambda r: thirds(r["series"]["unique"])[-1])
-        for measure in (*last_thirds, _ladder_end):
+        for measure in (*last_thirds, _ladder_start, _ladder_end):
             diffs = [measure(by[("default", s)]) - measure(by[(arm, s)]) for s in seeds]
             mean, low, high = paired_bootstrap(diffs) if diffs else (float("nan"),) * 3
             cells.append(f"default {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
         lines.append(f"| {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
     return ["", *lines]
+
+
+def _ladder_start(run: dict) -> float:
+    return statistics.fmean(points[0][1] for points in run["ladder"].values())
 
 
 def _ladder_end(run: dict) -> float:

@@ -40,13 +40,19 @@ def test_render_writes_tables_plots_and_the_arm_comparison(tmp_path):
     pytest.importorskip("matplotlib")
     runs = [_run("default", s, [0.6] * 9, 0.3, unique=0.6) for s in (1, 2)]
     runs += [_run("no-repetition-penalty", s, [0.3] * 9, 0.1, unique=0.2) for s in (1, 2)]
+    runs[0]["commit"] = runs[1]["commit"] = "6be61ef1234567-dirty"  # an arm may be run at another commit
     payload = {"commit": "abc123def4567", "config": {"warm_start_levels": ["add_0-19"]}, "results": {"runs": runs}}
     (tmp_path / "selfplay_study.json").write_text(json.dumps(payload))
     text = study.render(payload, tmp_path)
-    assert "## default (2 seeds" in text and "## no-repetition-penalty (2 seeds" in text
+    assert "## default (2 seeds at commit 6be61ef12345;" in text
+    assert "## no-repetition-penalty (2 seeds at commit unrecorded;" in text
     assert "| add_0-19 | yes | 0.100 | 0.100 | +0.000" in text and "| add_20-29 | no | 0.000 | 0.300 | +0.300" in text
-    # default minus the arm: +0.3 learnable ratio, +0.4 unique proposals, ladder mean +0.2 / 12 levels
-    assert "| no-repetition-penalty | 2 | default +0.300" in text and "default +0.400" in text
+    # default minus the arm: +0.3 learnable ratio, +0.4 unique proposals, the same ladder at step 0, and at
+    # the end +0.2 on one level of the ladder
+    row = next(line for line in text.splitlines() if line.startswith("| no-repetition-penalty | 2 |"))
+    cells = [c.split(" [")[0] for c in row.split(" | ")[2:]]
+    levels = len(study.LADDER_LEVELS)
+    assert cells == ["default +0.300", "default +0.400", "default +0.000", f"default {0.2 / levels:+.3f}"]
     assert (tmp_path / "selfplay_study_default.png").exists() and (tmp_path / "selfplay_study.md").read_text() == text
 
 
