@@ -56,9 +56,9 @@ ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
     # Absolute Zero's whole proposer: references from past learnable questions and the 1 - solve rate reward
     "buffer-difficulty": ["--selfplay_reference_buffer", "64", "--proposer_reward", "difficulty"],
-    # The same command at commit 6be61ef, whose warm start has no copies (n+0=n): a code variant, run from a
-    # checkout of that commit (each run records its commit, which the table header prints)
-    "no-copies": [],
+    # The same command at commit 43308d8, whose warm start added copies (4893+0=4893) and was reverted: a code
+    # variant, run from a checkout of that commit (each run records its commit, which the table header prints)
+    "copies": [],
 }
 LOW_RATIO, LOW_STRETCH = 0.2, 20  # the issue: no seed below 0.2 for more than 20 consecutive steps
 TARGET_LAST_THIRD = 0.4  # ... and a mean learnable ratio >= 0.4 over the last third

@@ -87,20 +87,17 @@ class ArithmeticTask(SelfPlayTask):
 
     def warm_start_examples(self, n: int, seed: int) -> list[dict]:
         """n solver examples and n proposer examples. The solver learns the format on the warm-start levels
-        (mostly additions <= 19; a twelfth each of one-digit differences, one-digit products and sums of three
-        one-digit numbers) and, from copies like `4893+0=4893` (a sixth), to write any answer the task allows.
-        The proposer learns to write a variant of the question in its prompt (operands moved by -3..+7,
-        sometimes a term added or an operation changed), on small references: the prompt is a seed or, with
-        --selfplay_reference_buffer, a recent learnable question, so what the proposer writes follows the
-        curriculum; which variants are worth proposing is left to RL."""
+        (mostly additions <= 19; a tenth each of one-digit differences, one-digit products and sums of three
+        one-digit numbers). The proposer learns to write a variant of the question in its prompt (operands
+        moved by -3..+7, sometimes a term added or an operation changed), on small references: the prompt is
+        a seed or, with --selfplay_reference_buffer, a recent learnable question, so what the proposer
+        writes follows the curriculum; which variants are worth proposing is left to RL."""
         rng = random.Random(seed)
         out = []
         for i in range(n):
-            lesson = WARM_START_MIX[i % len(WARM_START_MIX)]
-            text = WARM_START_LESSONS[lesson](rng)
+            text = LADDER_LEVELS[WARM_START_MIX[i % len(WARM_START_MIX)]](rng)
             out.append({"prompt": f"{text}=", "label": str(evaluate_expression(text))})
-            own = i % 2 == 0 and lesson != "copy"  # half the references are the lesson (never a copy: those stay small)
-            reference = text if own else _join(rng, "+", [(0, self.warm_start_max_proposed)] * 2)
+            reference = _join(rng, "+", [(0, self.warm_start_max_proposed)] * 2) if i % 2 else text
             out.append({"prompt": f"[{reference}]>", "label": propose_variant(reference, rng)})
         return out
 
@@ -152,6 +149,9 @@ def _join(rng: random.Random, op: str, ranges: list[tuple[int, int]], descending
     return op.join(map(str, values))
 
 
+# What the solver's warm start teaches: 7 in 10 additions <= 19, one each of the other warm-start levels
+WARM_START_MIX = ("add_0-19",) * 7 + ("sub_0-9", "mul_0-9", "sum3_0-9")
+
 # The held-out ladder: the solver's greedy accuracy on each level, evaluated every --eval_steps.
 LADDER_SEED = 20261125
 LADDER_QUESTIONS = 40
@@ -173,23 +173,6 @@ LADDER_LEVELS = {  # name: operation_operand range; the warm start covers the fi
     "add_20-29+0-9": lambda r: _join(r, "+", [(20, 29), (0, 9)]),
     "add_20-29+10-19": lambda r: _join(r, "+", [(20, 29), (10, 19)]),
 }
-
-
-def _copy_question(rng: random.Random) -> str:
-    """n+0, 0+n, n-0, n*1 or 1*n with n of 1-4 digits: the answer is an operand, so the solver learns to write
-    any integer the task allows without learning to add, subtract or multiply beyond the warm-start levels."""
-    digits = rng.randint(1, ArithmeticTask.max_digits)
-    n = str(rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1))
-    return rng.choice([f"{n}+0", f"0+{n}", f"{n}-0", f"{n}*1", f"1*{n}"])
-
-
-# What the solver's warm start teaches: 7 in 12 additions <= 19, one each of the other warm-start levels, and
-# 2 in 12 copies (_copy_question). Without the copies no warm-start answer has a tens digit above 3 (19+19=38)
-# except the products, and the warm-started solver's 320 samples (T=1) for the add_20-29 rung's questions all
-# began with 2 or 3: a question whose answer needs another first digit is not solved once in 8 samples, so it
-# is never learnable and the curriculum cannot reach it (docs/selfplay.md).
-WARM_START_MIX = ("add_0-19",) * 7 + ("sub_0-9", "mul_0-9", "sum3_0-9") + ("copy",) * 2
-WARM_START_LESSONS = {**LADDER_LEVELS, "copy": _copy_question}
 
 
 BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {"arithmetic": ArithmeticTask, "code_output": CodeOutputTask}
