@@ -595,7 +595,9 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model, mode
 
 def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_references(tmp_path, engine, tiny_model):
     """Issue 32 through the trainer: the open-ended arithmetic task on its built-in seeds, the held-out ladder
-    before training and every step, the reference buffer and the repetition penalty."""
+    (every level) before training and every step, the reference buffer and the repetition penalty."""
+    from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS
+
     cfg, plan, history = run(
         ["--absolute_zero", "--max_samples", "8", "--rollout_batch_size", "4", "--n_questions_per_prompt", "3",
          "--advantage_estimator", "reinforce_baseline", "--eval_steps", "1", "--eval_before_training",
@@ -608,7 +610,8 @@ def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_refer
     ladder = [row for row in rows if "eval/ladder/accuracy_mean" in row]
     assert [row["step"] for row in ladder] == [0, 1, 2]
     levels = [k for k in ladder[0] if k.startswith("eval/ladder/") and k.endswith("/accuracy")]
-    assert len(levels) == 12 and all(0.0 <= ladder[0][k] <= 1.0 for k in levels)
+    assert set(levels) == {f"eval/ladder/{level}/accuracy" for level in LADDER_LEVELS}
+    assert all(0.0 <= ladder[0][k] <= 1.0 for k in levels)
     assert "`eval/ladder/<level>/accuracy`" in doc and "`eval/ladder/accuracy_mean`" in doc
     for row in (r for r in rows if r["step"] > 0 and "unified_filter/num_total" in r):
         assert 0.0 <= row["proposer/reference_frac"] <= 1.0 and row["proposer/reference_buffer_size"] <= 8
