@@ -56,9 +56,11 @@ ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
     # Absolute Zero's whole proposer: references from past learnable questions and the 1 - solve rate reward
     "buffer-difficulty": ["--selfplay_reference_buffer", "64", "--proposer_reward", "difficulty"],
-    # The same command at commit 43308d8, whose warm start added copies (4893+0=4893) and was reverted: a code
-    # variant, run from a checkout of that commit (each run records its commit, which the table header prints)
-    "copies": [],
+}
+# Arms that differ in code, not flags: recorded runs of the README command at another commit. Not offered by
+# --arm (at HEAD it would run the default under their name); the table header prints each run's commit.
+CODE_ARMS = {
+    "copies": "none; the warm start of 43308d8, which added copies (4893+0=4893) and was reverted",
 }
 LOW_RATIO, LOW_STRETCH = 0.2, 20  # the issue: no seed below 0.2 for more than 20 consecutive steps
 TARGET_LAST_THIRD = 0.4  # ... and a mean learnable ratio >= 0.4 over the last third
@@ -150,11 +152,11 @@ def _levels(runs: list[dict]) -> list[str]:
 
 def render(payload: dict, out_dir: Path) -> str:
     every = payload["results"]["runs"]
-    arms = [a for a in ARMS if any(r["arm"] == a for r in every)]
+    arms = [a for a in (*ARMS, *CODE_ARMS) if any(r["arm"] == a for r in every)]
     lines = [f"# Self-play study: `--absolute_zero` to its end (commit {payload['commit'][:12]})", ""]
     for arm in arms:
         runs = sorted((r for r in every if r["arm"] == arm), key=lambda r: r["seed"])
-        flags = " ".join(ARMS[arm]) or "none"
+        flags = CODE_ARMS[arm] if arm in CODE_ARMS else " ".join(ARMS[arm]) or "none"
         commits = ", ".join(sorted({r.get("commit", "unrecorded")[:12] for r in runs}))
         lines += [f"## {arm} ({len(runs)} seeds at commit {commits}; flags on top of the README command: {flags})", ""]
         lines += _arm_section(runs, payload, out_dir / f"{NAME}_{arm}.png")
