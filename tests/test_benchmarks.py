@@ -239,3 +239,26 @@ def test_the_search_study_table_gives_both_paired_differences():
     assert "| mean | 0.150 -> 0.300 | 0.000 -> 0.000 |" in table
     assert "after RL - warm start: +0.150 [+0.100, +0.200]" in table
     assert "with search - without: +0.300 [+0.300, +0.300]" in table
+
+
+def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
+    """The script a GPU lease runs (benchmarks/gpu_check.py), checked here at small shapes: every part runs,
+    float32 agrees with the float64 reference, the prefix filters mask some tokens, the tables render."""
+    from benchmarks import gpu_check
+
+    args = ["--device", "cpu", "--small", "--steps", "1", "--rows", "8", "--micros", "4,8", "--output", str(tmp_path)]
+    assert gpu_check.main(args) == 0
+    payload = json.loads((tmp_path / "gpu_check.json").read_text())
+    core = {r["what"]: r for r in payload["results"]["core"]}
+    assert len(core) == 1 + 5 + 6 + 3  # the loss without IS, 5 corrections, 6 estimators, 3 KL estimators
+    assert all(r["device_rel_err"] < 1e-4 and r["device_flips"] == 0 for r in core.values())
+    assert core["policy loss, IS reinforce_pro"]["masked_frac"] > 0.05  # the check exercises the mask
+    tokens = payload["results"]["token_log_probs"]
+    assert tokens["value_abs_err"] < 1e-4 and tokens["grad_abs_diff"] < 1e-5
+    model = payload["results"]["model"]
+    assert model["packed_vs_padded_max_abs"] < 1e-4
+    assert {(r["micro"], r["dtype"], r["packed"]) for r in model["steps"]} == {
+        (m, d, p) for m in (4, 8) for d in ("fp32", "bf16 autocast") for p in (False, True)
+    }
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "| policy loss, IS reinforce_pro |" in table and "| 8 | 4 | fp32 | padded |" in table
