@@ -229,12 +229,12 @@ def step_flops(model, mask: torch.Tensor, response: int) -> float:
     return 6.0 * layers * float(mask.sum()) + 6.0 * head * float(mask[:, -response:].sum())
 
 
-def train_step(model, opt, loss_fn, seq, mask, response: int, micro: int, packed: bool, bf16: bool) -> None:
+def train_step(model, opt, loss_fn, seq, mask, response: int, micro: int, packed: bool, autocast: bool) -> None:
     opt.zero_grad(set_to_none=True)
     tokens = float(mask[:, -response:].sum())
     for i in range(0, len(seq), micro):
         s, m = seq[i : i + micro], mask[i : i + micro]
-        with torch.autocast(seq.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(seq.device.type, dtype=torch.bfloat16, enabled=autocast):
             lp, _ = response_log_probs(model, s, m, response, packed=packed)
         action = m[:, -response:].bool()
         old = lp.detach().float()
@@ -260,14 +260,16 @@ def _busy_fraction(step, device: str) -> float | None:
     return kernels / wall
 
 
-def measure_model(model, seq, mask, response: int, micro: int, packed: bool, bf16: bool, steps: int) -> dict:
+def measure_model(model, seq, mask, response: int, micro: int, packed: bool, dtype: str, steps: int) -> dict:
+    """One configuration's step time; `dtype` "fp32", "bf16 autocast" (fp32 weights) or "bf16 weights" (the
+    model as given, already in bf16: what a bf16 DeepSpeed rank trains)."""
     device = str(seq.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.startswith("cuda"))
     loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro",
                          vllm_is_truncated_threshold=THRESHOLD)  # fmt: skip
 
     def step():
-        train_step(model, opt, loss_fn, seq, mask, response, micro, packed, bf16)
+        train_step(model, opt, loss_fn, seq, mask, response, micro, packed, dtype == "bf16 autocast")
 
     times = []
     for _ in range(steps + 2):  # two warm-ups: kernels chosen, allocator grown
@@ -282,7 +284,6 @@ def measure_model(model, seq, mask, response: int, micro: int, packed: bool, bf1
         step()
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
     flops = step_flops(model, mask, response)
-    dtype = "bf16 autocast" if bf16 else "fp32"
     return {"rows": len(seq), "micro": micro, "packed": packed, "dtype": dtype, "step_s": seconds,
             "tokens_per_s": float(mask.sum()) / seconds, "tflops": flops / seconds / 1e12, "peak_gib": peak,
             "busy": _busy_fraction(step, device)}  # fmt: skip
@@ -297,18 +298,24 @@ def packed_vs_padded(model, seq, mask, response: int) -> float:
     return float((padded - packed).abs()[action].max())
 
 
-def check_model(device: str, shape: dict, row_counts: list[int], micros: list[int], paths: list[str], steps: int):
+DTYPES = {"fp32": "fp32", "autocast": "bf16 autocast", "bf16": "bf16 weights"}  # --dtypes key -> row label
+
+
+def check_model(device: str, shape: dict, row_counts: list[int], micros: list[int], paths: list[str], steps: int,
+                dtypes: list[str]):  # fmt: skip
     torch.backends.cuda.matmul.allow_tf32 = False
     model = build_model(shape, device)
+    low = build_model(shape, device).to(torch.bfloat16) if "bf16" in dtypes else None
     seq, mask = (t.to(device) for t in rollout_batch(16, 36, 64, shape["vocab_size"]))
     result = {"params": sum(p.numel() for p in model.parameters()), "packed_vs_padded_max_abs": packed_vs_padded(
         model, seq, mask, 64), "steps": []}  # fmt: skip
     for rows in row_counts:
         seq, mask = (t.to(device) for t in rollout_batch(rows, 36, 64, shape["vocab_size"], seed=rows))
         for micro in (m for m in micros if m <= rows):
-            for bf16 in (False, True):
+            for key in dtypes:
                 for path in paths:
-                    r = measure_model(model, seq, mask, 64, micro, path == "packed", bf16, steps)
+                    net = low if key == "bf16" else model
+                    r = measure_model(net, seq, mask, 64, micro, path == "packed", DTYPES[key], steps)
                     print(f"  {r}", flush=True)
                     result["steps"].append(r)
     return result
@@ -365,7 +372,7 @@ def _model_lines(model: dict, peaks: dict, cfg: dict) -> list[str]:
              "| rows | micro | dtype | path | s / step | real tokens / s | TFLOP/s | of GEMM peak | peak GiB | busy |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in model["steps"]:
-        peak = peaks["fp32"] if r["dtype"] == "fp32" else peaks["bf16"]
+        peak = peaks["fp32"] if r["dtype"] == "fp32" else peaks["bf16"]  # both bf16 rows: against bf16's rate
         gib = "" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
         busy = "" if r["busy"] is None else f"{r['busy']:.0%}"
         path = "packed" if r["packed"] else "padded"
@@ -385,6 +392,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="32,256", help="rows per optimizer step of part 3 (comma-separated)")
     p.add_argument("--micros", default="16", help="rows per micro-batch of part 3 (comma-separated)")
     p.add_argument("--paths", default="padded,packed", help="forwards of part 3: padded, packed")
+    p.add_argument("--dtypes", default="fp32,autocast", help="part 3: fp32, autocast (bf16), bf16 (weights)")
     p.add_argument("--suffix", default="", help="appended to the result's name (gpu_check<suffix>.json)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", type=Path, help="re-render the tables from this JSON")
@@ -393,6 +401,7 @@ def main(argv=None) -> int:
         return render_saved(args.render, render)
     small = args.small
     cfg = {"device": args.device, "small": small, "steps": args.steps, "parts": args.parts, "micros": args.micros,
+           "dtypes": args.dtypes,
            "core_rows": 32 if small else 256, "core_width": 64 if small else 1024,
            "gemm_n": 512 if small else 8192}  # fmt: skip
     parts = args.parts.split(",")
@@ -420,7 +429,8 @@ def _model_part(args, cfg: dict) -> dict:
     }
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     shape = SMALL_MODEL if cfg["small"] else SMOLLM2
-    model = check_model(args.device, shape, ints(args.rows), ints(args.micros), args.paths.split(","), args.steps)
+    model = check_model(args.device, shape, ints(args.rows), ints(args.micros), args.paths.split(","), args.steps,
+                        args.dtypes.split(","))  # fmt: skip
     return {"gemm_tflops": peaks, "model": model}
 
 
