@@ -81,13 +81,7 @@ def experience_batch(rows: int, prompt: int, max_response: int, vocab: int, seed
     from reinforce_pro.experience import Experience
 
     gen = torch.Generator().manual_seed(seed)
-    seq = torch.randint(10, vocab, (rows, prompt + max_response), generator=gen)
-    mask = torch.ones_like(seq)
-    for i in range(rows):
-        p = int(torch.randint(prompt - 6, prompt + 1, (1,), generator=gen))
-        r = int(torch.randint(max_response // 4, max_response + 1, (1,), generator=gen))
-        mask[i, : prompt - p] = 0
-        mask[i, prompt + r :] = 0
+    seq, mask = padded_batch(rows, prompt, max_response, vocab, gen)
     action_mask = mask[:, prompt:].bool()
     advantages = (torch.randint(0, 2, (rows, 1), generator=gen).float() * 2 - 1) * action_mask
     return Experience(
@@ -95,6 +89,21 @@ def experience_batch(rows: int, prompt: int, max_response: int, vocab: int, seed
         rollout_log_probs=torch.full(action_mask.shape, -1.0), advantages=advantages, returns=advantages,
         rewards=advantages[:, 0],
     )  # fmt: skip
+
+
+def padded_batch(rows: int, prompt: int, max_response: int, vocab: int, gen):
+    """(rows, prompt + max_response) token ids and mask: left-padded prompts of prompt-6..prompt tokens,
+    right-padded responses of max_response/4..max_response, drawn from the torch Generator `gen`."""
+    import torch
+
+    seq = torch.randint(10, vocab, (rows, prompt + max_response), generator=gen)
+    mask = torch.ones_like(seq)
+    for i in range(rows):
+        p = int(torch.randint(prompt - 6, prompt + 1, (1,), generator=gen))
+        r = int(torch.randint(max_response // 4, max_response + 1, (1,), generator=gen))
+        mask[i, : prompt - p] = 0
+        mask[i, prompt + r :] = 0
+    return seq * mask, mask
 
 
 def build_worker(model: Path, micro: int, rendezvous: Path):

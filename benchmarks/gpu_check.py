@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_train_phase import padded_batch  # noqa: E402
 from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
     ADVANTAGE_ESTIMATORS,
@@ -199,17 +200,8 @@ def gemm_tflops(device: str, n: int, dtype, tf32: bool = False) -> float:
 
 
 def rollout_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
-    """Left-padded prompts of prompt-6..prompt tokens, right-padded responses of response/4..response (W3's
-    shape: chat-templated prompts of ~36 tokens, responses of 16-64)."""
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(10, vocab, (rows, prompt + response), generator=g)
-    mask = torch.ones_like(seq)
-    for i in range(rows):
-        p = int(torch.randint(prompt - 6, prompt + 1, (1,), generator=g))
-        r = int(torch.randint(response // 4, response + 1, (1,), generator=g))
-        mask[i, : prompt - p] = 0
-        mask[i, prompt + r :] = 0
-    return seq * mask, mask
+    """W3's shape (bench_train_phase.padded_batch): chat-templated prompts of ~36 tokens, responses of 16-64."""
+    return padded_batch(rows, prompt, response, vocab, torch.Generator().manual_seed(seed))
 
 
 def build_model(shape: dict, device: str):
