@@ -113,15 +113,22 @@ def prepare(workdir: Path, w: Workload, warmup_steps: int) -> dict:
 def matmul_params(model_dir: Path) -> int:
     """The parameters every trained token passes through a matmul: the 2-D weights of the layers, and the LM
     head once even when tied to the embedding (whose lookup is no matmul)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
+    return layer_matmul_params(config) + config.vocab_size * config.hidden_size
+
+
+def layer_matmul_params(config) -> int:
+    """The 2-D weights of a causal LM's layers (`config`: its HF config), neither the embedding nor the LM head;
+    counted on a copy built on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    body = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name
+    return sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name
                and "lm_head" not in name)  # fmt: skip
-    return body + config.vocab_size * config.hidden_size
 
 
 def train_work(model_dir: Path, records: list[dict]) -> dict:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_peers import layer_matmul_params  # noqa: E402
 from benchmarks.bench_train_phase import padded_batch  # noqa: E402
 from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
@@ -214,10 +215,8 @@ def build_model(shape: dict, device: str):
 
 def step_flops(model, mask: torch.Tensor, response: int) -> float:
     """6 x (matmul parameters of the layers) x real tokens + 6 x the LM head x real response tokens."""
-    cfg = model.config
-    head = cfg.hidden_size * cfg.vocab_size
-    layers = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
-    layers -= 0 if cfg.tie_word_embeddings else head
+    head = model.config.hidden_size * model.config.vocab_size
+    layers = layer_matmul_params(model.config)
     return 6.0 * layers * float(mask.sum()) + 6.0 * head * float(mask[:, -response:].sum())
 
 
