@@ -146,3 +146,41 @@ def test_the_is_benchmark_builds_the_config_the_command_line_gives(tmp_path):
     for (correction, condition), flags in cases.items():
         want = run_config(parse_args(preset + common + flags))
         assert run_config_for(base, correction, condition, tmp_path) == want, (correction, condition)
+
+
+def test_each_flag_is_one_field_and_the_parser_is_built_from_the_fields():
+    """Issue 29: a flag's spellings, type, default, choices, help and bounds live on one field of a flag section;
+    the parser, the dotted table and the refused / no-effect lists are derived from the fields, so a default
+    or an alias cannot drift from its declaration."""
+    from reinforce_pro.cli.args import flag_fields, option_strings
+    from reinforce_pro.cli.spellings import DOTTED
+
+    parser = build_parser()
+    fields = flag_fields()
+    assert {f.name for _, f, _, _ in fields} == _dests() - {"preset"}
+    for _, f, spec, _ in fields:
+        action = parser._option_string_actions[option_strings(f.name, spec)[0]]
+        assert (action.dest, action.default, action.help.startswith(spec.help)) == (f.name, f.default, True)
+        assert set(option_strings(f.name, spec)) <= set(action.option_strings)
+    assert DOTTED["zero_stage"] == "ds.zero_stage" and DOTTED["ref_reward_offload"] == ("ref.offload", "reward.offload")
+    assert "adam_eps" not in DOTTED  # dotted-only (--actor.adam.eps): no flat flag to pair with
+
+
+def _outside(spec) -> str:
+    if spec.finite:
+        return "nan"
+    return str(spec.at_least - 1 if spec.at_least is not None else spec.above)
+
+
+def test_every_declared_bound_ends_a_command_line_in_one_line(capsys):
+    """Bounds declared on a field (at_least / above / finite) are checked for every flag that declares them,
+    before any combination check, with the flag's name in the message."""
+    from reinforce_pro.cli.args import flag_fields
+
+    bounded = [(f.name, spec) for _, f, spec, _ in flag_fields() if spec.at_least is not None or spec.above is not None]
+    assert len(bounded) >= 25
+    for name, spec in bounded:
+        with pytest.raises(SystemExit):
+            parse_args(["--pretrain", "m", f"--{name}", _outside(spec)])
+        err = capsys.readouterr().err
+        assert f"--{name} must be " in err and err.count("\n") == 1, (name, err)

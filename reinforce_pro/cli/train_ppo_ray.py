@@ -19,7 +19,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.cli.args import UNSUPPORTED, build_parser
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds
 from reinforce_pro.cli.presets import PRESETS, preset_for
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
@@ -49,6 +49,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         args = parser.parse_args(argv)
     problem = (
         unsupported_flag(args, parser)
+        or out_of_bounds(args)  # each flag's own bounds, declared on its field
         or invalid_combination(args)
         or invalid_selfplay(args)
         or invalid_running(args)
@@ -90,18 +91,7 @@ def invalid_combination(args) -> str | None:
 
 
 def invalid_numbers(args) -> str | None:
-    """Counts, rates and ranges that are wrong on their own."""
-    positive = ("rollout_batch_size", "train_batch_size", "micro_train_batch_size", "micro_rollout_batch_size",
-                "n_samples_per_prompt", "num_episodes", "max_epochs", "actor_num_nodes", "actor_num_gpus_per_node",
-                "vllm_tensor_parallel_size", "max_len", "prompt_max_len", "max_new_tokens", "train_max_tokens_per_gpu",
-                "rollout_max_tokens_per_gpu", "async_queue_size", "partial_rollout_chunk")  # fmt: skip
-    for name in positive:
-        if getattr(args, name) is not None and getattr(args, name) < 1:  # None: filled in later (max_new_tokens)
-            return f"--{name} must be >= 1, got {getattr(args, name)}"
-    for name in ("actor_learning_rate", "critic_learning_rate"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value >= 0):
-            return f"--{name} must be a finite number >= 0, got {value}"
+    """Ranges and texts that are wrong on their own (a single flag's bounds are declared on its field)."""
     clip_low, clip_high = args.reward_clip_range
     if not clip_low < clip_high:
         return f"--reward_clip_range must satisfy LOW < HIGH, got {clip_low} {clip_high}"
@@ -110,8 +100,6 @@ def invalid_numbers(args) -> str | None:
     buffer, limit = args.overlong_buffer_len, args.max_new_tokens
     if buffer is not None and not (0 < buffer <= (limit if limit is not None else float("inf"))):
         return f"--overlong_buffer_len must be in (0, --max_new_tokens {limit}], got {buffer}"
-    if args.overlong_penalty_factor < 0:
-        return f"--overlong_penalty_factor must be >= 0, got {args.overlong_penalty_factor}"
     if args.stop_properly_penalty_coef is not None and args.stop_properly_penalty_coef > 1:
         coef = args.stop_properly_penalty_coef
         return f"--stop_properly_penalty_coef must be <= 1 (in [0, 1] scales, < 0 replaces), got {coef}"
@@ -125,8 +113,6 @@ def invalid_numbers(args) -> str | None:
 
 def invalid_rollout_lag(args) -> str | None:
     """Staleness, asynchronous training, partial rollouts and the weight-sync backend that serves them."""
-    if args.rollout_staleness < 0:
-        return f"--rollout_staleness must be >= 0, got {args.rollout_staleness}"
     if args.partial_rollout and not args.async_train:
         return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
     if args.partial_rollout and args.absolute_zero:
@@ -151,7 +137,6 @@ def invalid_layout(args) -> str | None:
     """Sampling settings, batch arithmetic over the ranks, the reward source and colocation."""
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     checks = [
-        (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
         (
             args.advantage_estimator not in GROUP_ESTIMATORS or args.n_samples_per_prompt >= 2,
@@ -213,11 +198,6 @@ def invalid_running(args) -> str | None:
     """The first problem with the checkpoint, evaluation, logging and filtering flags, or None."""
     low, high = args.dynamic_filtering_reward_range
     checks = [
-        (args.max_ckpt_num >= 1, f"--max_ckpt_num must be >= 1, got {args.max_ckpt_num}"),
-        (args.max_ckpt_mem > 0, f"--max_ckpt_mem must be > 0, got {args.max_ckpt_mem}"),
-        (args.logging_steps >= 1, f"--logging_steps must be >= 1, got {args.logging_steps}"),
-        (args.eval_n_samples_per_prompt >= 1, "--eval_n_samples_per_prompt must be >= 1"),
-        (args.eval_temperature >= 0, f"--eval_temperature must be >= 0, got {args.eval_temperature}"),
         (
             args.eval_dataset or args.absolute_zero or (args.eval_steps <= 0 and not args.eval_before_training),
             "--eval_steps / --eval_before_training need --eval_dataset (self-play: its task's ladder)",
@@ -262,7 +242,6 @@ def invalid_agent(args) -> str | None:
     if not args.agent_func_path:
         return None
     checks = [
-        (args.agent_max_turns >= 1, f"--agent_max_turns must be >= 1, got {args.agent_max_turns}"),
         (
             not (args.absolute_zero or args.eval_dataset),
             "--agent_func_path: the environment scores episodes; --absolute_zero and --eval_dataset are not "
@@ -290,16 +269,6 @@ def invalid_selfplay(args) -> str | None:
     proposer_group = args.rollout_batch_size if sampled else args.n_questions_per_prompt
     group_flag = "--rollout_batch_size" if sampled else "--n_questions_per_prompt"
     checks = [
-        (args.n_questions_per_prompt >= 1, f"--n_questions_per_prompt must be >= 1, got {args.n_questions_per_prompt}"),
-        (args.max_repropose_attempts >= 0, f"--max_repropose_attempts must be >= 0, got {args.max_repropose_attempts}"),
-        (
-            args.selfplay_reference_buffer >= 0,
-            f"--selfplay_reference_buffer must be >= 0, got {args.selfplay_reference_buffer}",
-        ),
-        (
-            math.isfinite(args.proposer_repetition_penalty) and args.proposer_repetition_penalty >= 0,
-            f"--proposer_repetition_penalty must be a finite number >= 0, got {args.proposer_repetition_penalty}",
-        ),
         (
             args.n_samples_per_prompt >= 2,
             "--absolute_zero judges learnability from several solver responses: --n_samples_per_prompt must be "
