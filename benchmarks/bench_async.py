@@ -43,9 +43,9 @@ TARGET_SPEEDUP = 1.5
 
 
 def one_run(flags: list[str], seed: int, steps: int) -> list[dict]:
-    from reinforce_pro.cli.run import prepare
     from reinforce_pro.cli.train_ppo_ray import parse
-    from reinforce_pro.cli.wiring import build_and_fit
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_async_"))
     _, cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps), "--seed", str(seed), *flags])

@@ -110,9 +110,9 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
 
 
 def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
-    from reinforce_pro.cli.run import prepare
     from reinforce_pro.cli.train_ppo_ray import parse
-    from reinforce_pro.cli.wiring import build_and_fit
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_smollm2_"))
     argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]

@@ -141,9 +141,9 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
     `on_run(partial_result)` is called after each run so the caller can save progress."""
     import ray
 
-    from reinforce_pro.cli.run import prepare
-    from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.workers.launcher import start_ray
 
     seeds = [1] if quick else [1, 2, 3]

@@ -205,9 +205,9 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     """Run every (seed, regime, correction) not yet in `runs`; `save(runs)` after each run."""
     import ray
 
-    from reinforce_pro.cli.run import prepare
-    from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.workers.launcher import start_ray
 
     done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}

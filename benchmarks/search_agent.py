@@ -83,10 +83,10 @@ def evaluate(engine, tokenizer, rows: list[dict], search: bool) -> dict:
 def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     import ray
 
-    from reinforce_pro.cli.run import prepare as prepare_run
     from reinforce_pro.cli.train_ppo_ray import parse
-    from reinforce_pro.cli.wiring import build_and_fit
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.prepare import prepare as prepare_run
+    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.search.retriever import make_server
 
     start = time.perf_counter()

@@ -263,9 +263,9 @@ def test_max_len_shorter_than_the_prompts(tiny_model, tmp_path, capsys):
 
 
 def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
-    from reinforce_pro.cli import run as run_mod
-    from reinforce_pro.cli import wiring
     from reinforce_pro.rewards.loader import RewardFileError
+    from reinforce_pro.run import prepare as run_mod
+    from reinforce_pro.run import wiring
 
     def failing(cfg, plan):
         raise RewardFileError("step 3: reward_func raised ZeroDivisionError: division by zero")

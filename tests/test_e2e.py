@@ -23,12 +23,12 @@ pytest.importorskip("deepspeed")
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from reinforce_pro.cli.run import prepare  # noqa: E402
 from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
-from reinforce_pro.cli.wiring import build_and_fit  # noqa: E402
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine  # noqa: E402
+from reinforce_pro.run.prepare import prepare  # noqa: E402
+from reinforce_pro.run.wiring import build_and_fit  # noqa: E402
 from reinforce_pro.trainer.checkpoint import find_latest, load_state  # noqa: E402
 from reinforce_pro.trainer.logger import read_metrics  # noqa: E402
 from reinforce_pro.workers.launcher import start_ray  # noqa: E402
@@ -102,7 +102,7 @@ def trainer_log_probs(model_dir: str, prompt_ids: list[int], response_ids: list[
 def test_cpu_model_ranks_start_with_freed_memory_kept(tmp_path, engine, tiny_model):
     """glibc reads KEEP_FREED_MEMORY when a process starts: the policy and reference ranks' processes must have
     it in the environment they were started with (/proc/self/environ), not set later."""
-    from reinforce_pro.cli.wiring import build_groups
+    from reinforce_pro.run.wiring import build_groups
     from reinforce_pro.workers.base import KEEP_FREED_MEMORY
 
     argv = BASE_ARGS + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run"), "--init_kl_coef", "0.01"]

@@ -1,7 +1,7 @@
 """One device per rank on GPU nodes, proven on simulated ones: Ray gives a CPU machine GPUs to schedule
 (`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware (issue 26).
 
-Each case parses a real command line and runs the run's own placement code, cli/wiring.py `build_groups` (and
+Each case parses a real command line and runs the run's own placement code, run/wiring.py `build_groups` (and
 `reward_function` for the reward model), with every worker class swapped for a probe: an actor that takes
 the same resources, placement group and bundle as the real one but imports no model and never touches CUDA,
 and reports its node and CUDA_VISIBLE_DEVICES (an engine told several devices for its tensor-parallel workers
@@ -27,7 +27,7 @@ PROBE = textwrap.dedent(
     from types import SimpleNamespace
     import reinforce_pro  # loopback settings before ray
     import ray
-    import reinforce_pro.cli.wiring as wiring
+    import reinforce_pro.run.wiring as wiring
     from reinforce_pro.cli.config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 

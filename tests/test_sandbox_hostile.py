@@ -272,7 +272,7 @@ def test_every_run_installs_the_kernel_layers_this_machine_has():
 def test_without_kernel_layers_nothing_runs(monkeypatch):
     """No binding importable (as on a machine without them): one-line refusal naming what to install, both from
     run_once and at start-up, instead of a weaker sandbox."""
-    from reinforce_pro.cli.run import UserInputError, _check_sandbox
+    from reinforce_pro.run.prepare import UserInputError, _check_sandbox
     from reinforce_pro.selfplay import sandbox
 
     monkeypatch.setattr(sandbox, "_binding_paths", lambda: [])
@@ -298,7 +298,7 @@ def test_a_success_needs_exactly_one_verdict_and_exit_status_zero():
 
 
 def test_start_up_names_the_layers_in_force(capsys):
-    from reinforce_pro.cli.run import _check_sandbox
+    from reinforce_pro.run.prepare import _check_sandbox
 
     _check_sandbox()
     assert "[self-play] sandbox layers: rlimits, landlock-abi" in capsys.readouterr().out

@@ -25,7 +25,7 @@ from reinforce_pro.cli.spellings import conflicting_spellings, given_options, sp
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
 
 if TYPE_CHECKING:
-    from reinforce_pro.cli.config import RunConfig
+    from reinforce_pro.run.config import RunConfig
 
 GROUP_ESTIMATORS = {"rloo", "reinforce_baseline", "group_norm", "dr_grpo"}
 assert GROUP_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS)
@@ -299,7 +299,7 @@ def warn_about_combinations(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reinforce_pro.cli.run import UserInputError, prepare, run
+    from reinforce_pro.run.prepare import UserInputError, prepare, run
 
     _, cfg = parse(argv)
     try:

@@ -66,7 +66,7 @@ class ExperienceBuilder:
         queries = [p + r for p, r in zip(prompts, responses, strict=True)]
         try:
             out = self.reward_fn(queries, prompts, labels)
-        except Exception as e:  # user code: reported as a one-line error by the CLI (cli/run.py)
+        except Exception as e:  # user code: reported as a one-line error by the CLI (run/prepare.py)
             raise RewardFileError(f"reward_func raised {type(e).__name__}: {e}") from e
         return normalize_reward_output(out, len(queries), self.cfg.reward_nan_policy)
 

@@ -1,4 +1,4 @@
-"""RunConfig (cli/config.py) -> actor groups -> rollout source + experience builder -> trainer."""
+"""RunConfig (run/config.py) -> actor groups -> rollout source + experience builder -> trainer."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
-from reinforce_pro.cli.config import RunConfig
-from reinforce_pro.cli.errors import UserInputError
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
 from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine
+from reinforce_pro.run.config import RunConfig
+from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from reinforce_pro.cli.config import Data, RunConfig
-from reinforce_pro.cli.errors import UserInputError
 from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
+from reinforce_pro.run.config import Data, RunConfig
+from reinforce_pro.run.errors import UserInputError
 
 
 @dataclass
@@ -237,7 +237,7 @@ def _seed_records(cfg: RunConfig, task, records: list[dict] | None) -> list[dict
 
 
 def run(cfg: RunConfig, plan: RunPlan) -> int:
-    from reinforce_pro.cli.wiring import build_and_fit
+    from reinforce_pro.run.wiring import build_and_fit
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

@@ -1,0 +1,171 @@
+"""A run's typed config: one section per concern, each the dataclass its consumer takes.
+
+    RunConfig -> prepare (run/prepare.py) -> build_and_fit (run/wiring.py)
+
+The command line builds it from the flags (cli/config.py: run_config), the benchmarks build or vary it
+directly. A section carries its own defaults and checks (`KLSettings` of the adaptive KL pair, `Engines` of
+the engine count and quantization, ...); a check's ValueError starts with the flag's name, so the command line
+reports it in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.models.lora import LoraSettings
+from reinforce_pro.rollout.sampler import RolloutConfig
+from reinforce_pro.rollout.vllm_engine import EngineConfig
+from reinforce_pro.selfplay.controller import SelfPlayConfig
+from reinforce_pro.trainer.logger import WandbConfig
+from reinforce_pro.trainer.ppo_trainer import LoopConfig
+from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.launcher import GroupSpec
+from reinforce_pro.workers.policy import PolicyLossConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    actor: GroupSpec
+    ref: GroupSpec
+    critic: GroupSpec
+    colocate_actor_ref: bool = False  # reference ranks on the policy's bundles
+    colocate_critic_reward: bool = False  # the reward model in the critic's first bundle
+    colocate_all_models: bool = False  # policy, reference and engines share the policy's bundles
+
+
+@dataclass(frozen=True)
+class Engines:
+    count: int
+    config: EngineConfig  # model_path: filled in once the starting weights exist
+    sync_backend: str = "nccl"  # as asked (object_store with --vllm_sync_with_ray); resolved per machine
+    sync_bucket_mb: float = 256.0
+    sleep_flags: tuple[str, ...] = ()  # --vllm_enable_sleep / --deepspeed_enable_sleep as given
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"vllm_num_engines must be >= 1, got {self.count}")
+        if self.sync_bucket_mb <= 0:
+            raise ValueError(f"vllm_sync_bucket_mb must be > 0, got {self.sync_bucket_mb}")
+        quantization, dtype = self.config.quantization, self.config.dtype
+        if quantization is not None and dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"vllm_quantization {quantization} needs --vllm_dtype bfloat16 or float16, got {dtype}")
+
+
+@dataclass(frozen=True)
+class Forward:
+    """How the log-prob / value forwards that score a rollout are cut (policy, reference, critic)."""
+
+    attn_implementation: str
+    micro_batch_size: int  # rows per forward
+    max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
+    packing_samples: bool = False
+    ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    init_coef: float = 0.01
+    target: float | None = None  # None: a fixed coefficient
+    horizon: int = 10000
+
+    def __post_init__(self) -> None:
+        if self.init_coef < 0:
+            raise ValueError(f"init_kl_coef must be >= 0, got {self.init_coef}")
+        if self.target is not None and not (self.target > 0 and self.horizon > 0):
+            raise ValueError(f"kl_target and kl_horizon must be > 0 for the adaptive KL, got {self.target}, "
+                             f"{self.horizon}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Models:
+    pretrain: str | None  # None: the built-in tiny model (prepare builds it and fills Engines.config)
+    critic_pretrain: str | None = None  # None: the policy's starting weights
+    reward_pretrain: str | None = None
+    remote_rm_url: str | None = None
+    value_head_prefix: str = "score"
+    value_clip: float = 0.5
+    sft_warmup_steps: int = 200  # the built-in model's warm start
+    disable_fast_tokenizer: bool = False
+    lora: LoraSettings | None = None
+    lora_save_merged: bool = False
+    save_value_network: bool = False
+
+
+@dataclass(frozen=True)
+class Data:
+    prompt_data: str | None  # None: built-in prompts (arithmetic, or the self-play task's seeds)
+    prompt_data_probs: str | None = None
+    prompt_split: str = "train"
+    max_samples: int = 100_000_000
+    input_key: str = "input"
+    label_key: str | None = None
+    input_template: str | None = None
+    apply_chat_template: bool = False
+    prompt_max_len: int = 1024
+    max_len: int = 2048
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    dataset: str
+    split: str = "train"
+    n_samples_per_prompt: int = 4
+    temperature: float = 0.6
+
+
+@dataclass(frozen=True)
+class SelfPlay:
+    task: str
+    task_path: str | None
+    judge_pretrain: str | None
+    config: SelfPlayConfig  # weights: the flags' safety / completion weights; the task's own are merged in
+
+
+@dataclass(frozen=True)
+class Agent:
+    func_path: str  # the user's file defining AgentInstance
+    config: AgentConfig
+
+
+@dataclass(frozen=True)
+class Output:
+    save_path: str | None  # None: ./runs/<time>
+    verbose: bool = False
+    tensorboard: str | None = None
+    wandb: WandbConfig | None = None  # its `config` is the run's config, filled in at start
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int
+    placement: Placement
+    engines: Engines
+    forward: Forward
+    actor_optim: OptimConfig
+    critic_optim: OptimConfig
+    loss: PolicyLossConfig
+    kl: KLSettings
+    rollout: RolloutConfig
+    loop: LoopConfig
+    models: Models
+    data: Data
+    evaluation: Evaluation | None
+    selfplay: SelfPlay | None
+    agent: Agent | None
+    output: Output
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.init_coef > 0 or self.loss.use_kl_loss
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.rollout.advantage_estimator == "gae"
+
+    def as_dict(self) -> dict:
+        """JSON-ready (config.json, wandb), never the wandb key."""
+        out = asdict(self)
+        if out["output"]["wandb"]:
+            out["output"]["wandb"] = {k: v for k, v in out["output"]["wandb"].items() if k not in ("key", "config")}
+        return out
