@@ -85,7 +85,7 @@ def test_section_defaults_are_the_flag_defaults():
     rollout, and the optimizer's but for the accumulation (which follows the 8 default ranks)."""
     cfg = run_config(parse_args(["--pretrain", "m"]))
     assert cfg.loss.surrogate == LossSettings()
-    assert cfg.kl == KLSettings()
+    assert cfg.kl == KLSettings(init_coef=0.01, target=None, horizon=10000)  # has no defaults of its own
     assert cfg.rollout == RolloutConfig()
     assert cfg.actor_optim == replace(OptimConfig(learning_rate=1e-6), grad_accum_steps=128 // (4 * 8))
     assert cfg.critic_optim == replace(cfg.actor_optim, learning_rate=9e-6)

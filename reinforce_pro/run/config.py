@@ -5,7 +5,8 @@
 The command line builds it from the flags (cli/config.py: run_config), the benchmarks build or vary it
 directly. A section carries its own defaults and checks (`KLSettings` of the adaptive KL pair, `Engines` of
 the engine count and quantization, ...); a check's ValueError starts with the flag's name, so the command line
-reports it in one line.
+reports it in one line. The sections have no defaults of their own: every value comes from a flag (whose
+field in cli/args.py holds the one default) or is given by whoever builds the config.
 """
 
 from __future__ import annotations
@@ -29,18 +30,18 @@ class Placement:
     actor: GroupSpec
     ref: GroupSpec
     critic: GroupSpec
-    colocate_actor_ref: bool = False  # reference ranks on the policy's bundles
-    colocate_critic_reward: bool = False  # the reward model in the critic's first bundle
-    colocate_all_models: bool = False  # policy, reference and engines share the policy's bundles
+    colocate_actor_ref: bool  # reference ranks on the policy's bundles
+    colocate_critic_reward: bool  # the reward model in the critic's first bundle
+    colocate_all_models: bool  # policy, reference and engines share the policy's bundles
 
 
 @dataclass(frozen=True)
 class Engines:
     count: int
     config: EngineConfig  # model_path: filled in once the starting weights exist
-    sync_backend: str = "nccl"  # as asked (object_store with --vllm_sync_with_ray); resolved per machine
-    sync_bucket_mb: float = 256.0
-    sleep_flags: tuple[str, ...] = ()  # --vllm_enable_sleep / --deepspeed_enable_sleep as given
+    sync_backend: str  # as asked (object_store with --vllm_sync_with_ray); resolved per machine
+    sync_bucket_mb: float
+    sleep_flags: tuple[str, ...]  # --vllm_enable_sleep / --deepspeed_enable_sleep as given
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -58,16 +59,16 @@ class Forward:
 
     attn_implementation: str
     micro_batch_size: int  # rows per forward
-    max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
-    packing_samples: bool = False
-    ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
+    max_tokens: int | None  # --use_dynamic_batch: a token budget per forward instead
+    packing_samples: bool
+    ring_size: int  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
 
 
 @dataclass(frozen=True)
 class KLSettings:
-    init_coef: float = 0.01
-    target: float | None = None  # None: a fixed coefficient
-    horizon: int = 10000
+    init_coef: float
+    target: float | None  # None: a fixed coefficient
+    horizon: int
 
     def __post_init__(self) -> None:
         if self.init_coef < 0:
@@ -80,38 +81,38 @@ class KLSettings:
 @dataclass(frozen=True)
 class Models:
     pretrain: str | None  # None: the built-in tiny model (prepare builds it and fills Engines.config)
-    critic_pretrain: str | None = None  # None: the policy's starting weights
-    reward_pretrain: str | None = None
-    remote_rm_url: str | None = None
-    value_head_prefix: str = "score"
-    value_clip: float = 0.5
-    sft_warmup_steps: int = 200  # the built-in model's warm start
-    disable_fast_tokenizer: bool = False
-    lora: LoraSettings | None = None
-    lora_save_merged: bool = False
-    save_value_network: bool = False
+    critic_pretrain: str | None  # None: the policy's starting weights
+    reward_pretrain: str | None
+    remote_rm_url: str | None
+    value_head_prefix: str
+    value_clip: float
+    sft_warmup_steps: int  # the built-in model's warm start
+    disable_fast_tokenizer: bool
+    lora: LoraSettings | None
+    lora_save_merged: bool
+    save_value_network: bool
 
 
 @dataclass(frozen=True)
 class Data:
     prompt_data: str | None  # None: built-in prompts (arithmetic, or the self-play task's seeds)
-    prompt_data_probs: str | None = None
-    prompt_split: str = "train"
-    max_samples: int = 100_000_000
-    input_key: str = "input"
-    label_key: str | None = None
-    input_template: str | None = None
-    apply_chat_template: bool = False
-    prompt_max_len: int = 1024
-    max_len: int = 2048
+    prompt_data_probs: str | None
+    prompt_split: str
+    max_samples: int
+    input_key: str
+    label_key: str | None
+    input_template: str | None
+    apply_chat_template: bool
+    prompt_max_len: int
+    max_len: int
 
 
 @dataclass(frozen=True)
 class Evaluation:
     dataset: str
-    split: str = "train"
-    n_samples_per_prompt: int = 4
-    temperature: float = 0.6
+    split: str
+    n_samples_per_prompt: int
+    temperature: float
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,9 @@ class Agent:
 @dataclass(frozen=True)
 class Output:
     save_path: str | None  # None: ./runs/<time>
-    verbose: bool = False
-    tensorboard: str | None = None
-    wandb: WandbConfig | None = None  # its `config` is the run's config, filled in at start
+    verbose: bool
+    tensorboard: str | None
+    wandb: WandbConfig | None  # its `config` is the run's config, filled in at start
 
 
 @dataclass(frozen=True)
