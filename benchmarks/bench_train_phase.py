@@ -107,13 +107,13 @@ def padded_batch(rows: int, prompt: int, max_response: int, vocab: int, gen):
 
 
 def build_worker(model: Path, micro: int, rendezvous: Path):
-    from reinforce_pro.workers.base import DistInfo, OptimConfig
+    from reinforce_pro.workers.base import DistInfo, ForwardConfig, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     opt = OptimConfig(learning_rate=1e-6, lr_scheduler="constant", lr_warmup_ratio=0.0, total_steps=1000,
                       zero_stage=0, param_dtype="fp32", micro_batch_size=micro, grad_accum_steps=1)  # fmt: skip
     dist = DistInfo(init_method=f"file://{rendezvous}")
-    return PolicyWorker(str(model), opt, PolicyLossConfig(), dist, seed=0, model_kwargs={"attn_implementation": "sdpa"})
+    return PolicyWorker(str(model), opt, PolicyLossConfig(), dist, seed=0, forward=ForwardConfig("sdpa", micro))
 
 
 def train_step(worker, batch, micro: int) -> float:

@@ -52,7 +52,7 @@ def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
     from reinforce_pro.trainer.rollout_stream import EngineGate
     from reinforce_pro.trainer.weight_sync import BroadcastSync, ObjectStoreSync
-    from reinforce_pro.workers.base import OptimConfig
+    from reinforce_pro.workers.base import ForwardConfig, OptimConfig
     from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
@@ -60,7 +60,8 @@ def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     spec = GroupSpec(f"bench_{size}", 1, 1)
     pg = make_placement_group(spec, use_gpu=False)
     opt = OptimConfig(learning_rate=1e-6, param_dtype="fp32", micro_batch_size=1, zero_stage=2)
-    policy = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (model, opt, PolicyLossConfig(), d, 0, {}))
+    fwd = ForwardConfig("sdpa", micro_batch_size=1)
+    policy = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (model, opt, PolicyLossConfig(), d, 0, fwd))
     cfg = EngineConfig(model_path=model, dtype="float32", max_model_len=64, enforce_eager=True, seed=0)
     engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(cfg)
     try:

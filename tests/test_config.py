@@ -12,10 +12,11 @@ import pytest
 
 from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.cli.args import NO_EFFECT, UNSUPPORTED, build_parser
-from reinforce_pro.cli.config import SECTIONS, KLSettings, RunConfig, flag_sections, run_config
+from reinforce_pro.cli.config import SECTIONS, flag_sections, run_config
 from reinforce_pro.cli.presets import EMBEDDED
 from reinforce_pro.cli.train_ppo_ray import parse, parse_args
 from reinforce_pro.rollout.sampler import RolloutConfig
+from reinforce_pro.run.config import KLSettings, RunConfig
 from reinforce_pro.workers.base import OptimConfig
 
 

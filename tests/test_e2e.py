@@ -507,14 +507,15 @@ def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
     """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
     with an engine and a two-rank DeepSpeed policy group alive."""
     psutil = pytest.importorskip("psutil")
-    from reinforce_pro.workers.base import OptimConfig
+    from reinforce_pro.workers.base import ForwardConfig, OptimConfig
     from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     spec = GroupSpec("loopback_check", 1, 2)
     pg = make_placement_group(spec, use_gpu=False)
     opt = OptimConfig(learning_rate=1e-6, param_dtype="fp32", micro_batch_size=1, grad_accum_steps=1)
-    group = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (tiny_model, opt, PolicyLossConfig(), d, 0, {}))
+    fwd = ForwardConfig("sdpa", micro_batch_size=1)
+    group = create_group(PolicyWorker, spec, pg, False, 1.0, lambda d: (tiny_model, opt, PolicyLossConfig(), d, 0, fwd))
     try:
         ray.get([w.parameter_checksum.remote() for w in group])  # both ranks initialised (process group up)
         ours = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -838,13 +839,13 @@ def test_the_cpu_recipe_in_dotted_flags_trains(tmp_path, engine, tiny_model, dig
     assert len(history) == 2 and all(h["policy/grad_norm"] > 0 and "is/token_masked_frac" in h for h in history)
 
 
-def _policy_workers(tiny_model, world_size: int, loss=None, model_kwargs=None):
+def _policy_workers(tiny_model, world_size: int, loss=None, forward=None):
     """`world_size` PolicyWorker ranks of one fresh policy (zero stage 0, fp32, lr 1e-2), one process group."""
     import tempfile
     import uuid
 
     from reinforce_pro.algos.losses import LossSettings
-    from reinforce_pro.workers.base import DistInfo, OptimConfig
+    from reinforce_pro.workers.base import DistInfo, ForwardConfig, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     start_ray(logical_cpus=8)
@@ -858,7 +859,7 @@ def _policy_workers(tiny_model, world_size: int, loss=None, model_kwargs=None):
     return [
         ray.remote(PolicyWorker)
         .options(num_cpus=0)
-        .remote(tiny_model, opt, loss, d, 0, model_kwargs or {"attn_implementation": "sdpa"})
+        .remote(tiny_model, opt, loss, d, 0, forward or ForwardConfig("sdpa", opt.micro_batch_size))
         for d in ranks
     ]
 
@@ -1060,9 +1061,11 @@ def test_a_ring_of_two_ranks_trains_as_one_rank_does(tmp_path, engine, tiny_mode
 
     exp = _random_experience()
     tokens, seqs = float(exp.action_mask.sum()), float(len(exp))
-    packed = {"attn_implementation": "sdpa", "packing_samples": True}
-    single = _policy_workers(tiny_model, 1, model_kwargs=packed)
-    ring = _policy_workers(tiny_model, 2, model_kwargs={**packed, "ring_attn_size": 2})
+    from reinforce_pro.workers.base import ForwardConfig
+
+    packed = ForwardConfig("sdpa", micro_batch_size=8, packing_samples=True)
+    single = _policy_workers(tiny_model, 1, forward=packed)
+    ring = _policy_workers(tiny_model, 2, forward=replace(packed, ring_size=2))
     one_ref = single[0].train_minibatch.remote(split_experience(exp, 2), tokens, seqs)
     ring_refs = [w.train_minibatch.remote(split_experience(exp, 2), tokens, seqs) for w in ring]
     (one_stats, one_lp), two = ray.get(one_ref), ray.get(ring_refs)

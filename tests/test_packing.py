@@ -93,9 +93,9 @@ def test_packed_values_equal_the_padded_ones(tiny_dir):
     from reinforce_pro.models.value import ValueModel
 
     seq, mask = mixed_batch()
-    padded = ValueModel(tiny_dir, model_kwargs={"attn_implementation": "sdpa"})
+    padded = ValueModel(tiny_dir, attn_implementation="sdpa")
     torch.nn.init.normal_(padded.head.weight)
-    packed = ValueModel(tiny_dir, model_kwargs={"attn_implementation": "sdpa", "packing_samples": True})
+    packed = ValueModel(tiny_dir, attn_implementation="sdpa", packed=True)
     packed.load_state_dict(padded.state_dict())
     action_mask = mask[:, -RESPONSE:].bool()
     v0, v1 = padded(seq, mask, RESPONSE), packed(seq, mask, RESPONSE)

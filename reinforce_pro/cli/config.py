@@ -29,23 +29,11 @@ from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
-from reinforce_pro.run.config import (
-    Agent,
-    Data,
-    Engines,
-    Evaluation,
-    Forward,
-    KLSettings,
-    Models,
-    Output,
-    Placement,
-    RunConfig,
-    SelfPlay,
-)  # fmt: skip
+from reinforce_pro.run import config as sections
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
-from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.base import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
@@ -65,8 +53,8 @@ def seed(seed):
 def placement(
     actor_num_nodes, actor_num_gpus_per_node, ref_num_nodes, ref_num_gpus_per_node, critic_num_nodes,
     critic_num_gpus_per_node, colocate_actor_ref, colocate_critic_reward, colocate_all_models,
-) -> Placement:  # fmt: skip
-    return Placement(
+) -> sections.Placement:  # fmt: skip
+    return sections.Placement(
         GroupSpec("actor", actor_num_nodes, actor_num_gpus_per_node),
         GroupSpec("ref", ref_num_nodes, ref_num_gpus_per_node),
         GroupSpec("critic", critic_num_nodes, critic_num_gpus_per_node),
@@ -83,7 +71,7 @@ def engines(
     vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, seed, vllm_gpu_memory_utilization,
     enforce_eager, enable_prefix_caching, max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray,
     vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep, vllm_quantization,
-) -> Engines:  # fmt: skip
+) -> sections.Engines:  # fmt: skip
     config = EngineConfig(
         model_path="",
         dtype=engine_dtype(vllm_dtype, param_dtype),
@@ -97,7 +85,7 @@ def engines(
         quantization=vllm_quantization,
     )
     sleep = {"vllm_enable_sleep": vllm_enable_sleep, "deepspeed_enable_sleep": deepspeed_enable_sleep}
-    return Engines(
+    return sections.Engines(
         count=1 if vllm_num_engines is None else vllm_num_engines,  # unset: one engine
         config=config,
         sync_backend="object_store" if vllm_sync_with_ray else vllm_sync_backend,
@@ -109,10 +97,10 @@ def engines(
 def forward(
     attn_implementation, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu,
     train_max_tokens_per_gpu, packing_samples, ring_attn_size,
-) -> Forward:  # fmt: skip
+) -> ForwardConfig:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
-    return Forward(attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size)
+    return ForwardConfig(attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size)
 
 
 def _optim(world: int, train_batch_size: int, **settings) -> OptimConfig:
@@ -182,8 +170,8 @@ def loss(
     return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature)
 
 
-def kl(init_kl_coef, kl_target, kl_horizon) -> KLSettings:
-    return KLSettings(init_kl_coef, kl_target, kl_horizon)
+def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLSettings:
+    return sections.KLSettings(init_kl_coef, kl_target, kl_horizon)
 
 
 def rollout(
@@ -268,16 +256,18 @@ def models(
     pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
     disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
     save_value_network,
-) -> Models:  # fmt: skip
+) -> sections.Models:  # fmt: skip
     lora_settings = LoraSettings(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
-    return Models(
+    return sections.Models(
         pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
         disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network,
     )  # fmt: skip
 
 
-def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) -> Evaluation | None:
-    return Evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) if eval_dataset else None
+def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) -> sections.Evaluation | None:
+    if not eval_dataset:
+        return None
+    return sections.Evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature)
 
 
 def selfplay(
@@ -285,7 +275,7 @@ def selfplay(
     selfplay_reference_buffer, proposer_repetition_penalty, proposer_reward, n_samples_per_prompt,
     max_repropose_attempts,
     proposer_train_scope, safety_reward_weight, task_completion_weight, format_reward_coef, proposer_reward_coef,
-) -> SelfPlay | None:  # fmt: skip
+) -> sections.SelfPlay | None:  # fmt: skip
     if not absolute_zero:
         return None
     config = SelfPlayConfig(
@@ -300,23 +290,23 @@ def selfplay(
         repetition_penalty=proposer_repetition_penalty,
         proposer_reward=proposer_reward,
     )
-    return SelfPlay(selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config)
+    return sections.SelfPlay(selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config)
 
 
-def agent(agent_func_path, agent_max_turns, max_len, prompt_max_len, agent_reward_mode) -> Agent | None:
+def agent(agent_func_path, agent_max_turns, max_len, prompt_max_len, agent_reward_mode) -> sections.Agent | None:
     if not agent_func_path:
         return None
-    return Agent(agent_func_path, AgentConfig(agent_max_turns, max_len, prompt_max_len, agent_reward_mode))
+    return sections.Agent(agent_func_path, AgentConfig(agent_max_turns, max_len, prompt_max_len, agent_reward_mode))
 
 
 def output(
     save_path, verbose, use_tensorboard, use_wandb, wandb_project, wandb_group, wandb_run_name, wandb_org
-) -> Output:
+) -> sections.Output:
     wandb = None
     if use_wandb:
         run_name = wandb_run_name or f"ppo_{datetime.now().strftime('%m%dT%H:%M')}"
         wandb = WandbConfig(use_wandb, wandb_project, wandb_group, run_name, wandb_org, {})
-    return Output(save_path, verbose, use_tensorboard, wandb)
+    return sections.Output(save_path, verbose, use_tensorboard, wandb)
 
 
 # RunConfig field -> its builder, in RunConfig's order
@@ -332,7 +322,7 @@ SECTIONS = {
     "rollout": rollout,
     "loop": loop,
     "models": models,
-    "data": Data,  # its fields are flags: the dataclass is its own builder
+    "data": sections.Data,  # its fields are flags: the dataclass is its own builder
     "evaluation": evaluation,
     "selfplay": selfplay,
     "agent": agent,
@@ -353,9 +343,9 @@ def flag_sections() -> dict[str, list[str]]:
     return table
 
 
-def run_config(args: Namespace) -> RunConfig:
+def run_config(args: Namespace) -> sections.RunConfig:
     """The one place that reads the namespace for the run. Raises ValueError from a section's own checks."""
-    return RunConfig(**{name: build(**flag_values(args, build)) for name, build in SECTIONS.items()})
+    return sections.RunConfig(**{name: build(**flag_values(args, build)) for name, build in SECTIONS.items()})
 
 
 def flag_values(args: Namespace, builder) -> dict:

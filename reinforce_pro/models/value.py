@@ -20,15 +20,16 @@ HEAD_FILE = "value_head.safetensors"
 
 
 class ValueModel(nn.Module):
-    def __init__(self, pretrain: str, head_name: str = "score", model_kwargs: dict | None = None):
-        """model_kwargs: from_pretrained keywords, and `packing_samples` (padding-free forwards)."""
+    def __init__(self, pretrain: str, head_name: str = "score", attn_implementation: str = "sdpa", packed=False):
+        """packed: padding-free forwards (--packing_samples)."""
         super().__init__()
         from safetensors.torch import load_file
         from transformers import AutoModel
 
-        model_kwargs = dict(model_kwargs or {})
-        self.packed = model_kwargs.pop("packing_samples", False)
-        self.backbone = AutoModel.from_pretrained(pretrain, dtype=torch.float32, **model_kwargs)
+        self.packed = packed
+        self.backbone = AutoModel.from_pretrained(
+            pretrain, dtype=torch.float32, attn_implementation=attn_implementation
+        )
         self.head_name = head_name
         head = nn.Linear(self.backbone.config.hidden_size, 1, bias=False)
         nn.init.zeros_(head.weight)

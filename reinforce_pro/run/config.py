@@ -20,7 +20,7 @@ from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import LoopConfig
-from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.base import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
@@ -51,17 +51,6 @@ class Engines:
         quantization, dtype = self.config.quantization, self.config.dtype
         if quantization is not None and dtype not in ("bfloat16", "float16"):
             raise ValueError(f"vllm_quantization {quantization} needs --vllm_dtype bfloat16 or float16, got {dtype}")
-
-
-@dataclass(frozen=True)
-class Forward:
-    """How the log-prob / value forwards that score a rollout are cut (policy, reference, critic)."""
-
-    attn_implementation: str
-    micro_batch_size: int  # rows per forward
-    max_tokens: int | None  # --use_dynamic_batch: a token budget per forward instead
-    packing_samples: bool
-    ring_size: int  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
 
 
 @dataclass(frozen=True)
@@ -142,7 +131,7 @@ class RunConfig:
     seed: int
     placement: Placement
     engines: Engines
-    forward: Forward
+    forward: ForwardConfig  # the workers' model loading and scoring forwards
     actor_optim: OptimConfig
     critic_optim: OptimConfig
     loss: PolicyLossConfig

@@ -182,27 +182,21 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     share = (
         SHARES.all_policy if colocate_all else (SHARES.pair if colocate_ref and cfg.needs_reference else SHARES.alone)
     )
-    attn = {"attn_implementation": attn_implementation(cfg.forward.attn_implementation)}
-    forward_budget = {"forward_max_tokens": cfg.forward.max_tokens, "packing_samples": cfg.forward.packing_samples}
-    fwd = {**attn, "forward_micro_batch_size": cfg.forward.micro_batch_size, **forward_budget}
-    policy_fwd = {**fwd, "ring_attn_size": cfg.forward.ring_size}  # the reference and critic run unsplit
+    unsplit = replace(cfg.forward, ring_size=1)  # the reference and critic run unsplit
     run.policy = create_group(
         PolicyWorker,
         where.actor,
         actor_pg,
         use_gpu,
         share,
-        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, policy_fwd, cfg.models.lora),
+        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, cfg.forward, cfg.models.lora),
         trainer_env,
         ring=cfg.forward.ring_size,
     )
     if cfg.needs_reference:
         ref_spec = where.actor if colocate_ref else where.ref
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
-        ref_args = (
-            plan.pretrain, cfg.forward.micro_batch_size, cfg.rollout.temperature, cfg.actor_optim.param_dtype,
-            {**attn, **forward_budget},
-        )  # fmt: skip
+        ref_args = (plan.pretrain, cfg.rollout.temperature, cfg.actor_optim.param_dtype, unsplit)
         ref_share = SHARES.all_reference if colocate_all else share
         run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
@@ -214,7 +208,7 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
         critic_share = SHARES.pair if where.colocate_critic_reward else SHARES.alone  # other half: the reward model
         run.critic = create_group(
             CriticWorker, where.critic, run.critic_pg, use_gpu, critic_share,
-            lambda d: (pretrain, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, fwd),
+            lambda d: (pretrain, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, unsplit),
             trainer_env,
         )  # fmt: skip
     engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
@@ -356,7 +350,8 @@ def check_sleep_flags(cfg: RunConfig, use_gpu: bool) -> None:
 
 def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
     """`cfg` with what is known once the run starts: the policy's starting weights, the optimizers' step
-    count (from the number of prompts), the weight-sync backend this machine allows, the run directory."""
+    count (from the number of prompts), the weight-sync backend this machine allows, the attention kernel
+    installed, the run directory."""
     total_steps = optimizer_steps(cfg, len(plan.prompts))
     engines = cfg.engines
     loop = replace(
@@ -373,6 +368,7 @@ def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
         actor_optim=replace(cfg.actor_optim, total_steps=total_steps),
         critic_optim=replace(cfg.critic_optim, total_steps=total_steps),
         loop=loop,
+        forward=replace(cfg.forward, attn_implementation=attn_implementation(cfg.forward.attn_implementation)),
     )
     if cfg.output.wandb is not None:
         wandb = replace(cfg.output.wandb, config=cfg.as_dict())

@@ -51,6 +51,17 @@ class OptimConfig:
     grad_accum_steps: int = 1  # micro-batches per optimizer step on each rank
 
 
+@dataclass(frozen=True)
+class ForwardConfig:
+    """How a worker loads its model and cuts the forwards that score a rollout (policy, reference, critic)."""
+
+    attn_implementation: str  # HF's attn_implementation (the run resolves flash_attention_2 to what is installed)
+    micro_batch_size: int  # rows per scoring forward (--micro_rollout_batch_size)
+    max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
+    packing_samples: bool = False  # padding-free forwards
+    ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
+
+
 def use_host_threads() -> None:
     """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); in the synchronous pipeline each phase may use
     every core of a CPU host while the others wait. Under --async_train engines and trainer run at once, and

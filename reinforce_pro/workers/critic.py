@@ -10,6 +10,7 @@ from reinforce_pro.experience import Experience
 from reinforce_pro.models.value import ValueModel
 from reinforce_pro.workers.base import (
     DistInfo,
+    ForwardConfig,
     OptimConfig,
     capture_output,
     device,
@@ -33,23 +34,22 @@ class CriticWorker:
         seed: int,
         value_clip: float | None,
         head_name: str,
-        model_kwargs: dict,
+        forward: ForwardConfig,
     ):
         capture_output(f"critic_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + 1000 + dist.rank)
         self.opt, self.dist = opt, dist
-        kwargs = dict(model_kwargs)
-        self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
-        self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
-        self.engine = initialize_deepspeed(ValueModel(pretrain, head_name, kwargs), opt, dist.world_size)
+        self.forward = forward
+        model = ValueModel(pretrain, head_name, forward.attn_implementation, forward.packing_samples)
+        self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = ValueLoss(clip_eps=value_clip)
 
     @torch.no_grad()
     def values(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         self.engine.eval()
         dev, out = device(), []
-        for rows in row_chunks(attention_mask, self.forward_micro, self.forward_max_tokens):
+        for rows in row_chunks(attention_mask, self.forward.micro_batch_size, self.forward.max_tokens):
             out.append(self.engine(sequences[rows].to(dev), attention_mask[rows].to(dev), num_actions).cpu())
         return torch.cat(out)
 

@@ -30,6 +30,7 @@ from reinforce_pro.models.ring_attention import join_rings, register, ring_respo
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
     DistInfo,
+    ForwardConfig,
     OptimConfig,
     batched_log_probs,
     capture_output,
@@ -59,34 +60,30 @@ class PolicyWorker:
     """One data-parallel rank of the policy. Wrapped with ray.remote by the launcher."""
 
     def __init__(
-        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int, model_kwargs: dict,
-        lora: LoraSettings | None = None,
+        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int,
+        forward: ForwardConfig, lora: LoraSettings | None = None,
     ):  # fmt: skip
-        """model_kwargs: extra from_pretrained keywords (attn_implementation) and `forward_micro_batch_size`,
-        the rows per forward when computing log-probs for the experience (--micro_rollout_batch_size).
-        lora: train LoRA adapters on the frozen pretrained weights instead of every weight."""
+        """forward: the attention kernel and how the forwards that score a rollout are cut; lora: train LoRA
+        adapters on the frozen pretrained weights instead of every weight."""
         from transformers import AutoModelForCausalLM
 
         capture_output(f"policy_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + dist.rank)
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
-        kwargs = dict(model_kwargs)
-        self.forward_micro = kwargs.pop("forward_micro_batch_size", opt.micro_batch_size)
-        self.forward_max_tokens = kwargs.pop("forward_max_tokens", None)
-        self.packed = kwargs.pop("packing_samples", False)
-        ring_size = kwargs.pop("ring_attn_size", 1)
-        if ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
+        self.forward = forward
+        attn = forward.attn_implementation
+        if forward.ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
             register()
-            kwargs["attn_implementation"] = "ring"
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, **kwargs)
+            attn = "ring"
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, attn_implementation=attn)
         if lora is not None:
             model = apply_lora(model, lora)
             if dist.rank == 0:
                 print(f"[lora] rank {lora.rank}, alpha {lora.alpha}: {trainable_summary(model)}", flush=True)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(loss.surrogate)
-        self.ring = join_rings(dist.rank, dist.world_size, ring_size) if ring_size > 1 else None
+        self.ring = join_rings(dist.rank, dist.world_size, forward.ring_size) if forward.ring_size > 1 else None
 
     def response_log_probs(self, model, sequences, attention_mask, num_actions, temperature, with_entropy=False,
                            packed=False):  # fmt: skip
@@ -102,9 +99,10 @@ class PolicyWorker:
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
         self.engine.eval()
+        fwd = self.forward
         return batched_log_probs(
-            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, self.forward_micro,
-            self.forward_max_tokens, self.packed, self.response_log_probs,
+            self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
+            fwd.max_tokens, fwd.packing_samples, self.response_log_probs,
         )  # fmt: skip
 
     def train_minibatch(
@@ -138,7 +136,7 @@ class PolicyWorker:
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         want_entropy = cfg.entropy_loss_coef is not None
         log_probs, entropy = self.response_log_probs(
-            self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, packed=self.packed
+            self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, packed=self.forward.packing_samples
         )
         old_log_probs = log_probs.detach() if exp.old_log_probs is None else exp.old_log_probs.to(dev)
         agg = dict(dp_size=self.dist.world_size, batch_num_tokens=global_tokens, global_batch_size=global_seqs)
@@ -268,20 +266,17 @@ class PolicyWorker:
 class ReferenceWorker:
     """The frozen reference policy for the KL term: an HF model in eval mode, no optimizer."""
 
-    def __init__(
-        self, pretrain: str, micro_batch_size: int, temperature: float, param_dtype: str = "fp32", model_kwargs=None
-    ):
+    def __init__(self, pretrain: str, temperature: float, param_dtype: str, forward: ForwardConfig):
         from transformers import AutoModelForCausalLM
 
         capture_output(f"reference_pid{os.getpid()}")
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
-        kwargs = dict(model_kwargs or {})
-        self.max_tokens = kwargs.pop("forward_max_tokens", None)
-        self.packed = kwargs.pop("packing_samples", False)
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            pretrain, dtype=dtype, attn_implementation=forward.attn_implementation
+        )
         self.model = model.to(device()).eval()
-        self.micro, self.temperature = micro_batch_size, temperature
+        self.forward, self.temperature = forward, temperature
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         return batched_log_probs(
@@ -290,7 +285,7 @@ class ReferenceWorker:
             attention_mask,
             num_actions,
             self.temperature,
-            self.micro,
-            self.max_tokens,
-            self.packed,
+            self.forward.micro_batch_size,
+            self.forward.max_tokens,
+            self.forward.packing_samples,
         )
