@@ -185,3 +185,20 @@ def test_every_declared_bound_ends_a_command_line_in_one_line(capsys):
             parse_args(["--pretrain", "m", f"--{name}", _outside(spec)])
         err = capsys.readouterr().err
         assert f"--{name} must be " in err and err.count("\n") == 1, (name, err)
+
+
+@pytest.mark.parametrize(
+    "flags, loads_them",
+    [
+        (["--param_dtype", "fp32", "--vllm_dtype", "bfloat16"], True),  # the embedded default: a sync casts the same
+        (["--param_dtype", "bf16"], True),  # auto: a bf16 engine, as the policy holds them
+        (["--param_dtype", "bf16", "--vllm_dtype", "float32"], False),  # the policy rounded them to bf16
+        (["--param_dtype", "bf16", "--vllm_dtype", "bfloat16", "--vllm_quantization", "fp8_per_channel"], False),
+    ],
+)
+def test_the_first_weight_sync_is_skipped_only_where_the_engines_load_what_it_would_send(flags, loads_them):
+    """Issue 30: engines a run starts from the policy's checkpoint skip the sync before the first step (2.8 s of
+    SmolLM2's start) only where the policy holds exactly what they loaded."""
+    from reinforce_pro.run.wiring import engines_load_policy_weights
+
+    assert engines_load_policy_weights(run_config(parse_args(["--pretrain", "m", *flags]))) is loads_them

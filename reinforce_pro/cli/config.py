@@ -30,6 +30,7 @@ from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.run import config as sections
+from reinforce_pro.run.config import VLLM_DTYPES
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
@@ -37,7 +38,6 @@ from reinforce_pro.workers.base import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
-VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_NEW_TOKENS = 1024  # --max_new_tokens unset (OpenRLHF's default)
 
 

@@ -24,6 +24,8 @@ from reinforce_pro.workers.base import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # trainer --param_dtype -> engine dtype
+
 
 @dataclass(frozen=True)
 class Placement:

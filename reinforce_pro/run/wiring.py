@@ -18,7 +18,7 @@ from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
 from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine
-from reinforce_pro.run.config import RunConfig
+from reinforce_pro.run.config import VLLM_DTYPES, RunConfig
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
@@ -404,6 +404,15 @@ def announce_engines(cfg: RunConfig, use_gpu: bool) -> None:
     print(f"[engines] starting {count} vLLM engine{'s' * (count > 1)} ({device}): {what}", flush=True)
 
 
+def engines_load_policy_weights(cfg: RunConfig) -> bool:
+    """Engines that load the policy's starting checkpoint hold what a weight sync would send them: the policy
+    keeps it in fp32 or in the engines' own dtype (a sync casts to the engines' dtype, as their load does),
+    and no quantizer of ours stands between the two."""
+    optim, engine = cfg.actor_optim, cfg.engines.config
+    same_dtype = optim.param_dtype == "fp32" or VLLM_DTYPES[optim.param_dtype] == engine.dtype
+    return same_dtype and engine.quantization is None
+
+
 def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
     (the end-to-end tests) share already-started rollout engines."""
@@ -437,6 +446,7 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger,
             cfg.loop, eval_set(cfg, plan, tokenizer),
         )  # fmt: skip
+        trainer.engines_hold_start_weights = groups.owned_engines and engines_load_policy_weights(cfg)
         if resume_from is not None:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)

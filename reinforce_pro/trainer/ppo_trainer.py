@@ -125,11 +125,15 @@ class PPOTrainer:
         if cfg.async_train and cfg.async_lag_target is not None:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
+        # True when the engines were started by this run from the policy's own starting weights: then the
+        # weight sync before the first step has nothing to send (2.8 s of SmolLM2's 46 s start, issue 30)
+        self.engines_hold_start_weights = False
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in()))
 
     def fit(self) -> list[dict[str, float]]:
-        self.sync_weights(self.step)  # engines start from the policy's weights even if they served another run before
+        if not (self.engines_hold_start_weights and self.step == 0 and self.cfg.rollout_staleness == 0):
+            self.sync_weights(self.step)  # shared engines, a resumed policy, or --rollout_staleness's version 0
         if self.eval_set and self.cfg.eval_before_training and self.step == 0:
             metrics = self.evaluate()
             self.logger.log(0, metrics)
