@@ -93,9 +93,9 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             # vLLM 0.32 saves its compiled model ahead of time (AOT). On its first measurement here the CPU build
             # could not load it back ("'function' object has no attribute 'finalize_loading'": every start
-            # recompiled, 58 s to SmolLM2's first token on 2 cores); its older graph cache loaded (23 s). Three
-            # later measurements loaded both (AOT 26.1 s on average, graph cache 29.7 s): the graph cache stays
-            # until the whole suite runs with AOT (docs/benchmarks.md, benchmarks/bench_engine_start.py)
+            # recompiled, 58 s to SmolLM2's first token on 2 cores); its older graph cache loaded (23 s). The bare
+            # engine later loaded both, but inside a run AOT failed the same way at every start (3 runs, 98-128 s
+            # to the first step against 42-45 s): the graph cache stays (docs/benchmarks.md)
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
             use_host_threads()  # before vLLM binds its threads
             if cfg.tensor_parallel_size > 1:
