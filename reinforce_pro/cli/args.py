@@ -74,6 +74,7 @@ def _muon(role: str, name: str, default) -> Any:
                 no_effect=f"a Muon setting, and --{role}.optim muon is refused")  # fmt: skip
 
 
+# The flag sections, one field per flag, laid out by hand (the formatter would put each argument on a line).
 # fmt: off
 
 
