@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -259,7 +260,9 @@ def measure(args) -> dict:
                 mock.patch.object, logprobs, "forward_logits", sliced_head_logits
             ),
             # not an optimisation of the step but a flag W3's command does not pass: padding-free forwards
-            "(added) --packing_samples": partial(mock.patch.object, worker, "packed", True),
+            "(added) --packing_samples": partial(
+                mock.patch.object, worker, "forward", replace(worker.forward, packing_samples=True)
+            ),
         }
         seconds, without = [], defaultdict(list)
         for _ in range(args.steps):  # alternating: the run's step, then each variant

@@ -182,14 +182,16 @@ def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors
     share = (
         SHARES.all_policy if colocate_all else (SHARES.pair if colocate_ref and cfg.needs_reference else SHARES.alone)
     )
-    unsplit = replace(cfg.forward, ring_size=1)  # the reference and critic run unsplit
+    # the kernel installed (start_config resolved it for a run; a caller building groups directly gets it here)
+    fwd = replace(cfg.forward, attn_implementation=attn_implementation(cfg.forward.attn_implementation))
+    unsplit = replace(fwd, ring_size=1)  # the reference and critic run unsplit
     run.policy = create_group(
         PolicyWorker,
         where.actor,
         actor_pg,
         use_gpu,
         share,
-        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, cfg.forward, cfg.models.lora),
+        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, fwd, cfg.models.lora),
         trainer_env,
         ring=cfg.forward.ring_size,
     )
