@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
@@ -512,13 +513,15 @@ FLAG_SECTIONS = (PlacementFlags, EngineFlags, RunningFlags, DeepSpeedFlags, Trai
                  ModelDataFlags, SelfPlayFlags)  # fmt: skip
 
 
-def flag_fields() -> list[tuple[type, dataclasses.Field, FlagSpec, Any]]:
-    """(section, field, spec, resolved annotation) of every flag, in --help's order."""
+@functools.cache
+def flag_fields() -> tuple[tuple[type, dataclasses.Field, FlagSpec, Any], ...]:
+    """(section, field, spec, resolved annotation) of every flag, in --help's order; read once per process
+    (every parse and the derived tables use it)."""
     out = []
     for section in FLAG_SECTIONS:
         hints = get_type_hints(section)
         out += [(section, f, f.metadata["flag"], hints[f.name]) for f in dataclasses.fields(section)]
-    return out
+    return tuple(out)
 
 
 UNSUPPORTED = {f.name: spec.refused for _, f, spec, _ in flag_fields() if spec.refused}  # dest -> why refused
@@ -573,6 +576,7 @@ def build_parser() -> OneLineParser:
     groups = {s: p.add_argument_group(s.__doc__.split("\n\n")[0]) for s in FLAG_SECTIONS}
     for section, f, spec, hint in flag_fields():
         help_text = spec.help + (f" (no effect: {spec.no_effect})" if spec.no_effect else "")
+        # switches (store_true) take no choices or metavar: pass them only where a flag has them
         kwargs = {"choices": spec.choices, "metavar": spec.metavar} if spec.choices or spec.metavar else {}
         groups[section].add_argument(*option_strings(f.name, spec), dest=f.name, default=f.default, help=help_text,
                                      **value_kwargs(hint, spec), **kwargs)  # fmt: skip

@@ -30,7 +30,6 @@ from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.run import config as sections
-from reinforce_pro.run.config import VLLM_DTYPES
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
@@ -64,7 +63,7 @@ def placement(
 
 def engine_dtype(vllm_dtype: str, param_dtype: str) -> str:
     """--vllm_dtype, where auto means the trainer's --param_dtype."""
-    return VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
+    return sections.VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
 
 
 def engines(
