@@ -4,7 +4,8 @@
     python benchmarks/bench_engine_start.py --render benchmarks/results/bench_engine_start.json
 
 Modes (all through reinforce_pro's VLLMEngine, bf16, max_model_len 512, as the SmolLM2 recipes run it):
-- `aot`: vLLM 0.32's default with torch >= 2.10: torch.compile, the compiled function saved ahead of time.
+- `aot` (VLLM_USE_AOT_COMPILE=1): torch.compile, the compiled function saved ahead of time and keyed by the model's
+  path (what a run uses for a model directory the user names: EngineConfig.aot_compile).
 - `no-aot` (VLLM_USE_AOT_COMPILE=0): torch.compile with vLLM's graph cache (Inductor's compiled graphs).
 - `eager` (--enforce_eager): no compilation.
 - `no-aot-4096`: `no-aot` with vLLM's own CPU budget of 4,096 tokens per forward instead of reinforce_pro's
@@ -32,7 +33,7 @@ from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS  # noqa: E4
 
 NAME = "bench_engine_start"
 MODES = {  # mode -> (environment, enforce_eager, tokens per forward)
-    "aot": ({}, False, CPU_MAX_BATCHED_TOKENS),
+    "aot": ({"VLLM_USE_AOT_COMPILE": "1"}, False, CPU_MAX_BATCHED_TOKENS),
     "no-aot": ({"VLLM_USE_AOT_COMPILE": "0"}, False, CPU_MAX_BATCHED_TOKENS),
     "no-aot-4096": ({"VLLM_USE_AOT_COMPILE": "0"}, False, 4096),  # vLLM's CPU default budget
     "eager": ({}, True, CPU_MAX_BATCHED_TOKENS),

@@ -9,6 +9,12 @@ import pytest
 # environment, which Ray reads at import time (reinforce_pro/ray_env.py).
 import reinforce_pro  # noqa: F401
 
+# The suite's engines load many throwaway model directories (tmp_path), and vLLM's ahead-of-time compile cache,
+# which a run uses for a model directory the user names, is keyed by the path: each would compile from scratch
+# (~22 s for the tiny model against ~4 s from Inductor's graph cache, which any directory of the architecture
+# hits). Engines and Ray workers inherit this; tests/test_engine_compile_cache.py covers the AOT cache.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
 SLOW_TEST_S = 60.0  # a test slower than this gets its own line as it ends (CI's log is otherwise dots)
 _SESSION_START = time.monotonic()
 _CONFIG = None

@@ -43,6 +43,12 @@ class EngineConfig:
     cpu_kv_cache_gib: int = 1
     quantization: str | None = None  # vLLM online weight quantization (--vllm_quantization), None: off
     cpu_max_batched_tokens: int = CPU_MAX_BATCHED_TOKENS
+    # CPU: which compile cache a start loads (the VLLM_USE_AOT_COMPILE environment variable overrides it).
+    # True: vLLM's ahead-of-time cache, keyed by the model's path: a later start from the same directory skips
+    # Dynamo's trace (SmolLM2's warm-up 13.4 -> 3.8 s), a start from a new directory compiles from scratch
+    # (SmolLM2 62-71 s). False: Inductor's graph cache, keyed by the graph: any directory of an architecture
+    # compiled before hits it, and every start traces the model again.
+    aot_compile: bool = False
 
 
 @dataclass
@@ -58,6 +64,20 @@ class _DropBenignReloadWarning(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
+def let_cpu_aot_cache_load() -> None:
+    """vLLM 0.32 cannot load back the ahead-of-time compiled model its CPU build saves: the CPU build compiles
+    with Inductor's own backend, so the saved callable is torch's BundledAOTAutogradSerializableCallable, fully
+    loaded when it is read, and vLLM's loader then calls `finalize_loading`, a method of its own backend's
+    callable only. The lookup falls through to the wrapped function, raises AttributeError, and every start
+    compiled again from scratch (58-128 s to SmolLM2's first step). Give the bundled callable the method as the
+    no-op it is for it. Checked: an engine loaded from the cache and then sent new weights samples the same
+    tokens and log-probs as a freshly compiled engine given those weights (tests/test_engine_compile_cache.py)."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+
+    if "finalize_loading" not in vars(Bundled):
+        Bundled.finalize_loading = lambda self, vllm_config: None
 
 
 def cpu_bind(workers: int, cores: list[int] | None = None) -> str:
@@ -91,12 +111,10 @@ class VLLMEngine:
 
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            # vLLM 0.32 saves its compiled model ahead of time (AOT). On its first measurement here the CPU build
-            # could not load it back ("'function' object has no attribute 'finalize_loading'": every start
-            # recompiled, 58 s to SmolLM2's first token on 2 cores); its older graph cache loaded (23 s). The bare
-            # engine later loaded both, but inside a run AOT failed the same way at every start (3 runs, 98-128 s
-            # to the first step against 42-45 s): the graph cache stays (docs/benchmarks.md)
-            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+            aot = cfg.aot_compile and cfg.tensor_parallel_size == 1  # TP workers are processes of their own
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "1" if aot else "0")
+            if os.environ["VLLM_USE_AOT_COMPILE"] == "1":
+                let_cpu_aot_cache_load()
             use_host_threads()  # before vLLM binds its threads
             if cfg.tensor_parallel_size > 1:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(cfg.tensor_parallel_size))
