@@ -32,7 +32,9 @@ from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_re
 SIZES = {
     "toy": {},  # the embedded default's model (build_tiny_model's defaults)
     "100m": {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 2048},
+    "smollm2": "smollm2-135m-instruct",  # the packaged model (models/prepare.py), W3's
 }
+PACKAGED_MODELS = Path.home() / ".cache" / "reinforce_pro"  # where examples/scripts keep prepared models
 BACKENDS = ("object_store", "gloo")
 
 # Computed rows: parameter counts from the models' cards (Qwen2.5-0.5B / 7B / 32B), weights sent in bf16.
@@ -45,10 +47,19 @@ LINKS = {
 }
 
 
+def model_path(size: str, workdir: Path) -> str:
+    """A tiny architecture built in `workdir`, or a packaged model prepared once in the recipes' directory."""
+    from reinforce_pro.models.prepare import prepare
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    if isinstance(SIZES[size], str):
+        return str(prepare(SIZES[size], PACKAGED_MODELS / SIZES[size]))
+    return str(build_tiny_model(workdir / size, seed=0, **SIZES[size]))
+
+
 def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     import ray
 
-    from reinforce_pro.models.tiny import build_tiny_model
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
     from reinforce_pro.trainer.rollout_stream import EngineGate
     from reinforce_pro.trainer.weight_sync import BroadcastSync, ObjectStoreSync
@@ -56,7 +67,7 @@ def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
-    model = str(build_tiny_model(workdir / size, seed=0, **SIZES[size]))
+    model = model_path(size, workdir)
     spec = GroupSpec(f"bench_{size}", 1, 1)
     pg = make_placement_group(spec, use_gpu=False)
     opt = OptimConfig(learning_rate=1e-6, param_dtype="fp32", micro_batch_size=1, zero_stage=2)

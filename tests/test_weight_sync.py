@@ -111,6 +111,29 @@ def test_merged_weights_gathers_one_layer_at_a_time_and_equals_the_merged_state_
     assert not any("lora_" in k or "base_layer" in k for k in streamed)
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_sync_sends_a_tied_lm_head_once_and_gathers_nothing_for_it(tmp_path, lora):
+    """The tiny model ties its LM head to the embedding: a sync sends the weight once, under the embedding's
+    name (vLLM's loader skips a tied head's weight), and opens no ZeRO-3 gather for the head's block, since
+    rank 0 stops reading after the last weight it sends while the other ranks walk every block."""
+    model = _model(tmp_path / "tiny", lora)
+    assert model.config.tie_word_embeddings
+    gathered: list[int] = []
+
+    @contextlib.contextmanager
+    def gather(params):
+        gathered.append(len(params))
+        yield
+
+    whole = merged_state_dict(model)
+    sent = {name: t.float().clone() for name, t in merged_weights(model, gather, skip_tied=True)}
+    assert "lm_head.weight" in whole and sent.keys() == whole.keys() - {"lm_head.weight"}
+    assert all(torch.equal(sent[k], whole[k]) for k in sent)
+    assert torch.equal(whole["lm_head.weight"], sent["model.embed_tokens.weight"])
+    blocks = {tuple(block) for block in weight_blocks(list(model.state_dict()))}
+    assert len(gathered) == len(blocks) - 1  # every block but the head's
+
+
 @pytest.mark.parametrize(
     "argv, use_gpu, want",
     [

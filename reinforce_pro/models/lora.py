@@ -74,24 +74,30 @@ def weight_blocks(keys: list[str]) -> list[list[str]]:
     return list(blocks.values())
 
 
-def merged_weights(model: torch.nn.Module, gather=None) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(model: torch.nn.Module, gather=None, skip_tied: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every weight under the base model's names, LoRA deltas merged in (as fp32), one
     block (`weight_blocks`) at a time. `gather(params)`: a context manager that materialises those parameters
     (ZeRO-3's GatheredParameters), so at most one layer is whole at once; None when they are whole already.
-    A yielded tensor is valid until the next one is asked for: copy it before."""
+    `skip_tied`: a parameter under a second name (a tied LM head: `lm_head.weight` is `embed_tokens.weight`)
+    only under its first, as a weight sync sends it: vLLM's loader skips a tied head's weight, so it would
+    travel for nothing (SmolLM2: 113 of 651 MB). A yielded tensor is valid until the next one is asked for:
+    copy it before."""
     base = model.get_base_model() if is_lora(model) else model
     state = base.state_dict(keep_vars=True)
+    seen: set[int] = set()
     lora_layers = {}
     if is_lora(model):
         from peft.tuners.lora import LoraLayer
 
         lora_layers = {f"{name}.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
     for block in weight_blocks(list(state)):
+        keys = [k for k in block if ".lora_" not in k and not (skip_tied and id(state[k]) in seen)]
+        if not keys:  # nothing to yield: no gather either (a rank that stops reading after the last weight
+            continue  # must not leave the others waiting in a ZeRO-3 gather of a block with nothing in it)
+        seen.update(id(state[k]) for k in keys)
         params = list({id(t): t for k in block if isinstance(t := state[k], torch.nn.Parameter)}.values())
         with gather(params) if gather is not None and params else contextlib.nullcontext():
-            for key in block:
-                if ".lora_" in key:
-                    continue
+            for key in keys:
                 name = key.replace(".base_layer.", ".")
                 tensor = state[key].detach()
                 layer = lora_layers.get(name)

@@ -215,13 +215,14 @@ class PolicyWorker:
             pass
 
     def _weights(self):
-        """merged_weights of the model, ZeRO-3 shards gathered one block (layer) at a time."""
+        """merged_weights of the model as a sync sends them (a tied LM head once, under the embedding's name),
+        ZeRO-3 shards gathered one block (layer) at a time."""
         gather = None
         if self.opt.zero_stage == 3:
             import deepspeed
 
             gather = lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)  # noqa: E731
-        return merged_weights(self.engine.module, gather)
+        return merged_weights(self.engine.module, gather, skip_tied=True)
 
     @contextmanager
     def _gathered(self):
