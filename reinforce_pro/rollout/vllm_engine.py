@@ -60,10 +60,17 @@ class Generation:
 
 class _DropBenignReloadWarning(logging.Filter):
     """vLLM warns at every in-place reload that RotaryEmbedding got no weights: its inv_freq buffer is
-    computed, never stored in a checkpoint. Nothing is wrong; without the filter it floods the log."""
+    computed, never stored in a checkpoint. With a tied LM head it warns the same of the head, which a sync
+    does not send (it is the embedding, which is sent; tests/test_e2e.py checks a synced engine samples as one
+    that loaded the weights). Nothing is wrong; without the filter it floods the log."""
+
+    def __init__(self, tied_head: bool):
+        super().__init__()
+        self.benign = ("RotaryEmbedding",) + (("ParallelLMHead",) if tied_head else ())
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+        message = record.getMessage()
+        return not any(f"{layer}: Failed to load weights" in message for layer in self.benign)
 
 
 def let_cpu_aot_cache_load() -> None:
@@ -146,8 +153,9 @@ class VLLMEngine:
         if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
             kwargs["quantization"] = cfg.quantization
         self.llm = LLM(**kwargs)
+        tied_head = getattr(self.llm.llm_engine.model_config.hf_text_config, "tie_word_embeddings", False)
         for handler in logging.getLogger("vllm").handlers:  # configured by now
-            handler.addFilter(_DropBenignReloadWarning())
+            handler.addFilter(_DropBenignReloadWarning(tied_head))
         self.device = "cuda" if on_gpu else "cpu"
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> list[Generation]:
