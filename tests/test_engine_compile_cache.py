@@ -72,3 +72,24 @@ def test_a_second_start_loads_the_compiled_model_and_it_follows_weight_syncs(tmp
     pairs = zip(second["after"], second["before"], strict=True)
     moved = [abs(a - b) for (_, after), (_, before) in pairs for a, b in zip(after, before, strict=False)]
     assert max(moved) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "aot_compile, tp, env, want",
+    [
+        (True, 1, None, True),  # a model directory the user named
+        (False, 1, None, False),  # one the run made: the graph cache
+        (True, 2, None, False),  # TP workers keep the graph cache
+        (True, 1, "0", False),  # VLLM_USE_AOT_COMPILE overrides either way
+        (False, 2, "1", True),
+    ],
+)
+def test_which_compile_cache_an_engine_uses(monkeypatch, aot_compile, tp, env, want):
+    """The one rule the engine applies and the run's start-up line reports (announce_engines)."""
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, uses_aot_cache
+
+    if env is None:
+        monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_AOT_COMPILE", env)
+    assert uses_aot_cache(EngineConfig(model_path="m", aot_compile=aot_compile, tensor_parallel_size=tp)) is want

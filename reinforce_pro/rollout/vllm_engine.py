@@ -73,6 +73,14 @@ class _DropBenignReloadWarning(logging.Filter):
         return not any(f"{layer}: Failed to load weights" in message for layer in self.benign)
 
 
+def uses_aot_cache(cfg: EngineConfig) -> bool:
+    """Whether a CPU engine of `cfg` loads vLLM's ahead-of-time compile cache: `cfg.aot_compile` on one worker
+    (TP workers are processes of their own, which let_cpu_aot_cache_load might not reach: the graph cache),
+    unless the VLLM_USE_AOT_COMPILE environment variable says otherwise."""
+    default = "1" if cfg.aot_compile and cfg.tensor_parallel_size == 1 else "0"
+    return os.environ.get("VLLM_USE_AOT_COMPILE", default) == "1"
+
+
 def let_cpu_aot_cache_load() -> None:
     """vLLM 0.32 cannot load back the ahead-of-time compiled model its CPU build saves: the CPU build compiles
     with Inductor's own backend, so the saved callable is torch's BundledAOTAutogradSerializableCallable, fully
@@ -119,10 +127,9 @@ class VLLMEngine:
 
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            # TP workers are processes of their own, which the mend below might not reach: the graph cache
-            aot = cfg.aot_compile and cfg.tensor_parallel_size == 1
-            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "1" if aot else "0")
-            if os.environ["VLLM_USE_AOT_COMPILE"] == "1":
+            aot = uses_aot_cache(cfg)
+            os.environ["VLLM_USE_AOT_COMPILE"] = "1" if aot else "0"
+            if aot:
                 let_cpu_aot_cache_load()
             use_host_threads()  # before vLLM binds its threads
             if cfg.tensor_parallel_size > 1:

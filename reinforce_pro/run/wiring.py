@@ -17,7 +17,7 @@ from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
-from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine
+from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine, uses_aot_cache
 from reinforce_pro.run.config import VLLM_DTYPES, RunConfig
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
@@ -405,7 +405,7 @@ def announce_engines(cfg: RunConfig, use_gpu: bool) -> None:
         what = "no compilation (--enforce_eager)"
     elif use_gpu:
         what = "compiling the model's graph with torch.compile (vLLM caches it per model path)"
-    elif os.environ.get("VLLM_USE_AOT_COMPILE", "1" if cfg.engines.config.aot_compile else "0") == "1":
+    elif uses_aot_cache(cfg.engines.config):
         cache = os.path.join(
             os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm"), "torch_compile_cache"
         )
