@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, write_result  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS  # noqa: E402
 
 NAME = "bench_engine_start"
@@ -102,7 +102,7 @@ def render(payload: dict, out_dir: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=Path.home() / ".cache" / "reinforce_pro" / "smollm2-135m-instruct")
+    p.add_argument("--model", type=Path, default=PACKAGED_MODELS / "smollm2-135m-instruct")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     p.add_argument("--output", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")

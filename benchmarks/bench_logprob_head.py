@@ -23,10 +23,10 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 NAME = "bench_logprob_head"
-MODEL = Path.home() / ".cache" / "reinforce_pro" / "smollm2-135m-instruct"
+MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"
 
 
 def batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):

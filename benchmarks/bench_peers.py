@@ -39,10 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
 PEERS = Path(__file__).resolve().parent / "peers"
-PACKAGED_MODELS = Path.home() / ".cache" / "reinforce_pro"  # where examples/scripts keep prepared models
 PHASES = ["generate", "make_experience", "train", "weight_sync"]
 
 

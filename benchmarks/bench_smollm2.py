@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
-CACHE = Path.home() / ".cache" / "reinforce_pro"
 TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
 BAND = (0.5, 5.0)
 REWARD = Path(__file__).resolve().parent.parent / "examples" / "python" / "reward_reasoning_gym.py"
@@ -201,8 +200,8 @@ def main() -> int:
     p.add_argument("--eval_prompts", type=int, default=50, help="held-out prompts (distinct, never trained on)")
     p.add_argument("--lora_steps", type=int, default=4, help="steps of the LoRA timing run")
     p.add_argument("--mismatch_prompts", type=int, default=32, help="held-out prompts for the mismatch measurement")
-    p.add_argument("--model_dir", type=Path, default=CACHE / "smollm2-135m-instruct")
-    p.add_argument("--data_dir", type=Path, default=CACHE / "tasks" / "chain_sum_2x1_v2")
+    p.add_argument("--model_dir", type=Path, default=PACKAGED_MODELS / "smollm2-135m-instruct")
+    p.add_argument("--data_dir", type=Path, default=PACKAGED_MODELS / "tasks" / "chain_sum_2x1_v2")
     p.add_argument("--output_dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", type=Path, help="re-render the table and plot from this JSON")
     args = p.parse_args()

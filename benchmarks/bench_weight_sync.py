@@ -27,14 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
 SIZES = {
     "toy": {},  # the embedded default's model (build_tiny_model's defaults)
     "100m": {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 2048},
     "smollm2": "smollm2-135m-instruct",  # the packaged model (models/prepare.py), W3's
 }
-PACKAGED_MODELS = Path.home() / ".cache" / "reinforce_pro"  # where examples/scripts keep prepared models
 BACKENDS = ("object_store", "gloo")
 
 # Computed rows: parameter counts from the models' cards (Qwen2.5-0.5B / 7B / 32B), weights sent in bf16.
