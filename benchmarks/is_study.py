@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks import bench_smollm2 as smollm2  # noqa: E402
-from benchmarks.common import RESULTS_DIR, git_commit, write_result  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, git_commit, write_result  # noqa: E402
 from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
 from benchmarks.study_stats import (  # noqa: E402
     collapsed,
@@ -45,7 +45,7 @@ from benchmarks.study_stats import (  # noqa: E402
 NAME = "is_study"
 STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
 CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis"]
-SMOLLM2_MODEL, SMOLLM2_DATA = smollm2.CACHE / "smollm2-135m-instruct", smollm2.CACHE / "tasks" / "chain_sum_2x1_v2"
+SMOLLM2_MODEL, SMOLLM2_DATA = PACKAGED_MODELS / "smollm2-135m-instruct", PACKAGED_MODELS / "tasks" / "chain_sum_2x1_v2"
 STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
 
 
