@@ -7,6 +7,7 @@ import torch
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.packing import pack
 from reinforce_pro.models.tiny import build_tiny_model
+from reinforce_pro.models.varlen_attention import load_name
 
 PROMPT, RESPONSE = 10, 8
 PROMPT_LENS = [2, 10, 3, 7, 1, 9]
@@ -46,8 +47,10 @@ def test_a_bin_tail_is_a_filler_sequence_of_its_own():
     assert packed.position_ids.tolist() == [[0, 1, 2], [0, 0, 1]]  # the filler restarts at 0
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "sdpa_varlen"])
 def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_dir, attn):
+    """sdpa and eager pack into bins; sdpa_varlen (the CPU trainer's choice under --packing_samples) packs the
+    whole batch into one row and attends per sequence."""
     from transformers import AutoModelForCausalLM
 
     seq, mask = mixed_batch()
@@ -55,7 +58,8 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_dir, 
     action_mask = mask[:, -RESPONSE:].bool()
     results = []
     for packed in (False, True):
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, attn_implementation=attn)
+        load_as = load_name("sdpa", packing_samples=True) if attn == "sdpa_varlen" else attn
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, attn_implementation=load_as)
         lp, ent = response_log_probs(model, seq, mask, RESPONSE, 0.7, with_entropy=True, packed=packed)
         ((lp + 0.1 * ent) * action_mask).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -79,8 +83,8 @@ def test_without_the_position_restarts_the_sequences_would_see_each_other(tiny_d
     good, _ = response_log_probs(model, seq, mask, RESPONSE, packed=True)
     real_pack = packing.pack
 
-    def leaky_pack(*a):
-        p = real_pack(*a)
+    def leaky_pack(*a, **kw):
+        p = real_pack(*a, **kw)
         p.position_ids = torch.arange(p.position_ids.size(1)).expand_as(p.position_ids).clone()
         return p
 
@@ -90,12 +94,15 @@ def test_without_the_position_restarts_the_sequences_would_see_each_other(tiny_d
 
 
 def test_packed_values_equal_the_padded_ones(tiny_dir):
+    """The packed critic loads sdpa as sdpa_varlen: one row, attention per sequence."""
+    from reinforce_pro.models.packing import attention_kernel
     from reinforce_pro.models.value import ValueModel
 
     seq, mask = mixed_batch()
     padded = ValueModel(tiny_dir, attn_implementation="sdpa")
     torch.nn.init.normal_(padded.head.weight)
     packed = ValueModel(tiny_dir, attn_implementation="sdpa", packed=True)
+    assert attention_kernel(packed.backbone) == "sdpa_varlen"
     packed.load_state_dict(padded.state_dict())
     action_mask = mask[:, -RESPONSE:].bool()
     v0, v1 = padded(seq, mask, RESPONSE), packed(seq, mask, RESPONSE)
@@ -191,3 +198,42 @@ def test_the_packed_forward_runs_the_lm_head_on_the_predicting_columns_only(tiny
         assert head_rows[0][0] == bins and head_rows[0][1] < width  # the prompt-only columns dropped out
         torch.testing.assert_close(lp0[action_mask], lp1[action_mask], rtol=0, atol=1e-6)
         assert g0.keys() == g1.keys() and all(torch.allclose(g0[n], g1[n], atol=1e-6) for n in g0)
+
+
+def test_varlen_attention_packs_one_row_and_runs_the_head_on_the_response_tokens_only(tiny_dir):
+    """Under sdpa_varlen the packed forward is one row of every real token, its attention sees each sequence
+    alone (per-sequence SDPA), and the LM head runs on exactly the positions that predict a real response
+    token."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models import packing
+
+    seq, mask = mixed_batch()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_dir, dtype=torch.float32, attn_implementation=load_name("sdpa", True)
+    )
+    rows, shapes = [], []
+    model.get_output_embeddings().register_forward_hook(lambda _m, i, _o: rows.append(tuple(i[0].shape[:2])))
+    model.model.register_forward_hook(lambda _m, _i, o: shapes.append(tuple(o.last_hidden_state.shape[:2])))
+    response_log_probs(model, seq, mask, RESPONSE, packed=True)
+    action_mask = mask[:, -RESPONSE:].bool()
+    assert shapes == [(1, int(mask.sum()))]  # one row, no bin tails
+    assert rows == [(1, int(action_mask.sum()))]
+    assert packing.attention_kernel(model) == "sdpa_varlen"
+
+
+def test_without_the_sequence_boundaries_varlen_attention_would_mix_the_sequences(tiny_dir, monkeypatch):
+    """The sdpa_varlen check above can fail: one causal segment over the whole row (the boundaries lost) changes
+    the log-probs of every sequence after the first."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models import packing
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_dir, dtype=torch.float32, attn_implementation=load_name("sdpa", True)
+    )
+    seq, mask = mixed_batch()
+    good, _ = response_log_probs(model, seq, mask, RESPONSE, packed=True)
+    monkeypatch.setattr(packing, "segments", lambda position_ids: [(0, position_ids.size(1))])
+    mixed, _ = response_log_probs(model, seq, mask, RESPONSE, packed=True)
+    assert (good - mixed)[mask[:, -RESPONSE:].bool()].abs().max() > 1e-2

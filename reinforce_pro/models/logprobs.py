@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from reinforce_pro.models.packing import response_outputs
+from reinforce_pro.models.packing import response_logits
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -107,9 +107,11 @@ def response_log_probs(
     if not packed:  # only the logits that predict the response
         logits = forward_logits(model, sequences, attention_mask, predicting=num_actions)
         return token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
-    logits, real = response_outputs(  # (B, T, V), (B, T)
-        model, sequences, attention_mask, num_actions, logits_to_keep=accepts_logits_to_keep(model)
-    )
-    log_probs, entropy = token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
-    log_probs = log_probs * real
-    return log_probs, (entropy * real if entropy is not None else None)
+    logits, real = response_logits(model, sequences, attention_mask, num_actions, accepts_logits_to_keep(model))
+    targets = sequences[:, -num_actions:][real]
+    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)  # (N,): the real tokens
+
+    def padded(values: torch.Tensor) -> torch.Tensor:  # (N,) -> (B, T), 0 at padding
+        return torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter(real, values)
+
+    return padded(log_probs), (padded(entropy) if entropy is not None else None)

@@ -9,8 +9,10 @@ boundaries (transformers.masking_utils.find_packed_sequence_indices), which work
 Why bins and not one long row: with sdpa / eager the block-diagonal mask is dense, so one row of N tokens
 costs N^2 in attention where the padded batch costs B * S^2. Rows are therefore packed first-fit-decreasing
 into bins as long as the longest row: attention never costs more than the padded batch, and the linear
-layers (most of the compute) see only real tokens plus the tail of each bin. tests/test_packing.py checks
-that log-probs, values and gradients equal the padded path's.
+layers (most of the compute) see only real tokens plus the tail of each bin. With a variable-length kernel
+(flash-attn's, or sdpa_varlen of models/varlen_attention.py on CPU) attention runs per sequence whatever the
+row's length, so every sequence goes in one row and no bin tails remain. tests/test_packing.py checks that
+log-probs, values and gradients equal the padded path's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from reinforce_pro.models.varlen_attention import NAME as VARLEN
+from reinforce_pro.models.varlen_attention import segments
+
+# kernels that attend within each sequence of a packed row at its own cost: one row for the whole micro-batch
+ONE_ROW_ATTENTION = (VARLEN, "flash_attention_2", "flash_attention_3")
 
 
 @dataclass
@@ -28,11 +36,11 @@ class Packed:
     #                      packed batch; -1 for padding
 
 
-def pack(sequences: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
+def pack(sequences: torch.Tensor, attention_mask: torch.Tensor, one_row: bool = False) -> Packed:
     """Pack the real tokens (attention_mask 1, contiguous in each row) of a (B, S) batch, first-fit-decreasing,
-    into bins of the longest row's length."""
+    into bins of the longest row's length, or with `one_row` all into one row."""
     lengths = attention_mask.sum(dim=1).tolist()
-    width = max(max(lengths), 1)
+    width = max(sum(lengths) if one_row else max(lengths), 1)
     bins: list[int] = []  # tokens used in each bin
     where: dict[int, tuple[int, int]] = {}  # row -> (bin, offset)
     for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
@@ -65,24 +73,52 @@ def predicting_positions(packed: Packed, num_actions: int) -> tuple[torch.Tensor
     return before.clamp(min=0), real
 
 
+def attention_kernel(model) -> str:
+    """The attn_implementation of the HF model inside `model` (a DeepSpeed engine's `.module`, a PEFT model)."""
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return getattr(getattr(inner, "config", None), "_attn_implementation", None) or "sdpa"
+
+
+def packed_forward(model, packed: Packed, **kwargs):
+    """The model's forward over a packed batch: positions restarting per sequence, no attention mask, and for
+    sdpa_varlen the row's sequence boundaries."""
+    if attention_kernel(model) == VARLEN:
+        kwargs["varlen"] = segments(packed.position_ids)
+    return model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs)
+
+
 def response_outputs(
-    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, hidden: bool = False,
-    logits_to_keep: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """One packed forward of a padded (B, S) batch: the (B, T, D) outputs at the positions that predict its
-    last `num_actions` tokens (logits of a causal LM, or with `hidden` the last hidden state of a bare
-    backbone) and (B, T) whether each of those tokens is real (outputs of padding are meaningless).
-    `logits_to_keep`: the model's forward takes HF's logits_to_keep; the LM head then runs only on the packed
-    columns where some bin predicts a response token (the prompts' columns mostly drop out)."""
-    packed = pack(sequences, attention_mask)
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One packed forward of a bare backbone (a value model's) over a padded (B, S) batch: the (B, T, D) last
+    hidden states at the positions that predict its last `num_actions` tokens, and (B, T) whether each of those
+    tokens is real (the outputs of padding are meaningless)."""
+    packed = pack(sequences, attention_mask, one_row=attention_kernel(model) in ONE_ROW_ATTENTION)
     before, real = predicting_positions(packed, num_actions)
-    inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "use_cache": False}
-    if hidden or not logits_to_keep:
-        out = model(**inputs)
-        x = out.last_hidden_state if hidden else out.logits
-        return x.reshape(-1, x.size(-1))[before], real
-    width = packed.input_ids.size(1)
-    keep = torch.unique(before[real] % width) if bool(real.any()) else before.new_zeros(1)
-    x = model(**inputs, logits_to_keep=keep).logits  # (P, len(keep), V)
-    at = (before // width) * len(keep) + torch.searchsorted(keep, before % width).clamp(max=len(keep) - 1)
+    x = packed_forward(model, packed).last_hidden_state
+    return x.reshape(-1, x.size(-1))[before], real
+
+
+def response_logits(
+    model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, logits_to_keep: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One packed forward of a causal LM over a padded (B, S) batch: the (N, V) logits that predict its real
+    response tokens (those among the last `num_actions` columns, in row-major order) and the (B, T) mask of
+    where they sit. `logits_to_keep`: the model's forward takes HF's logits_to_keep, so the LM head runs on
+    those positions only (in one row exactly them; across bins the columns where some bin predicts a response
+    token); otherwise on every position."""
+    packed = pack(sequences, attention_mask, one_row=attention_kernel(model) in ONE_ROW_ATTENTION)
+    before, real = predicting_positions(packed, num_actions)
+    flat = before[real]  # flat packed positions, (N,)
+    if not logits_to_keep:
+        x = packed_forward(model, packed).logits
+        return x.reshape(-1, x.size(-1))[flat], real
+    bins, width = packed.input_ids.shape
+    if bins == 1:  # the head on exactly the predicting positions, already in the order wanted
+        keep = flat if len(flat) else flat.new_zeros(1)
+        return packed_forward(model, packed, logits_to_keep=keep).logits[0, : len(flat)], real
+    keep = torch.unique(flat % width) if len(flat) else flat.new_zeros(1)
+    x = packed_forward(model, packed, logits_to_keep=keep).logits  # (P, len(keep), V)
+    at = (flat // width) * len(keep) + torch.searchsorted(keep, flat % width)
     return x.reshape(-1, x.size(-1))[at], real

@@ -15,6 +15,7 @@ from torch import nn
 
 from reinforce_pro.models.logprobs import position_ids_from_mask
 from reinforce_pro.models.packing import response_outputs
+from reinforce_pro.models.varlen_attention import load_name
 
 HEAD_FILE = "value_head.safetensors"
 
@@ -28,7 +29,7 @@ class ValueModel(nn.Module):
 
         self.packed = packed
         self.backbone = AutoModel.from_pretrained(
-            pretrain, dtype=torch.float32, attn_implementation=attn_implementation
+            pretrain, dtype=torch.float32, attn_implementation=load_name(attn_implementation, packed)
         )
         self.head_name = head_name
         head = nn.Linear(self.backbone.config.hidden_size, 1, bias=False)
@@ -45,7 +46,7 @@ class ValueModel(nn.Module):
     def forward(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) values of the response tokens."""
         if self.packed:
-            hidden, real = response_outputs(self.backbone, sequences, attention_mask, num_actions, hidden=True)
+            hidden, real = response_outputs(self.backbone, sequences, attention_mask, num_actions)
             return self.head(hidden).squeeze(-1).float() * real
         hidden = self.backbone(
             input_ids=sequences,

@@ -17,6 +17,7 @@ from reinforce_pro.algos.losses import LossSettings, PolicyLoss
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.algos.stats import Stat, loss_stat
 from reinforce_pro.experience import Experience, pad_actions
+from reinforce_pro.models import varlen_attention
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.lora import (
     LoraSettings,
@@ -72,7 +73,7 @@ class PolicyWorker:
         torch.manual_seed(seed + dist.rank)
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
         self.forward = forward
-        attn = forward.attn_implementation
+        attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
         if forward.ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
             register()
             attn = "ring"
@@ -273,9 +274,8 @@ class ReferenceWorker:
         capture_output(f"reference_pid{os.getpid()}")
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(
-            pretrain, dtype=dtype, attn_implementation=forward.attn_implementation
-        )
+        attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
+        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, attn_implementation=attn)
         self.model = model.to(device()).eval()
         self.forward, self.temperature = forward, temperature
 
