@@ -35,10 +35,10 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 NAME = "bench_train_phase"
-MODEL = Path.home() / ".cache" / "reinforce_pro" / "smollm2-135m-instruct"  # where the recipes keep it
+MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"  # where the recipes keep it
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv"}
 KINDS = [
     "GEMM",
@@ -194,6 +194,23 @@ def swapped_adamw(optimizer, impl: str, back: str):
         use_adamw(optimizer, back)
 
 
+@contextmanager
+def packed_forwards(worker, kernel: str):
+    """The worker's forwards packed (--packing_samples), its model attending with `kernel` meanwhile: the
+    trainer loads sdpa as sdpa_varlen under --packing_samples (models/varlen_attention.py), which packs one
+    row; plain sdpa packs bins of the longest row."""
+    from reinforce_pro.models.varlen_attention import register
+
+    register()
+    config = worker.engine.module.config
+    with mock.patch.object(worker, "forward", replace(worker.forward, packing_samples=True)):
+        before, config._attn_implementation = config._attn_implementation, kernel
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
+
+
 def autograd_lp(logits, targets):
     """models/logprobs._TokenLogProbs as autograd differentiates it: logsumexp and gather."""
     import torch
@@ -259,10 +276,10 @@ def measure(args) -> dict:
             "the LM head on num_actions + 1 positions, sliced": partial(
                 mock.patch.object, logprobs, "forward_logits", sliced_head_logits
             ),
-            # not an optimisation of the step but a flag W3's command does not pass: padding-free forwards
-            "(added) --packing_samples": partial(
-                mock.patch.object, worker, "forward", replace(worker.forward, packing_samples=True)
-            ),
+            # not optimisations of the step but a flag W3's command does not pass: padding-free forwards, as
+            # the trainer runs them (sdpa_varlen: one row) and in bins (eager, or a model without logits_to_keep)
+            "(added) --packing_samples": partial(packed_forwards, worker, "sdpa_varlen"),
+            "(added) --packing_samples in bins of the longest row": partial(packed_forwards, worker, "sdpa"),
         }
         seconds, without = [], defaultdict(list)
         for _ in range(args.steps):  # alternating: the run's step, then each variant
@@ -322,10 +339,11 @@ def render(payload: dict, out_dir: Path) -> str:
         "The same step with one optimisation undone, or (added) one option turned on (alternating with the step "
         "above, same worker and state):",
         "",
-        "| undone / (added) | median step | against the step above |",
-        "|---|---|---|",
+        "| undone / (added) | median step | against the step above | step / roofline |",
+        "|---|---|---|---|",
         *(
-            f"| {name} | {v:.2f} s | {v - r['median_step_s']:+.2f} s ({v / r['median_step_s'] - 1:+.1%}) |"
+            f"| {name} | {v:.2f} s | {v - r['median_step_s']:+.2f} s ({v / r['median_step_s'] - 1:+.1%}) | "
+            f"{v / roofline:.2f}x |"
             for name, v in r["median_step_s_without"].items()
         ),
         "",
