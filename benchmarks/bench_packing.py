@@ -12,8 +12,11 @@ Takes:   ~3 minutes on 2 cores with the defaults.
 Models are built locally from the tiny model's tokenizer: `tiny` is the embedded default's policy (hidden 128,
 2 layers), `small` a wider and deeper one (hidden 512, 8 layers) where the linear layers dominate as they do in
 real models. The padded path is the trainer's own (`Experience.trim_padding` first removes the columns that
-are padding in every row); the packed path packs the same rows into bins (models/packing.py). Each condition
-is timed `reps` times after a warm-up, padded and packed alternating, and reported as the median.
+are padding in every row). The packed path runs as the trainer runs it: with sdpa the model is loaded as
+sdpa_varlen (models/varlen_attention.py) and the whole micro-batch goes in one row; "bins" is the path eager
+attention takes (first-fit-decreasing bins as long as the longest row, a block-diagonal mask), timed on the
+same model switched to sdpa meanwhile. Each condition is timed `reps` times after a warm-up, the three paths
+alternating, and reported as the median.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_re
 from reinforce_pro.models.logprobs import response_log_probs  # noqa: E402
 from reinforce_pro.models.packing import pack  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
+from reinforce_pro.models.varlen_attention import load_name  # noqa: E402
+
+PATHS = {"padded": (False, None), "one row": (True, None), "bins": (True, "sdpa")}  # packed?, kernel meanwhile
 
 SIZES = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384},
@@ -57,30 +63,38 @@ def make_batch(rows: int, prompt_len: int, response_len: int, mixed: bool, seed:
     return (seq * mask)[:, first : last + 1], mask[:, first : last + 1], last + 1 - prompt_len
 
 
-def micro_step(model, seq, mask, num_actions: int, packed: bool) -> float:
-    start = time.perf_counter()
-    lp, _ = response_log_probs(model, seq, mask, num_actions, packed=packed)
-    (lp * mask[:, -num_actions:]).sum().backward()
-    if seq.is_cuda:
-        torch.cuda.synchronize()
+def micro_step(model, seq, mask, num_actions: int, path: str) -> float:
+    packed, kernel = PATHS[path]
+    loaded = model.config._attn_implementation
+    model.config._attn_implementation = kernel or loaded
+    try:
+        start = time.perf_counter()
+        lp, _ = response_log_probs(model, seq, mask, num_actions, packed=packed)
+        (lp * mask[:, -num_actions:]).sum().backward()
+        if seq.is_cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    finally:
+        model.config._attn_implementation = loaded
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+    return seconds
 
 
 def run_condition(model, seq, mask, num_actions: int, reps: int) -> dict:
-    for packed in (False, True):  # warm-up
-        micro_step(model, seq, mask, num_actions, packed)
-    times = {False: [], True: []}
+    for path in PATHS:  # warm-up
+        micro_step(model, seq, mask, num_actions, path)
+    times = {path: [] for path in PATHS}
     for _ in range(reps):
-        for packed in (False, True):
-            times[packed].append(micro_step(model, seq, mask, num_actions, packed))
+        for path in PATHS:
+            times[path].append(micro_step(model, seq, mask, num_actions, path))
     bins = pack(seq, mask).input_ids
     return {
-        "padded_ms": 1000 * statistics.median(times[False]),
-        "packed_ms": 1000 * statistics.median(times[True]),
+        "padded_ms": 1000 * statistics.median(times["padded"]),
+        "packed_ms": 1000 * statistics.median(times["one row"]),
+        "bins_ms": 1000 * statistics.median(times["bins"]),
         "real_tokens": int(mask.sum()),
         "padded_tokens": seq.numel(),
-        "packed_tokens": bins.numel(),
+        "bin_tokens": bins.numel(),
         "bins": bins.size(0),
     }
 
@@ -88,14 +102,15 @@ def run_condition(model, seq, mask, num_actions: int, reps: int) -> dict:
 def render(payload: dict, out_dir: Path) -> str:
     cfg = payload["config"]
     lines = [
-        "| model | responses | rows -> bins | tokens: real / padded / packed | padded ms | packed ms | speed-up |",
-        "|---|---|---|---|---|---|---|",
+        "| model | responses | tokens: real (one row) / padded / in bins (rows -> bins) | padded ms | packed, one "
+        "row ms | speed-up | in bins ms | speed-up |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in payload["results"]:
         lines.append(
-            f"| {r['size']} | {r['lengths']} | {cfg['rows']} -> {r['bins']} | {r['real_tokens']} / "
-            f"{r['padded_tokens']} / {r['packed_tokens']} | {r['padded_ms']:.1f} | {r['packed_ms']:.1f} | "
-            f"{r['padded_ms'] / r['packed_ms']:.2f}x |"
+            f"| {r['size']} | {r['lengths']} | {r['real_tokens']} / {r['padded_tokens']} / {r['bin_tokens']} "
+            f"({cfg['rows']} -> {r['bins']}) | {r['padded_ms']:.1f} | {r['packed_ms']:.1f} | "
+            f"{r['padded_ms'] / r['packed_ms']:.2f}x | {r['bins_ms']:.1f} | {r['padded_ms'] / r['bins_ms']:.2f}x |"
         )
     lines += [
         "",
@@ -115,8 +130,9 @@ def _plot(payload: dict, path: Path) -> None:
     labels = [f"{r['size']}\n{r['lengths']}" for r in rows]
     x = range(len(rows))
     fig, ax = new_figure((7, 3.5))
-    ax.bar([i - 0.2 for i in x], [r["padded_ms"] for r in rows], 0.4, label="padded")
-    ax.bar([i + 0.2 for i in x], [r["packed_ms"] for r in rows], 0.4, label="packed (--packing_samples)")
+    ax.bar([i - 0.27 for i in x], [r["padded_ms"] for r in rows], 0.27, label="padded")
+    ax.bar(list(x), [r["packed_ms"] for r in rows], 0.27, label="packed, one row (--packing_samples)")
+    ax.bar([i + 0.27 for i in x], [r["bins_ms"] for r in rows], 0.27, label="packed in bins (eager's path)")
     ax.set_xticks(list(x), labels)
     ax.set_ylabel("ms per micro-step")
     ax.set_title("Training micro-step, padded vs packed")
@@ -130,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--response_len", type=int, default=96, help="longest response")
     p.add_argument("--reps", type=int, default=10, help="timed micro-steps per path and condition")
     p.add_argument("--sizes", default="tiny,small", help="comma-separated model sizes: " + ", ".join(SIZES))
-    p.add_argument("--attn", default="sdpa", help="attn_implementation of the model")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa"], help="attn_implementation (loaded as sdpa_varlen)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
     p.add_argument("--render", type=Path, default=None, help="only re-render table and plot from this JSON")
@@ -143,14 +159,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
             path = build_tiny_model(Path(tmp) / size, seed=0, **SIZES[size])
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=args.attn)
+            attn = load_name(args.attn, packing_samples=True)  # as the trainer loads it under --packing_samples
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
             model = model.to(args.device).train()
             for lengths in ("mixed", "equal"):
                 seq, mask, num_actions = make_batch(args.rows, args.prompt_len, args.response_len, lengths == "mixed")
                 seq, mask = seq.to(args.device), mask.to(args.device)
                 r = run_condition(model, seq, mask, num_actions, args.reps)
                 results.append({"size": size, "lengths": lengths, **r})
-                print(f"{size} {lengths}: padded {r['padded_ms']:.1f} ms, packed {r['packed_ms']:.1f} ms", flush=True)
+                print(f"{size} {lengths}: padded {r['padded_ms']:.1f} ms, one row {r['packed_ms']:.1f} ms, "
+                      f"bins {r['bins_ms']:.1f} ms", flush=True)  # fmt: skip
     config = {k: v for k, v in vars(args).items() if k not in ("output", "render")}
     config.update(threads=torch.get_num_threads(), model_sizes={s: SIZES[s] for s in args.sizes.split(",")})
     return save_and_render("bench_packing", config, results, args.output, render)
