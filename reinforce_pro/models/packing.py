@@ -116,8 +116,10 @@ def response_logits(
         return x.reshape(-1, x.size(-1))[flat], real
     bins, width = packed.input_ids.shape
     if bins == 1:  # the head on exactly the predicting positions, already in the order wanted
-        keep = flat if len(flat) else flat.new_zeros(1)
-        return packed_forward(model, packed, logits_to_keep=keep).logits[0, : len(flat)], real
+        if not len(flat):
+            return packed_forward(model, packed, logits_to_keep=flat.new_zeros(1)).logits[0, :0], real
+        # squeeze, not [0]: indexing's backward would write its gradient into a fresh (1, N, V) zero tensor
+        return packed_forward(model, packed, logits_to_keep=flat).logits.squeeze(0), real
     keep = torch.unique(flat % width) if len(flat) else flat.new_zeros(1)
     x = packed_forward(model, packed, logits_to_keep=keep).logits  # (P, len(keep), V)
     at = (flat // width) * len(keep) + torch.searchsorted(keep, flat % width)

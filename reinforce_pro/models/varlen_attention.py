@@ -45,16 +45,13 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, scaling=None,
     groups = query.size(1) // key.size(1)  # grouped-query attention: each key / value head serves `groups`
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    out = torch.cat(
-        [
-            F.scaled_dot_product_attention(
-                query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scaling
-            )  # fmt: skip
-            for s, e in bounds
-        ],
-        dim=2,
-    )
-    return out.transpose(1, 2).contiguous(), None
+    pieces = [  # each (1, length, H, D): the concatenation is then the contiguous output, in one copy
+        F.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scaling
+        ).transpose(1, 2)
+        for s, e in bounds
+    ]
+    return torch.cat(pieces, dim=1), None
 
 
 def register() -> None:
