@@ -8,8 +8,9 @@ Takes:   ~3 minutes on 2 cores with the defaults.
 
 The policy worker of a run (workers/policy.PolicyWorker: DeepSpeed, AdamW, the policy loss), built in this
 process as one rank, trains on batches shaped like bench_peers' W3 step: 32 rows of a chat-templated prompt
-(~36 tokens) and a response of 16-64 tokens (mean ~47, as W3's rollouts), micro-batches of 16, one optimizer
-step per batch, fp32, ZeRO stage 0 — what `time/train` of a W3 step covers. It reports:
+(~36 tokens) and a response of 16-64 tokens (uniform: mean ~47, as W3's rollouts; W3's own have more at 64, its
+cap), rows ordered by length as the trainer orders them, micro-batches of 16, one optimizer step per batch,
+fp32, ZeRO stage 0 — what `time/train` of a W3 step covers. It reports:
 - seconds per optimizer step (median of `--steps`, after one warm-up step), beside the roofline
   6 x matmul parameters x trained tokens / the machine's fp32 GEMM rate (a square GEMM, as bench_peers);
 - a torch-profiler breakdown of one step: self time by kind of op (GEMM, attention, the optimizer's step,
@@ -259,10 +260,14 @@ def measure(args) -> dict:
     from benchmarks.bench_peers import gemm_peak_gflops, matmul_params
     from reinforce_pro.models import logprobs
     from reinforce_pro.models.prepare import prepare
+    from reinforce_pro.trainer.ppo_trainer import length_grouped
 
     model = prepare("smollm2-135m-instruct", MODEL) if args.model is None else Path(args.model)
     vocab = AutoConfig.from_pretrained(model).vocab_size
     batch = experience_batch(args.rows, args.prompt_tokens, args.max_response_tokens, vocab, seed=0)
+    # as the trainer orders a mini-batch (one rank): rows sorted by length, so that each micro-batch holds rows
+    # of similar length, which the worker then cuts to their own longest (Experience.trim_padding)
+    batch = batch.select(length_grouped(torch.arange(args.rows), batch.attention_mask.sum(-1), ranks=1))
     with tempfile.TemporaryDirectory() as tmp:
         worker = build_worker(model, args.micro, Path(tmp) / "rendezvous")
         peak = gemm_peak_gflops()
