@@ -271,8 +271,9 @@ class DeepSpeedFlags:
     ds_tensor_parallel_size: int = flag(1, "DeepSpeed tensor-parallel size", dotted="ds.tensor_parallel_size",
         refused="DeepSpeed tensor parallelism (AutoTP) is not wired in")
     packing_samples: bool = flag(False,
-        "padding-free forwards: each micro-batch's sequences packed back to back, positions restarting per sequence, "
-        "attention within each (flash-attn varlen on GPU, a block-diagonal mask with sdpa/eager)",
+        "padding-free forwards: each micro-batch's sequences packed back to back in one row, positions restarting "
+        "per sequence, attention within each (flash-attn varlen on GPU, sdpa per sequence on CPU; eager packs bins "
+        "with a block-diagonal mask)",
         dotted="ds.packing_samples")
     use_dynamic_batch: bool = flag(False, "micro-batches cut by a token budget, not a count",
         dotted="train.dynamic_batch_enable")
