@@ -2,10 +2,10 @@
 
 flash-attn's variable-length kernel lets a packed forward put every sequence of a micro-batch in one row:
 attention runs per sequence, the linear layers see only real tokens. sdpa and eager have no such kernel: they
-need a dense block-diagonal mask over the whole row, whose attention costs N^2 for N packed tokens, so the
-padded-free path of models/packing.py cut rows into bins as long as the longest sequence, and with a rollout's
-rows of similar length a bin rarely holds two (W3: 16 rows of 46-100 tokens, 15-16 bins of 100 columns, no
-fewer tokens than the padded batch).
+need a dense block-diagonal mask over the whole row, whose attention costs N^2 for N packed tokens, so with
+them the padding-free path of models/packing.py cuts rows into bins as long as the longest sequence, and with
+a rollout's rows of similar length a bin rarely holds two (W3: 16 rows of 46-100 tokens, 15-16 bins of 100
+columns, no fewer tokens than the padded batch).
 
 `sdpa_varlen` is sdpa with a variable-length path: given the packed row's sequence boundaries (the forward's
 `varlen=` keyword, which transformers hands down to the attention function), it runs causal SDPA on each
