@@ -32,7 +32,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, attention_kernel, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 from reinforce_pro.models.logprobs import response_log_probs  # noqa: E402
 from reinforce_pro.models.packing import pack  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
@@ -65,17 +65,13 @@ def make_batch(rows: int, prompt_len: int, response_len: int, mixed: bool, seed:
 
 def micro_step(model, seq, mask, num_actions: int, path: str) -> float:
     packed, kernel = PATHS[path]
-    loaded = model.config._attn_implementation
-    model.config._attn_implementation = kernel or loaded
-    try:
+    with attention_kernel(model.config, kernel):
         start = time.perf_counter()
         lp, _ = response_log_probs(model, seq, mask, num_actions, packed=packed)
         (lp * mask[:, -num_actions:]).sum().backward()
         if seq.is_cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    finally:
-        model.config._attn_implementation = loaded
     model.zero_grad(set_to_none=True)
     return seconds
 

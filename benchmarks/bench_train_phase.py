@@ -36,7 +36,7 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, attention_kernel, render_saved, save_and_render  # noqa: E402
 
 NAME = "bench_train_phase"
 MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"  # where the recipes keep it
@@ -203,13 +203,11 @@ def packed_forwards(worker, kernel: str):
     from reinforce_pro.models.varlen_attention import register
 
     register()
-    config = worker.engine.module.config
-    with mock.patch.object(worker, "forward", replace(worker.forward, packing_samples=True)):
-        before, config._attn_implementation = config._attn_implementation, kernel
-        try:
-            yield
-        finally:
-            config._attn_implementation = before
+    with (
+        mock.patch.object(worker, "forward", replace(worker.forward, packing_samples=True)),
+        attention_kernel(worker.engine.module.config, kernel),
+    ):
+        yield
 
 
 def autograd_lp(logits, targets):

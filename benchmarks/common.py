@@ -6,11 +6,24 @@ import json
 import os
 import platform
 import subprocess
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PACKAGED_MODELS = Path.home() / ".cache" / "reinforce_pro"  # where examples/scripts keep prepared models
+
+
+@contextmanager
+def attention_kernel(config, kernel: str | None):
+    """An HF model's attention kernel switched to `kernel` meanwhile (its config's attn_implementation, which the
+    attention layers read at every forward); None leaves it as loaded."""
+    loaded = config._attn_implementation
+    config._attn_implementation = kernel or loaded
+    try:
+        yield
+    finally:
+        config._attn_implementation = loaded
 
 
 def machine_info() -> dict:

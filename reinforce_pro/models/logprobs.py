@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from reinforce_pro.models.packing import response_logits
+from reinforce_pro.models.packing import hf_model, response_logits, scatter_real
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -44,9 +44,7 @@ def forward_logits(
 def accepts_logits_to_keep(model) -> bool:
     """Whether the HF model inside `model` (a DeepSpeed engine's `.module`, a PEFT model's base) can skip the
     LM head on positions whose logits are not wanted."""
-    inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return "logits_to_keep" in inspect.signature(hf_model(model).forward).parameters
 
 
 def action_log_probs(
@@ -110,8 +108,4 @@ def response_log_probs(
     logits, real = response_logits(model, sequences, attention_mask, num_actions, accepts_logits_to_keep(model))
     targets = sequences[:, -num_actions:][real]
     log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)  # (N,): the real tokens
-
-    def padded(values: torch.Tensor) -> torch.Tensor:  # (N,) -> (B, T), 0 at padding
-        return torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter(real, values)
-
-    return padded(log_probs), (padded(entropy) if entropy is not None else None)
+    return scatter_real(real, log_probs), (scatter_real(real, entropy) if entropy is not None else None)

@@ -73,11 +73,20 @@ def predicting_positions(packed: Packed, num_actions: int) -> tuple[torch.Tensor
     return before.clamp(min=0), real
 
 
-def attention_kernel(model) -> str:
-    """The attn_implementation of the HF model inside `model` (a DeepSpeed engine's `.module`, a PEFT model)."""
+def hf_model(model):
+    """The HF model inside `model`: a DeepSpeed engine's `.module`, a PEFT model's base, or `model` itself."""
     inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    return getattr(getattr(inner, "config", None), "_attn_implementation", None) or "sdpa"
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def attention_kernel(model) -> str:
+    """The attn_implementation of the HF model inside `model`."""
+    return getattr(getattr(hf_model(model), "config", None), "_attn_implementation", None) or "sdpa"
+
+
+def scatter_real(real: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(N,) values of the real tokens -> (B, T) in the places `real` (B, T) marks, 0 elsewhere (differentiable)."""
+    return torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter(real, values)
 
 
 def packed_forward(model, packed: Packed, **kwargs):

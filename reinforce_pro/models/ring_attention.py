@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from reinforce_pro.models.logprobs import token_log_probs
-from reinforce_pro.models.packing import pack, predicting_positions
+from reinforce_pro.models.packing import pack, predicting_positions, scatter_real
 
 NAME = "ring"  # the attn_implementation a model is loaded with
 
@@ -240,8 +240,7 @@ def ring_response_log_probs(
     log_probs, entropy = token_log_probs(step_logits, sequences[:, -num_actions:][mine], temperature, with_entropy)
 
     def whole(values):
-        partial = torch.zeros(mine.shape, dtype=values.dtype, device=values.device).masked_scatter(mine, values)
-        return _SumOverRing.apply(partial, group)
+        return _SumOverRing.apply(scatter_real(mine, values), group)
 
     return whole(log_probs), (whole(entropy) if with_entropy else None)
 
