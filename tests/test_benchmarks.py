@@ -197,8 +197,58 @@ def test_bench_train_phase_profiles_a_real_policy_step(tmp_path):
     assert profile["by_kind_s"]["GEMM"] > 0 and profile["gemm_flops"] > 0
     assert sum(profile["by_kind_s"].values()) <= profile["wall_s"] * 1.05  # self times partition the step
     assert profile["by_kind_s"]["optimizer step"] > 0  # AdamW's ops are found under its step
+    assert set(r["median_step_s_without"]) >= {"(added) --packing_samples", COMPILED}  # each variant timed
     table = (tmp_path / "bench_train_phase.md").read_text()
     assert "| GEMM |" in table and "GFLOP/s" in table and "| no op (Python" in table
+
+
+COMPILED = "(added) --packing_samples, norms / MLP / rotary compiled"
+
+
+def test_compiled_elementwise_compiles_the_pieces_and_gives_them_back(tmp_path):
+    """bench_train_phase's compiled variant: every RMSNorm and MLP compiled and the rotary function swapped for
+    the block only, the same log-probs as eager (Inductor's fused loops reorder float sums: close, not equal)."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.bench_train_phase import compiled_elementwise
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path / "m", hidden_size=64, intermediate_size=128)
+    )
+    modeling = sys.modules[type(model).__module__]
+    rotary = modeling.apply_rotary_pos_emb
+    ids = torch.randint(10, 90, (2, 12))
+    eager = model(input_ids=ids).logits
+    worker = SimpleNamespace(engine=SimpleNamespace(module=model))
+    with compiled_elementwise(worker):
+        assert modeling.apply_rotary_pos_emb is not rotary
+        pieces = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+        assert len(pieces) == 2 * 3 + 1  # two norms and an MLP in each of the 2 layers, the final norm
+        assert all(m._compiled_call_impl is not None for m in pieces)
+        compiled = model(input_ids=ids).logits
+    assert modeling.apply_rotary_pos_emb is rotary
+    assert all(m._compiled_call_impl is None for m in model.modules())
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_generate_ceiling_renders_its_table(tmp_path):
+    from benchmarks.bench_generate_ceiling import render
+
+    run = {"batch_s": [7.0, 6.0, 6.5, 6.4], "response_tokens": [1600, 1500, 1700, 1640], "median_batch_s": 6.45,
+           "tokens_per_s": 260.0}  # fmt: skip
+    payload = {"benchmark": "bench_generate_ceiling", "commit": "0" * 40, "config": {"batches": 4, "warmup": 1},
+               "machine": {"cpu": "test cpu", "cpu_count": 2},
+               "results": {"runs": {"plain": run, "prefix caching": run}, "gemm_peak_gflops": 180.0,
+                           "matmul_params": 134_500_000, "prompt_tokens_mean": 1272, "response_tokens_mean": 1613,
+                           "compute_bound_s": 4.31}}  # fmt: skip
+    table = render(payload, tmp_path)
+    assert "| plain | 6.45 | 260 | 7.00, 6.00, 6.50, 6.40 |" in table and "| prefix caching |" in table
+    assert "= 4.31 s a batch" in table and (tmp_path / "bench_generate_ceiling.md").read_text() == table
 
 
 def test_bench_train_phase_sorts_ops_by_kind():
