@@ -1,7 +1,7 @@
 """Where the train phase of a real model's RL step goes, against its roofline (issue 30).
 
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
-Takes:   ~3 minutes on 2 cores with the defaults.
+Takes:   ~13 minutes on 2 cores with the defaults (6 variants x 6 steps, a profiled step, the AdamW timings).
 
     python benchmarks/bench_train_phase.py                 # measure, write JSON, render the table
     python benchmarks/bench_train_phase.py --render FILE   # re-render from a JSON
@@ -13,6 +13,8 @@ cap), rows ordered by length as the trainer orders them, micro-batches of 16, on
 fp32, ZeRO stage 0 — what `time/train` of a W3 step covers. It reports:
 - seconds per optimizer step (median of `--steps`, after one warm-up step), beside the roofline
   6 x matmul parameters x trained tokens / the machine's fp32 GEMM rate (a square GEMM, as bench_peers);
+- the same step with each optimisation undone alone, and with options added (--packing_samples in one row or
+  in bins, the element-wise ops compiled), alternating with the step above on the same worker;
 - a torch-profiler breakdown of one step: self time by kind of op (GEMM, attention, the optimizer's step,
   element-wise, copies, ...), the GEMMs' own rate (their FLOPs / their time) and the time no op accounts for
   (Python, DeepSpeed and autograd bookkeeping);
