@@ -35,19 +35,18 @@ def w3_batches(workdir: Path, batches: int) -> tuple[dict, list[list[list[int]]]
     """bench_peers' W3 spec and `batches` batches of its prompts' token ids (chat template), 8 copies each."""
     from transformers import AutoTokenizer
 
-    from benchmarks.bench_peers import WORKLOADS, prepare
+    from benchmarks.bench_peers import WORKLOADS, chat_prompt_ids, prepare
 
     spec = prepare(workdir, WORKLOADS["W3"], warmup_steps=2)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     records = [json.loads(line) for line in Path(spec["prompts"]).read_text().splitlines()]
-    chat = lambda r: tokenizer.apply_chat_template(  # noqa: E731
-        [{"role": "user", "content": r["question"]}], add_generation_prompt=True, tokenize=True, return_dict=True
-    )["input_ids"]
     per = spec["prompts_per_step"]
     out = []
     for b in range(batches):
         prompts = records[(b * per) % len(records) :][:per]
-        out.append([chat(r) for r in prompts for _ in range(spec["n_samples_per_prompt"])])
+        out.append(
+            [chat_prompt_ids(tokenizer, r["question"]) for r in prompts for _ in range(spec["n_samples_per_prompt"])]
+        )
     return spec, out
 
 
@@ -77,7 +76,7 @@ def measure(args) -> dict:
         runs = {name: time_engine(spec, batches, prefix, args.warmup) for name, prefix in
                 (("plain", False), ("prefix caching", True))}  # fmt: skip
     prompt_tokens = statistics.mean(sum(len(ids) for ids in b) for b in batches[args.warmup :])
-    response_tokens = statistics.mean(t for t in runs["plain"]["response_tokens"][args.warmup :])
+    response_tokens = statistics.mean(runs["plain"]["response_tokens"][args.warmup :])
     bound = 2 * spec["matmul_params"] * (prompt_tokens + response_tokens) / (peak * 1e9)
     return {"runs": runs, "gemm_peak_gflops": peak, "matmul_params": spec["matmul_params"], "compute_bound_s": bound,
             "prompt_tokens_mean": prompt_tokens, "response_tokens_mean": response_tokens}  # fmt: skip

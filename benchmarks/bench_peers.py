@@ -133,16 +133,18 @@ def layer_matmul_params(config) -> int:
                and "lm_head" not in name)  # fmt: skip
 
 
+def chat_prompt_ids(tokenizer, question: str) -> list[int]:
+    """A workload's question as both sides prompt the model: one user turn through the chat template."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+
+
 def train_work(model_dir: Path, records: list[dict]) -> dict:
     """What the roofline estimate needs: matmul_params and the mean prompt length after the chat template."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lengths = [
-        len(tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=True)["input_ids"])
-        for r in records
-    ]  # fmt: skip
+    lengths = [len(chat_prompt_ids(tokenizer, r["question"])) for r in records]
     return {"matmul_params": matmul_params(model_dir), "prompt_tokens_mean": sum(lengths) / len(lengths)}
 
 
