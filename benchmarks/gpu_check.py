@@ -43,11 +43,12 @@ from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
     compute_advantages,
     compute_approx_kl,
 )
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights  # noqa: E402
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band  # noqa: E402
 from reinforce_pro.models.logprobs import _TokenLogProbs, response_log_probs  # noqa: E402
 
 NAME = "gpu_check"
 THRESHOLD = (0.5, 2.0)
+ANCHORED = ("reinforce_pro", "icepop", "cppo", "dppo-tv")  # checked again under the rollout anchor
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}  # fmt: skip
 SMALL_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -84,16 +85,18 @@ def _on(inp: dict, device: str, dtype) -> dict:
     return {k: (v.to(device) if v.dtype == torch.bool else v.to(device, dtype)) for k, v in inp.items()}
 
 
-def _loss_run(inp: dict, correction: str | None) -> dict:
+def _loss_run(inp: dict, correction: str | None, anchor: str = "old") -> dict:
+    band = default_band(correction, THRESHOLD) if correction else THRESHOLD
     fields = {"enable_vllm_is_correction": True, "vllm_is_correction_type": correction} if correction else {}
-    loss_fn = PolicyLoss(vllm_is_truncated_threshold=THRESHOLD, **fields)
+    loss_fn = PolicyLoss(vllm_is_truncated_threshold=band, vllm_is_anchor=anchor, **fields)
     new = inp["new"].clone().requires_grad_(True)
     loss, metrics = loss_fn(new, inp["old"], inp["adv"], inp["mask"], inp["rollout"])
     loss.backward()
     out = {"loss": loss.detach().double().cpu().reshape(1), "grad": new.grad.double().cpu()}
     out.update({f"m:{k}": torch.tensor([float(s.value)], dtype=torch.float64) for k, s in metrics.items()})
     if correction:
-        weights, _ = compute_is_weights(correction, inp["old"], inp["rollout"], inp["mask"], *THRESHOLD)
+        gated = inp["new"] if anchor == "rollout" else inp["old"]
+        weights, _ = compute_is_weights(correction, gated, inp["rollout"], inp["mask"], *band, advantages=inp["adv"])
         out["keep"] = (weights != 0).cpu()
     return out
 
@@ -139,6 +142,9 @@ def check_core(device: str, rows: int, width: int) -> list[dict]:
     for correction in [None, *IS_CORRECTIONS]:
         results.append(_compare(f"policy loss, IS {correction or 'off'}", lambda x, c=correction: _loss_run(x, c),
                                 inp, device))  # fmt: skip
+    for correction in ANCHORED:  # the rollout anchor: the gate reads the current policy
+        results.append(_compare(f"policy loss, IS {correction}, rollout anchor",
+                                lambda x, c=correction: _loss_run(x, c, "rollout"), inp, device))  # fmt: skip
     for estimator in ADVANTAGE_ESTIMATORS:
         results.append(_compare(f"advantages {estimator}", _advantage_run(estimator), inp, device))
     for estimator in KL_ESTIMATORS:

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS
-from reinforce_pro.algos.losses import PolicyLoss
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss
 
 
 def drifting_batch(b: int = 64, t: int = 256, seed: int = 0):
@@ -33,15 +33,18 @@ def drifting_batch(b: int = 64, t: int = 256, seed: int = 0):
 def run() -> list[str]:
     log_probs, old, rollout, adv, mask = drifting_batch()
     failures = []
-    print(f"{'correction':<14} {'masked':>7} {'seq_masked':>10} {'ess':>6} {'1st_masked':>10} {'loss':>9}")
+    print(f"{'correction':<17} {'masked':>7} {'seq_masked':>10} {'ess':>6} {'1st_masked':>10} {'loss':>9}")
     for name in IS_CORRECTIONS:
-        loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name)
+        band = default_band(name, DEFAULT_IS_THRESHOLD)
+        loss_fn = PolicyLoss(
+            enable_vllm_is_correction=True, vllm_is_correction_type=name, vllm_is_truncated_threshold=band
+        )
         lp = log_probs.clone().requires_grad_(True)
         loss, m = loss_fn(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
         loss.backward()
         print(
-            f"{name:<14} {m['is/token_masked_frac'].item():>7.3f} {m['is/seq_masked_frac'].item():>10.3f} "
-            f"{m['is/ess'].item():>6.3f} {m['is/first_masked_pos_mean'].item():>10.1f} {loss.item():>9.4f}"
+            f"{name:<17} {float(m['is/token_masked_frac']):>7.3f} {float(m['is/seq_masked_frac']):>10.3f} "
+            f"{float(m['is/ess']):>6.3f} {float(m['is/first_masked_pos_mean']):>10.1f} {loss.item():>9.4f}"
         )
         if not (torch.isfinite(loss) and torch.isfinite(lp.grad).all()):
             failures.append(f"{name}: non-finite loss or gradient")

@@ -5,6 +5,7 @@ object of named numbers (loss, clip fraction, a gradient projection) that the te
     python tests/integration_checks.py openrlhf RELEASE {launcher,patched}
     python tests/integration_checks.py trl RELEASE WORKDIR
     python tests/integration_checks.py trl-e2e RELEASE WORKDIR
+    python tests/integration_checks.py trl-opsm RELEASE -
     python tests/integration_checks.py verl RELEASE -
 
 launcher: register() first, then import OpenRLHF's loss module: the class is the launcher's subclass, and its
@@ -108,6 +109,33 @@ RELEASES = {
 }
 
 
+# OpenRLHF 0.11.2's gating thresholds for the divergence gates: each leaves part of batch() masked
+GATE_BANDS = {("token", "tv"): [0.0, 0.08], ("token", "binary_kl"): [0.0, 0.03], ("seq", "tv"): [0.0, 0.05],
+              ("seq", "binary_kl"): [0.0, 0.02]}  # fmt: skip
+
+
+def openrlhf_gates(cls, x) -> dict[str, list[float]]:
+    """Every level / mode / gating OpenRLHF 0.11.2 accepts, in OpenRLHF's own class, against this project's
+    PolicyLoss with the correction that `openrlhf_correction` (what the command line runs) selects."""
+    from reinforce_pro.algos.is_correction import OPENRLHF_CORRECTIONS, openrlhf_correction
+
+    out = {}
+    for level, mode, gating in OPENRLHF_CORRECTIONS:
+        if level == "prefix":  # this project's level, compared above
+            continue
+        band = GATE_BANDS.get((level, gating), list(BAND))
+        name = f"gate/{level}-{mode}-{gating}"
+        for setting_name, setting in SETTINGS.items():
+            theirs = cls(**setting, is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
+                         is_correction_threshold=band)  # fmt: skip
+            out[f"{name}/{setting_name}/theirs"] = evaluate(theirs, x)
+            loss = ours(setting, openrlhf_correction(level, mode, gating), tuple(band))
+            out[f"{name}/{setting_name}/ours"] = evaluate(loss, x)
+        _, metrics = loss(x["log_probs"], x["old"], x["adv"], action_mask=x["mask"], rollout_log_probs=x["rollout"])
+        out[f"{name}/masked_frac"] = [float(metrics["is/token_masked_frac"])]
+    return out
+
+
 def run(release: str, how: str) -> dict[str, list[float]]:
     if how == "launcher":
         from reinforce_pro.integrations import openrlhf as integration
@@ -135,6 +163,8 @@ def run(release: str, how: str) -> dict[str, list[float]]:
             info = {"dp_size": 2, "batch_num_tokens": 150.0, "global_batch_size": 11.0}
             out[f"prefix-mask/{name}/global/theirs"] = evaluate(make(cls, setting, "prefix-mask", BAND), x, **info)
             out[f"prefix-mask/{name}/global/ours"] = evaluate(ours(setting, "reinforce_pro", BAND), x, **info)
+    if release == "0.11.2":
+        out.update(openrlhf_gates(cls.__mro__[1] if how == "launcher" else cls, x))
     masked = ours(SETTINGS["tok"], "reinforce_pro", BAND)
     _, metrics = masked(x["log_probs"], x["old"], x["adv"], action_mask=x["mask"], rollout_log_probs=x["rollout"])
     out["masked_frac"] = [float(metrics["is/token_masked_frac"])]
@@ -220,6 +250,29 @@ def run_trl(workdir: Path) -> dict[str, list[float]]:
             trainer.vllm_importance_sampling_mode,  # the mode after the call
             result["importance_sampling_ratio"] if isinstance(result["importance_sampling_ratio"], str) else "ours",
         ]
+    return out
+
+
+def run_trl_opsm() -> dict[str, list]:
+    """TRL 1.16's GRPOTrainer.get_off_policy_mask (DeepSeek-V3.2's OPSM) against this project's `opsm` under the
+    rollout anchor (TRL gates the current policy against the sampling policy), on many random batches."""
+    from trl.trainer.grpo_trainer import GRPOTrainer as TRLTrainer
+
+    from reinforce_pro.algos.is_correction import compute_is_weights
+
+    g, out = torch.Generator().manual_seed(0), {"differing": [0], "tokens": [0], "dropped": [0]}
+    for trial in range(200):
+        current = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+        sampling = current + torch.randn(B, T, generator=g, dtype=torch.float64).cumsum(-1) * 0.1 * (trial % 5)
+        mask = torch.arange(T).unsqueeze(0) < torch.randint(1, T + 1, (B, 1), generator=g)
+        adv = torch.randn(B, 1, generator=g, dtype=torch.float64)
+        delta = [0.05, 0.2, 0.5][trial % 3]
+        theirs = TRLTrainer.get_off_policy_mask(adv, current, sampling, mask.double(), delta) * mask
+        mine, _ = compute_is_weights("opsm", current, sampling, mask, 0.5, 5.0, advantages=adv,
+                                     params={"delta": delta}, mask_only=True)  # fmt: skip
+        out["differing"][0] += int((theirs != mine).sum())
+        out["tokens"][0] += int(mask.sum())
+        out["dropped"][0] += int((mask & (mine == 0)).sum())
     return out
 
 
@@ -320,6 +373,8 @@ if __name__ == "__main__":
         print(json.dumps(run(release, how)))
     elif trainer == "trl":
         print(json.dumps(run_trl(Path(how))))
+    elif trainer == "trl-opsm":
+        print(json.dumps(run_trl_opsm()))
     elif trainer == "trl-e2e":
         print(json.dumps(run_trl_e2e(Path(how))))
     else:

@@ -10,7 +10,7 @@ import pytest
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
 from reinforce_pro.cli.config import run_config
 from reinforce_pro.cli.presets import EMBEDDED
-from reinforce_pro.cli.train_ppo_ray import main, parse_args
+from reinforce_pro.cli.train_ppo_ray import main, parse, parse_args
 
 # CI clones the repository with shared/ beside it.
 SHARED = Path(os.environ.get("REINFORCE_PRO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -167,7 +167,36 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--remote_rm_url", "r.py", "--reward_pretrain", "d"], "not both", id="two-rewards"),
         pytest.param(["--train_batch_size", "abc"], "invalid int value: 'abc'", id="not-an-int"),
         pytest.param(["--actor_learning_rate", "fast"], "invalid float value: 'fast'", id="not-a-float"),
-        pytest.param(["--vllm_is_truncated_threshold", "0.5"], "expected 2 arguments", id="threshold-one-value"),
+        pytest.param(
+            ["--vllm_is_truncated_threshold", "0.1", "0.5", "5"],
+            "takes HIGH or LOW HIGH, got 3 values",
+            id="threshold-three-values",
+        ),  # fmt: skip
+        pytest.param(
+            ["--vllm_is_correction_args", "delta"],
+            "takes KEY=VALUE with a number as VALUE, got 'delta'",
+            id="correction-args",
+        ),  # fmt: skip
+        pytest.param(
+            ["--vllm_is_correction_type", "cppo", "--vllm_is_correction_args", "delt=1"],
+            "cppo has no setting delt",
+            id="correction-arg-name",
+        ),  # fmt: skip
+        pytest.param(
+            ["--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_mode", "clip"],
+            "is_correction_mode clip requires is_correction_level token",
+            id="openrlhf-seq-clip",
+        ),  # fmt: skip
+        pytest.param(
+            ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_gating", "tv"],
+            "gates a divergence, which takes an upper bound only",
+            id="openrlhf-tv-band",
+        ),  # fmt: skip
+        pytest.param(
+            ["--algo.advantage.is_correction_level", "token", "--vllm_is_correction_type", "kpop"],
+            "selects icepop, and --vllm_is_correction_type / _path kpop: give one",
+            id="two-corrections",
+        ),
         pytest.param(["--advantage_estimator", "ppo"], "invalid choice: 'ppo'", id="estimator"),
         pytest.param(["--reward_nan_policy", "skip"], "invalid choice: 'skip'", id="nan-policy"),
         pytest.param(["--absolute_zero", "--dynamic_filtering"], "has its own filter (learnability)", id="az-filter"),
@@ -512,3 +541,37 @@ def test_best_metric_key_must_name_an_eval_metric_before_anything_starts(extra, 
         parse_args(argv)
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "level, mode, gating, threshold, correction, band",
+    [
+        pytest.param("token", "clip", "ratio", ["0.5", "5"], "tis", (0.5, 5.0), id="token-clip"),
+        pytest.param("token", "mask", "ratio", ["0.5", "5"], "icepop", (0.5, 5.0), id="token-mask"),
+        pytest.param("seq", "mask", "ratio", ["0.9", "1.1"], "seq-mask-tis", (0.9, 1.1), id="seq-mask"),
+        pytest.param("token", "mask", "tv", ["0.2"], "token-tv", (0.0, 0.2), id="token-tv"),
+        pytest.param("token", "mask", "binary_kl", ["0", "0.1"], "token-binary-kl", (0.0, 0.1), id="token-bkl"),
+        pytest.param("seq", "mask", "tv", ["0.05"], "seq-tv", (0.0, 0.05), id="seq-tv"),
+        pytest.param("seq", "mask", "binary_kl", ["0.01"], "seq-binary-kl", (0.0, 0.01), id="flash-reinforce"),
+        pytest.param("prefix", "mask", "ratio", ["0.5", "5"], "reinforce_pro", (0.5, 5.0), id="prefix"),
+    ],
+)
+def test_openrlhf_0_11_2_correction_flags_select_the_same_correction(level, mode, gating, threshold, correction, band):
+    """OpenRLHF 0.11.2's level / mode / gating / threshold (openrlhf/cli/train_ppo_ray.py): one value is an upper
+    bound; tests/test_integrations.py checks each selected correction's loss against 0.11.2's PolicyLoss."""
+    for model in (["--pretrain", "m"], []):  # a user's run, and the embedded default (its preset keeps out)
+        args, cfg = parse([*model, "--algo.advantage.is_correction_level", level,
+                           "--algo.advantage.is_correction_mode", mode, "--algo.advantage.is_correction_gating", gating,
+                           "--algo.advantage.is_correction_threshold", *threshold])  # fmt: skip
+        s = cfg.loss.surrogate
+        assert (s.enable_vllm_is_correction, s.vllm_is_correction_type, s.vllm_is_truncated_threshold) == (
+            True, correction, band)  # fmt: skip
+    _, off = parse(["--pretrain", "m", "--algo.advantage.is_correction_level", "off"])
+    assert not off.loss.surrogate.enable_vllm_is_correction
+
+
+def test_anchor_and_correction_settings_reach_the_loss_settings():
+    _, cfg = parse(["--pretrain", "m", "--enable_vllm_is_correction", "--vllm_is_correction_type", "cppo",
+                    "--vllm_is_correction_args", "delta=0.1", "w_min=0.5", "--vllm_is_anchor", "rollout"])  # fmt: skip
+    s = cfg.loss.surrogate
+    assert (s.vllm_is_correction_args, s.vllm_is_anchor) == ({"delta": 0.1, "w_min": 0.5}, "rollout")

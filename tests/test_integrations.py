@@ -99,6 +99,22 @@ def test_openrlhf_reinforce_pro_with_nothing_masked_is_openrlhf_own_raw_ratio_we
             assert_same(numbers[f"off/{setting}/ours"], numbers[f"off/{setting}/theirs"])
 
 
+def test_openrlhf_0_11_2_every_level_mode_gating_equals_ours(openrlhf):
+    """Each combination OpenRLHF 0.11.2 accepts (openrlhf/models/loss.py PolicyLoss, its own class, unpatched) gives
+    the loss, clip fraction and gradient of the correction this project's command line selects for it."""
+    release, launcher, patched, _ = openrlhf
+    if release != "0.11.2":
+        pytest.skip("the level / mode / gating flags are 0.11.2's")
+    gates = sorted({"gate/" + k.split("/")[1] for k in launcher if k.startswith("gate/")})
+    assert len(gates) == 7, gates  # token clip / mask ratio, seq mask ratio, and the four divergence gates
+    for gate in gates:
+        for numbers in (launcher, patched):
+            for setting in ("tok", "seq-dual"):
+                assert_same(numbers[f"{gate}/{setting}/theirs"], numbers[f"{gate}/{setting}/ours"])
+        if "-ratio" not in gate:
+            assert 0.0 < launcher[f"{gate}/masked_frac"][0] < 1.0, gate  # the gate cuts: the comparison can fail
+
+
 def test_openrlhf_own_modes_unchanged(openrlhf):
     release, launcher, patched, _ = openrlhf
     for kind in OWN[release]:
@@ -209,6 +225,15 @@ def trl(tmp_path_factory):
     site = installed("trl-1.16.0")
     result = run_python([site], str(CHECKS), "trl", "1.16.0", str(tmp_path_factory.mktemp("trl")))
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_trl_off_policy_sequence_mask_equals_our_opsm():
+    """TRL 1.16's get_off_policy_mask, on 200 random batches with drift of five strengths and three deltas, keeps
+    exactly the tokens this project's opsm keeps under the rollout anchor."""
+    result = run_python([installed("trl-1.16.0")], str(CHECKS), "trl-opsm", "1.16.0", "-")
+    numbers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert numbers["differing"] == [0]
+    assert 0 < numbers["dropped"][0] < numbers["tokens"][0]  # the mask cuts: the comparison can fail
 
 
 @pytest.mark.parametrize("mode", ["prefix_mask", "prefix_truncate"])

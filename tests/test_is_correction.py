@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band
+from reinforce_pro.algos.is_rivals import NEEDS_ADVANTAGES
 
 LOW, HIGH = 0.5, 2.0
 L2, L4, L8, L9 = (math.log(x) for x in (2, 4, 8, 9))
@@ -58,14 +59,14 @@ EXPECTED_FIRST_MASKED = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in IS_CORRECTIONS])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in EXPECTED_WEIGHTS])
 def test_weights_hand_computed(name):
     old, rollout, mask = fixture_batch()
     weights, _ = compute_is_weights(name, old, rollout, mask, LOW, HIGH)
     torch.testing.assert_close(weights, torch.tensor(EXPECTED_WEIGHTS[name], dtype=torch.float64), atol=1e-9, rtol=0)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in IS_CORRECTIONS])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in EXPECTED_WEIGHTS])
 def test_metrics_hand_computed(name):
     old, rollout, mask = fixture_batch()
     weights, m = compute_is_weights(name, old, rollout, mask, LOW, HIGH)
@@ -100,11 +101,20 @@ def test_no_masked_token_reports_minus_one():
     assert float(m["is/ess"]) == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", list(IS_CORRECTIONS))
+@pytest.mark.parametrize("name", list(EXPECTED_WEIGHTS))
 def test_float32_matches_float64(name):
     old, rollout, mask = fixture_batch(torch.float32)
     weights, _ = compute_is_weights(name, old, rollout, mask, LOW, HIGH)
     torch.testing.assert_close(weights, torch.tensor(EXPECTED_WEIGHTS[name], dtype=torch.float32), atol=1e-6, rtol=1e-6)
+
+
+def any_weights(name, old, rollout, mask, low, high):
+    """compute_is_weights for any correction: a divergence gate with its own band, a sign gate with advantages
+    of both signs (alternating rows)."""
+    adv = None
+    if name in NEEDS_ADVANTAGES:
+        adv = torch.tensor([(-1.0) ** b for b in range(old.size(0))], dtype=torch.float64)
+    return compute_is_weights(name, old, rollout, mask, *default_band(name, (low, high)), advantages=adv)
 
 
 @pytest.mark.parametrize("name", list(IS_CORRECTIONS))
@@ -112,7 +122,7 @@ def test_weights_carry_no_gradient(name):
     old, rollout, mask = fixture_batch()
     old.requires_grad_(True)
     rollout = rollout.detach().requires_grad_(True)
-    weights, metrics = compute_is_weights(name, old, rollout, mask, LOW, HIGH)
+    weights, metrics = any_weights(name, old, rollout, mask, LOW, HIGH)
     assert not weights.requires_grad
     assert not any(torch.as_tensor(v.value).requires_grad for v in metrics.values())
 
@@ -173,7 +183,7 @@ def batches(draw, max_b=4, max_t=7):
 @given(batches(), st.sampled_from(list(IS_CORRECTIONS)))
 def test_prop_on_policy_gives_weight_one(batch, name):
     old, _, mask, low, high = batch
-    weights, m = compute_is_weights(name, old, old.clone(), mask, min(low, 0.999), max(high, 1.001))
+    weights, m = any_weights(name, old, old.clone(), mask, min(low, 0.999), max(high, 1.001))
     assert torch.equal(weights, mask.to(weights.dtype))
     assert float(m["is/token_masked_frac"]) == 0.0
 
@@ -182,12 +192,12 @@ def test_prop_on_policy_gives_weight_one(batch, name):
 @given(batches(), st.sampled_from(list(IS_CORRECTIONS)), st.data())
 def test_prop_masked_positions_do_not_matter(batch, name, data):
     old, rollout, mask, low, high = batch
-    w1, m1 = compute_is_weights(name, old, rollout, mask, low, high)
+    w1, m1 = any_weights(name, old, rollout, mask, low, high)
     old2, rollout2 = old.clone(), rollout.clone()
     n_off = int((~mask).sum())
     old2[~mask] = torch.tensor(data.draw(st.lists(junk, min_size=n_off, max_size=n_off)), dtype=old.dtype)
     rollout2[~mask] = torch.tensor(data.draw(st.lists(junk, min_size=n_off, max_size=n_off)), dtype=old.dtype)
-    w2, m2 = compute_is_weights(name, old2, rollout2, mask, low, high)
+    w2, m2 = any_weights(name, old2, rollout2, mask, low, high)
     assert torch.equal(w1, w2)
     assert (w1[~mask] == 0).all()
     for k in m1:
@@ -204,12 +214,12 @@ def test_prop_nonfinite_never_leaks(batch, name, data):
     values = data.draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
     target = data.draw(st.sampled_from(["old", "rollout"]))
     (old if target == "old" else rollout)[bad] = values
-    weights, metrics = compute_is_weights(name, old, rollout, mask, low, high)
+    weights, metrics = any_weights(name, old, rollout, mask, low, high)
     assert torch.isfinite(weights).all()
     assert (weights[bad] == 0).all()
     assert all(math.isfinite(float(v)) for v in metrics.values())
     assert float(metrics["is/nonfinite_tokens"]) == int((bad & mask).sum())
-    if name == "reinforce_pro":
+    if name in ("reinforce_pro", "minpro", "ctpo", "cppo"):  # the prefix-level corrections
         broken = torch.cumsum((bad & mask).int(), dim=-1) > 0
         assert (weights[broken] == 0).all()
 

@@ -10,10 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+from reinforce_pro.algos.is_correction import default_band as band
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss, ValueLoss
 from reinforce_pro.algos.masked import aggregate_loss
 
 E2 = math.exp(2.0)
+
+
+def band_of(name: str) -> dict:
+    """The threshold keyword for `name`: the default ratio band, or a divergence gate's own band."""
+    return {"vllm_is_truncated_threshold": band(name, DEFAULT_IS_THRESHOLD)}
 
 
 def hand_batch():
@@ -187,7 +193,7 @@ def test_masked_and_filtered_tokens_get_exactly_zero_gradient(name):
     old = old.clone()
     old[0, 3] = float("nan")  # junk under the mask
     loss_fn = PolicyLoss(
-        enable_vllm_is_correction=True, vllm_is_truncated_threshold=[0.5, 2.5], vllm_is_correction_type=name
+        enable_vllm_is_correction=True, vllm_is_truncated_threshold=band(name, (0.5, 2.5)), vllm_is_correction_type=name
     )
     loss, _ = loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=old - r)
     loss.backward()
@@ -294,7 +300,7 @@ LOSS_KINDS = st.sampled_from([{}, {"dual_clip": 2.0}, {"token_level_loss": False
 def test_prop_on_policy_rollout_leaves_loss_unchanged(batch, name, kind):
     lp, old, _, adv, mask = batch
     plain, _ = PolicyLoss(**kind)(lp, old, adv, action_mask=mask)
-    corrected, m = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, **kind)(
+    corrected, m = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, **band_of(name), **kind)(
         lp, old, adv, action_mask=mask, rollout_log_probs=old.clone()
     )
     assert corrected.item() == pytest.approx(plain.item(), abs=1e-12)
@@ -307,7 +313,11 @@ def test_prop_on_policy_rollout_leaves_loss_unchanged(batch, name, kind):
 def test_prop_masked_positions_change_nothing(batch, name, kind, loss_type, data):
     lp, old, rollout, adv, mask = batch
     loss_fn = PolicyLoss(
-        enable_vllm_is_correction=True, vllm_is_correction_type=name, policy_loss_type=loss_type, **kind
+        enable_vllm_is_correction=True,
+        vllm_is_correction_type=name,
+        policy_loss_type=loss_type,
+        **band_of(name),
+        **kind,
     )
 
     def run(lp, old, rollout, adv):
@@ -341,7 +351,7 @@ def test_prop_nonfinite_logprobs_never_reach_loss(batch, name, kind, data):
     target = data.draw(st.sampled_from(["old", "rollout"]))
     (old if target == "old" else rollout)[bad] = value
     lp = lp.clone().requires_grad_(True)
-    loss, m = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, **kind)(
+    loss, m = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, **band_of(name), **kind)(
         lp, old, adv, action_mask=mask, rollout_log_probs=rollout
     )
     (g,) = torch.autograd.grad(loss, lp)
@@ -435,7 +445,7 @@ def test_position_metrics_ride_along_with_the_is_metrics():
     kwargs = dict(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
     _, plain = PolicyLoss(**kwargs)(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
     loss, m = PolicyLoss(**kwargs, position_metrics=True)(lp, old, adv, action_mask=mask, rollout_log_probs=rollout)
-    expected = position_metrics(old, rollout, mask, *DEFAULT_IS_THRESHOLD)
+    expected = position_metrics(old, rollout, mask, *DEFAULT_IS_THRESHOLD, adv)
     assert set(m) == set(plain) | set(expected) and "is_pos/masked/icepop/4-7" in m
     for key, stat in expected.items():
         assert m[key].item() == stat.item(), key

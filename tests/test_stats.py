@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
 from reinforce_pro.algos.kl import kl_loss
-from reinforce_pro.algos.losses import PolicyLoss, ValueLoss
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss, ValueLoss
 from reinforce_pro.algos.stats import Stat, loss_stat, merge_stats, reduce_stats
 
 B, T = 11, 9
@@ -53,7 +53,9 @@ def parts_metrics(fn):
 @pytest.mark.parametrize("name", list(IS_CORRECTIONS))
 def test_policy_metrics_of_two_ranks_equal_the_whole_batch(name, token_level):
     log_probs, old, rollout, adv, ref, mask = batch()
-    loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, token_level_loss=token_level)
+    band = default_band(name, DEFAULT_IS_THRESHOLD)
+    loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type=name, token_level_loss=token_level,
+                         vllm_is_truncated_threshold=band)  # fmt: skip
 
     def fn(rows, agg):
         loss, m = loss_fn(log_probs[rows], old[rows], adv[rows], mask[rows], rollout[rows], **agg)

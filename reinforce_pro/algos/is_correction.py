@@ -11,7 +11,15 @@ policy loss. `IS_CORRECTIONS` maps the `--vllm_is_correction_type` names to thei
 | icepop        | rho_t if low <= rho_t <= high else 0                             | IcePop (Ring-1T, 2025)    |
 | seq-mask-tis  | rho_t if low <= exp(mean_t r_t) <= high (whole sequence) else 0  | MIS / geometric seq mask  |
 | reinforce_pro | rho_t if low <= exp(mean_{s<=t} r_s) <= high else 0              | REINFORCE Pro (this repo) |
-| reinforce_pro-tis | clamp(rho_t, low, high) where reinforce_pro keeps, else 0    | this repo (issue 31)      |
+| reinforce_pro-tis | clamp(rho_t, low, high) where reinforce_pro keeps, else 0    | this repo                 |
+
+and the published rivals (is_rivals.py): minpro, ctpo, cppo, dppo-tv, kpop, trm, opsm, geo-seq-mask, and
+OpenRLHF 0.11.2's divergence gates token-tv, token-binary-kl, seq-tv, seq-binary-kl.
+
+The anchor: r compares the trainer's old policy with the rollout policy (`--vllm_is_anchor old`, the default);
+under `--vllm_is_anchor rollout` it compares the current policy (detached) with the rollout policy, as DPPO,
+CPPO and verl's bypass mode do, and the surrogate's own ratio pi / pi_rollout carries the IS weight: the
+correction then contributes only its mask (`mask_only`, losses.py).
 
 A user's own correction: `--vllm_is_correction_path file.py` defining `correction(inp: ISInputs) -> (weights,
 keep, metrics)`, the signature of the functions below (`load_user_correction`; docs/algorithms.md). Its output
@@ -25,46 +33,30 @@ environment tokens between turns never move it.
 
 Safety, common to all types: r is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before exp; a token
 whose old or rollout log-prob is NaN/inf gets weight exactly 0 (selected, never multiplied) and is counted
-in `is/nonfinite_tokens`; for `reinforce_pro` it also breaks the prefix, so it and every later token of
-its sequence get weight 0. Weights are computed under no_grad and are 0 wherever action_mask is 0.
+in `is/nonfinite_tokens`; for the prefix-level corrections (reinforce_pro, minpro, ctpo, cppo) it also breaks
+the prefix, so it and every later token of its sequence get weight 0. Weights are computed under no_grad and
+are 0 wherever action_mask is 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from itertools import pairwise
 
 import torch
 
+from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs
+from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
 from reinforce_pro.userfile import import_user_file
 
-LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far outside any useful band, still finite in float32
-
-
-@dataclass(frozen=True)
-class ISInputs:
-    """Sanitised inputs shared by every correction."""
-
-    log_ratio: torch.Tensor  # (B, T) old - rollout, clamped to +-LOG_RATIO_BOUND, 0 where not `valid`
-    ratio: torch.Tensor  # (B, T) exp(log_ratio): 1 where not `valid`
-    action_mask: torch.Tensor  # (B, T) bool, the tokens that are trained
-    valid: torch.Tensor  # (B, T) bool, action tokens whose old and rollout log-probs are both finite
-    nonfinite: torch.Tensor  # (B, T) bool, action tokens with a NaN/inf old or rollout log-prob
-    any_nonfinite: bool  # nonfinite.any(), read once so the common case skips the prefix-break scan
-    low: float
-    high: float
+__all__ = ["LOG_RATIO_BOUND", "ISInputs", "IS_CORRECTIONS", "compute_is_weights", "is_inputs", "position_metrics"]
 
 
 # A correction returns (weights (B, T), keep (B, T) bool: the filter's decision, extra metrics).
 Correction = Callable[[ISInputs], tuple[torch.Tensor, torch.Tensor, dict[str, Stat]]]
-
-
-def _in_band(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """low <= x <= high, elementwise (NaN is out of band); two passes instead of three."""
-    return x.clamp(min=low, max=high) == x
 
 
 def _tis(inp: ISInputs):
@@ -72,13 +64,13 @@ def _tis(inp: ISInputs):
 
 
 def _icepop(inp: ISInputs):
-    keep = inp.valid & _in_band(inp.ratio, inp.low, inp.high)
+    keep = inp.valid & in_band(inp.ratio, inp.low, inp.high)
     return inp.ratio, keep, {}
 
 
 def _seq_mask_tis(inp: ISInputs):
     seq_is = masked_mean(inp.log_ratio, inp.valid, dim=-1).exp()  # (B,)
-    keep = inp.valid & _in_band(seq_is, inp.low, inp.high).unsqueeze(-1)
+    keep = inp.valid & in_band(seq_is, inp.low, inp.high).unsqueeze(-1)
     return inp.ratio, keep, {}
 
 
@@ -89,7 +81,7 @@ def _reinforce_pro(inp: ISInputs):
     live = inp.valid
     if inp.any_nonfinite:  # a non-finite action token poisons every later prefix of its sequence
         live = live & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
-    keep = live & _in_band(prefix_is, inp.low, inp.high)
+    keep = live & in_band(prefix_is, inp.low, inp.high)
     metrics = {
         "is/prefix_is_mean": mean_stat(prefix_is, live),
         "is/prefix_is_min": extreme_stat(prefix_is, live, "min"),
@@ -112,6 +104,7 @@ IS_CORRECTIONS: dict[str, Correction] = {
     "seq-mask-tis": _seq_mask_tis,
     "reinforce_pro": _reinforce_pro,
     "reinforce_pro-tis": _reinforce_pro_tis,
+    **RIVALS,
 }
 
 
@@ -150,12 +143,77 @@ def load_user_correction(path: str) -> Correction:
 DEFAULT_BAND = (0.5, 5.0)  # the band of the start-up try of a user's correction
 
 
-def validate_is_config(correction_type: str | Correction, low: float, high: float) -> None:
-    """Raise ValueError for an unknown correction name or a threshold band that is not 0 <= low < high."""
+def correction_params(correction_type: str | Correction, overrides: Mapping[str, float] | None = None) -> dict:
+    """The correction's own settings (is_rivals.RIVAL_PARAMS) with `overrides` applied; ValueError naming
+    --vllm_is_correction_args for a key the correction does not have or a value that is not a finite number >= 0."""
+    defaults = RIVAL_PARAMS.get(correction_type, {}) if isinstance(correction_type, str) else {}
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        name = correction_type if isinstance(correction_type, str) else "a user's correction"
+        known = ", ".join(defaults) or "none"
+        raise ValueError(
+            f"--vllm_is_correction_args: {name} has no setting {', '.join(unknown)} (its settings: {known})"
+        )
+    for key, value in overrides.items():
+        if not (isinstance(value, int | float) and 0.0 <= value < float("inf")):
+            raise ValueError(f"--vllm_is_correction_args: {key} must be a finite number >= 0, got {value!r}")
+    return {**defaults, **{k: float(v) for k, v in overrides.items()}}
+
+
+def validate_is_config(
+    correction_type: str | Correction, low: float, high: float, params: Mapping[str, float] | None = None
+) -> None:
+    """Raise ValueError for an unknown correction name, a threshold band that is not 0 <= low < high (a divergence
+    gate: low must be 0, OpenRLHF's rule), or settings the correction does not have."""
     if not callable(correction_type) and correction_type not in IS_CORRECTIONS:
         raise ValueError(f"unknown vllm_is_correction_type {correction_type!r}; valid: {', '.join(IS_CORRECTIONS)}")
     if not (0.0 <= low < high):
         raise ValueError(f"vllm_is_truncated_threshold must satisfy 0 <= low < high, got [{low}, {high}]")
+    if correction_type in DIVERGENCE_BANDS and low > 0:
+        raise ValueError(
+            f"vllm_is_correction_type {correction_type} gates a divergence, which takes an upper bound only: give "
+            f"--vllm_is_truncated_threshold (--algo.advantage.is_correction_threshold) HIGH, e.g. "
+            f"{DIVERGENCE_BANDS[correction_type][1]}, got [{low}, {high}]"
+        )
+    correction_params(correction_type, params)
+
+
+# OpenRLHF 0.11.2's --algo.advantage.is_correction_level / _mode / _gating -> the correction with the same loss
+# (openrlhf/models/loss.py PolicyLoss; tests/test_integrations.py checks every entry against it). `prefix` is the
+# level this project's OpenRLHF integration adds.
+OPENRLHF_LEVELS = ("off", "token", "seq", "prefix")
+OPENRLHF_CORRECTIONS = {
+    ("token", "clip", "ratio"): "tis",
+    ("token", "mask", "ratio"): "icepop",
+    ("seq", "mask", "ratio"): "seq-mask-tis",
+    ("token", "mask", "tv"): "token-tv",
+    ("token", "mask", "binary_kl"): "token-binary-kl",
+    ("seq", "mask", "tv"): "seq-tv",
+    ("seq", "mask", "binary_kl"): "seq-binary-kl",
+    ("prefix", "mask", "ratio"): "reinforce_pro",
+    ("prefix", "clip", "ratio"): "reinforce_pro-tis",
+}
+
+
+def openrlhf_correction(level: str, mode: str, gating: str) -> str | None:
+    """The correction OpenRLHF 0.11.2's level / mode / gating select (None: level off); the combinations OpenRLHF
+    refuses raise its error, naming the flags."""
+    if level == "off":
+        return None
+    if mode == "clip" and (level == "seq" or gating != "ratio"):
+        raise ValueError("--algo.advantage.is_correction_mode clip requires is_correction_level token (or prefix) and "
+                         f"is_correction_gating ratio, got level {level}, gating {gating}")  # fmt: skip
+    if (level, mode, gating) not in OPENRLHF_CORRECTIONS:
+        raise ValueError(f"--algo.advantage.is_correction_level prefix gates the ratio's running geometric mean: "
+                         f"is_correction_gating must be ratio, got {gating}")  # fmt: skip
+    return OPENRLHF_CORRECTIONS[(level, mode, gating)]
+
+
+def default_band(correction_type: str, band: tuple[float, float]) -> tuple[float, float]:
+    """`band`, or for a divergence gate (which reads [0, HIGH]) its own suggested band: what a caller that tries
+    every correction with one ratio band passes."""
+    return DIVERGENCE_BANDS.get(correction_type, band)
 
 
 def compute_is_weights(
@@ -165,49 +223,38 @@ def compute_is_weights(
     action_mask: torch.Tensor,
     low: float,
     high: float,
+    *,
+    advantages: torch.Tensor | None = None,
+    params: Mapping[str, float] | None = None,
+    mask_only: bool = False,
 ) -> tuple[torch.Tensor, dict[str, Stat]]:
     """Per-token IS weights (B, T), detached, 0 where action_mask is 0, and the `is/*` metrics.
 
     correction_type: a name of IS_CORRECTIONS, or a Correction function (a user's: load_user_correction).
-    old_log_probs, rollout_log_probs: (B, T) log-probs of the sampled tokens under the trainer's old
-    policy and the rollout engine; action_mask: (B, T) 1 on trained tokens. Metrics are Stats of 0-dim
-    tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
+    old_log_probs: (B, T) log-probs of the sampled tokens under the gated policy (the trainer's old policy, or the
+    current one under the rollout anchor); rollout_log_probs: the rollout engine's; action_mask: (B, T) 1 on
+    trained tokens. advantages: (B, T) or (B,), needed by the gates that read the advantage's sign
+    (is_rivals.NEEDS_ADVANTAGES). params: overrides of the correction's settings. mask_only: return the keep
+    decision as 0/1 weights (the rollout anchor, whose surrogate ratio already carries the IS weight). Metrics are
+    Stats of 0-dim tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
     """
-    validate_is_config(correction_type, low, high)
+    validate_is_config(correction_type, low, high, params)
+    if advantages is None and correction_type in NEEDS_ADVANTAGES:
+        raise ValueError(f"vllm_is_correction_type {correction_type} gates on the advantage's sign: pass advantages")
     with torch.no_grad():
-        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high)
+        inp = is_inputs(
+            old_log_probs, rollout_log_probs, action_mask, low, high, advantages,
+            correction_params(correction_type, params),
+        )  # fmt: skip
         correction = correction_type if callable(correction_type) else IS_CORRECTIONS[correction_type]
         raw_weights, keep, extra = correction(inp)
         keep = keep & inp.valid
+        if mask_only:
+            raw_weights = torch.ones_like(inp.ratio)
         weights = torch.where(keep, raw_weights, torch.zeros((), dtype=raw_weights.dtype, device=keep.device))
         metrics = _is_metrics(inp, weights, keep)
         metrics.update(extra)
     return weights, metrics
-
-
-def is_inputs(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor, low: float, high: float
-) -> ISInputs:
-    """The sanitised inputs every correction reads (see the module docstring's safety rules); (B, T) each."""
-    _check_same_shape(old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, action_mask=action_mask)
-    dtype = torch.promote_types(old_log_probs.dtype, torch.float32)
-    old, rollout = old_log_probs.detach().to(dtype), rollout_log_probs.detach().to(dtype)
-    action = action_mask.bool()
-    finite = torch.isfinite(old) & torch.isfinite(rollout)
-    valid = action & finite
-    nonfinite = action & ~finite
-    zero = torch.zeros((), dtype=dtype, device=old.device)
-    log_ratio = torch.where(valid, old - rollout, zero).clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    return ISInputs(
-        log_ratio=log_ratio,
-        ratio=log_ratio.exp(),
-        action_mask=action,
-        valid=valid,
-        nonfinite=nonfinite,
-        any_nonfinite=bool(nonfinite.any()),
-        low=float(low),
-        high=float(high),
-    )
 
 
 # Response-position buckets of the position diagnostics: [0, 2), [2, 4), [4, 8), ... [1024, inf).
@@ -215,9 +262,14 @@ POSITION_BUCKET_STARTS = (0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def position_metrics(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor, low: float, high: float
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    action_mask: torch.Tensor,
+    low: float,
+    high: float,
+    advantages: torch.Tensor | None = None,
 ) -> dict[str, Stat]:
-    """Where in a response the drift is and where each correction cuts (issue 31; `--is_position_metrics`).
+    """Where in a response the drift is and where each correction cuts (`--is_position_metrics`).
 
     Positions count from each sequence's first action token (as `is/first_masked_pos_mean`). For each bucket b
     of POSITION_BUCKET_STARTS that the responses reach, named `<lo>-<hi>` (`1024+` for the last):
@@ -225,12 +277,13 @@ def position_metrics(
     - `is_pos/masked/<correction>/<b>`: fraction of the bucket's action tokens that correction gives weight 0;
     - `is_pos/first_masked/<correction>/<b>`: of the sequences that correction masks anywhere, the fraction
       whose first masked token lies in the bucket.
-    Every correction of IS_CORRECTIONS is evaluated, whichever one trains, with the band [low, high].
-    """
+    Every correction of IS_CORRECTIONS is evaluated, whichever one trains, with the band [low, high] (a divergence
+    gate with its own, `default_band`) and its default settings; those that read the advantage's sign only when
+    `advantages` is given."""
     if action_mask.size(-1) == 0:
         return {}
     with torch.no_grad():
-        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high)
+        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high, advantages)
         action, dtype = inp.action_mask, inp.log_ratio.dtype
         columns = torch.arange(action.size(-1), device=action.device)
         pos = columns - action.to(torch.int8).argmax(dim=-1, keepdim=True)  # (B, T) offset from the first action
@@ -241,7 +294,10 @@ def position_metrics(
         for b, name in enumerate(names):
             m[f"is_pos/abs_log_ratio/{name}"] = mean_stat(inp.log_ratio.abs(), inp.valid & (bucket == b))
         for correction, fn in IS_CORRECTIONS.items():
-            _, keep, _ = fn(inp)
+            if correction in NEEDS_ADVANTAGES and advantages is None:
+                continue
+            band = default_band(correction, (low, high))
+            _, keep, _ = fn(replace(inp, low=band[0], high=band[1], params=correction_params(correction)))
             masked = action & ~(keep & inp.valid)
             has_masked = masked.any(dim=-1)
             first_bucket = bucket.gather(-1, masked.to(torch.int8).argmax(dim=-1, keepdim=True)).squeeze(-1)
@@ -290,11 +346,3 @@ def _first_masked_position_mean(action: torch.Tensor, masked: torch.Tensor, dtyp
     offset = masked.to(torch.int8).argmax(dim=-1) - action.to(torch.int8).argmax(dim=-1)
     mean = mean_stat(offset.to(dtype), has_masked)
     return Stat(torch.where(has_masked.any(), mean.value, -1.0), mean.weight, "mean")
-
-
-def _check_same_shape(**tensors: torch.Tensor) -> None:
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError("shape mismatch: " + ", ".join(f"{k}={v}" for k, v in shapes.items()))
-    if len(next(iter(shapes.values()))) != 2:
-        raise ValueError("expected (B, T) tensors, got " + ", ".join(f"{k}={v}" for k, v in shapes.items()))

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from reinforce_pro.algos.is_correction import (
     compute_is_weights,
+    correction_params,
     load_user_correction,
     position_metrics,
     validate_is_config,
@@ -30,6 +31,10 @@ from reinforce_pro.algos.stats import Stat, loss_stat, mean_stat
 
 PPO_LOG_RATIO_BOUND = 20.0
 DEFAULT_IS_THRESHOLD = (0.5, 5.0)
+# What the correction gates against the rollout policy: the trainer's old policy (the surrogate's ratio is
+# pi / pi_old, the correction's weight multiplies it), or the current policy (the surrogate's ratio is
+# pi / pi_rollout, verl's bypass mode, DPPO, CPPO; the correction contributes only its mask).
+IS_ANCHORS = ("old", "rollout")
 
 
 def _ppo_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -65,6 +70,8 @@ class LossSettings:
     vllm_is_truncated_threshold: tuple[float, float] = DEFAULT_IS_THRESHOLD
     vllm_is_correction_type: str = "tis"
     vllm_is_correction_path: str | None = None  # a user's correction (a .py file); replaces the type
+    vllm_is_correction_args: dict[str, float] = field(default_factory=dict)  # the correction's own settings
+    vllm_is_anchor: str = "old"  # IS_ANCHORS
     position_metrics: bool = False  # with IS: also is_pos/* (is_correction.position_metrics), every correction
 
     def __post_init__(self) -> None:
@@ -73,7 +80,11 @@ class LossSettings:
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1.0 (Dual-clip PPO, arXiv:1912.09729), got {self.dual_clip}")
         low, high = self.vllm_is_truncated_threshold
+        if self.vllm_is_anchor not in IS_ANCHORS:
+            raise ValueError(f"unknown vllm_is_anchor {self.vllm_is_anchor!r}; valid: {', '.join(IS_ANCHORS)}")
+        correction = self.vllm_is_correction_path or self.vllm_is_correction_type
         validate_is_config(self.vllm_is_correction_type, low, high)
+        correction_params(correction, self.vllm_is_correction_args)  # a setting the correction lacks stops here
         self.vllm_is_truncated_threshold = (float(low), float(high))
         if self.vllm_is_correction_path is not None:
             if not self.enable_vllm_is_correction:
@@ -97,6 +108,9 @@ class PolicyLoss(nn.Module):
             raise TypeError("give PolicyLoss a LossSettings or its fields, not both")
         self.settings = s = settings if settings is not None else LossSettings(**fields)
         self.correction = s.correction() if s.enable_vllm_is_correction else None
+        # Rollout anchor: the surrogate's ratio is pi / pi_rollout (ppo only; GSPO under IS always is).
+        self.rollout_anchored = s.enable_vllm_is_correction and s.vllm_is_anchor == "rollout"
+        self.rollout_anchored &= s.policy_loss_type == "ppo"
         # GSPO is defined on sequences: its loss is always the mean of per-sequence means (as in OpenRLHF).
         self.token_level_loss = s.token_level_loss and s.policy_loss_type != "gspo"
         if s.enable_vllm_is_correction and s.policy_loss_type == "gspo" and self.correction != "tis":
@@ -135,7 +149,8 @@ class PolicyLoss(nn.Module):
         if use_is:
             live = mask & torch.isfinite(old_log_probs) & torch.isfinite(rollout_log_probs)
         advantages = torch.where(mask, advantages, zero)
-        raw_log_ratio = torch.where(live, log_probs - old_log_probs, zero)  # log pi / pi_old
+        base = rollout_log_probs if self.rollout_anchored else old_log_probs  # the surrogate's behaviour policy
+        raw_log_ratio = torch.where(live, log_probs - base, zero)  # log pi / pi_old (pi / pi_rollout: rollout anchor)
 
         if self.settings.policy_loss_type == "gspo" and use_is:
             # GSPO with a mismatched engine: the behaviour policy is the rollout policy itself.
@@ -152,7 +167,8 @@ class PolicyLoss(nn.Module):
 
         metrics: dict[str, Stat] = {}
         if use_is:
-            loss, metrics = self._correct(loss, old_log_probs, rollout_log_probs, mask, live)
+            gated = log_probs.detach() if self.rollout_anchored else old_log_probs
+            loss, metrics = self._correct(loss, gated, rollout_log_probs, advantages, mask)
         loss = aggregate_loss(
             loss,
             mask,
@@ -165,16 +181,23 @@ class PolicyLoss(nn.Module):
         metrics["policy/ppo_kl"] = mean_stat(-raw_log_ratio.detach(), live)
         return loss, metrics
 
-    def _correct(self, loss, old_log_probs, rollout_log_probs, mask, live) -> tuple[torch.Tensor, dict[str, Stat]]:
-        """The per-token loss (B, T) times the IS weights of the chosen correction (ppo; GSPO corrects through
-        its own ratio and only logs the mismatch), and the `is/*` (and `is_pos/*`) metrics."""
-        if self.settings.policy_loss_type != "ppo":
-            return loss, {"is/vllm_kl": mean_stat((rollout_log_probs - old_log_probs).detach(), live)}
-        low, high = self.settings.vllm_is_truncated_threshold
-        weights, metrics = compute_is_weights(self.correction, old_log_probs, rollout_log_probs, mask, low, high)
+    def _correct(self, loss, gated, rollout_log_probs, advantages, mask) -> tuple[torch.Tensor, dict[str, Stat]]:
+        """The per-token loss (B, T) times the IS weights of the chosen correction, which gates `gated` (the old
+        policy's log-probs, or the current policy's under the rollout anchor: then only the mask) against the
+        rollout's; ppo only: GSPO corrects through its own ratio and only logs the mismatch. Also the `is/*`
+        (and `is_pos/*`) metrics."""
+        s = self.settings
+        if s.policy_loss_type != "ppo":
+            live = mask & torch.isfinite(gated) & torch.isfinite(rollout_log_probs)
+            return loss, {"is/vllm_kl": mean_stat((rollout_log_probs - gated).detach(), live)}
+        low, high = s.vllm_is_truncated_threshold
+        weights, metrics = compute_is_weights(
+            self.correction, gated, rollout_log_probs, mask, low, high, advantages=advantages,
+            params=s.vllm_is_correction_args, mask_only=self.rollout_anchored,
+        )  # fmt: skip
         loss = torch.where(weights > 0, weights.to(loss.dtype) * loss, torch.zeros_like(loss))
-        if self.settings.position_metrics:
-            metrics.update(position_metrics(old_log_probs, rollout_log_probs, mask, low, high))
+        if s.position_metrics:
+            metrics.update(position_metrics(gated, rollout_log_probs, mask, low, high, advantages))
         return loss, metrics
 
     def _check_inputs(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) -> None:

@@ -25,9 +25,9 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, OPENRLHF_LEVELS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
-from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, POLICY_LOSSES
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, IS_ANCHORS, POLICY_LOSSES
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
 from reinforce_pro.rollout.vllm_engine import ENGINE_QUANTIZATIONS
@@ -143,12 +143,33 @@ class EngineFlags:
         "correct the rollout/training mismatch with importance sampling in the policy loss",
         also="--vllm_enable_is_correction", dotted="algo.advantage.is_correction_enable")
     vllm_is_truncated_threshold: tuple[float, float] = flag(DEFAULT_IS_THRESHOLD,
-        "IS band [LOW, HIGH], 0 <= LOW < HIGH: clamp bounds for tis, keep-band for the masking types",
-        dotted="algo.advantage.is_correction_threshold", metavar=("LOW", "HIGH"))
+        "IS band LOW HIGH, 0 <= LOW < HIGH, or HIGH alone (LOW 0): clamp bounds for tis, keep-band for the masking "
+        "types, the upper bound of a divergence gate", dotted="algo.advantage.is_correction_threshold", nargs="+",
+        metavar="LOW HIGH")
     vllm_is_correction_type: str = flag("tis",
         "tis: clamp; icepop: token mask; seq-mask-tis: sequence geometric-mean mask; reinforce_pro: prefix "
-        "geometric-mean mask (see docs/algorithms.md)", dotted="algo.advantage.is_correction_type",
+        "geometric-mean mask; and the published rivals minpro, ctpo, cppo, dppo-tv, kpop, trm, opsm, geo-seq-mask and "
+        "OpenRLHF 0.11.2's divergence gates (see docs/algorithms.md)", dotted="algo.advantage.is_correction_type",
         choices=IS_CORRECTIONS)
+    vllm_is_correction_args: list[str] | None = flag(None,
+        "[reinforce_pro] the correction's own settings as KEY=VALUE, e.g. cppo's delta=0.2 w_min=0.8 delta_b=0.02 "
+        "(each correction's settings and defaults: docs/algorithms.md)", nargs="*", metavar="KEY=VALUE")
+    vllm_is_anchor: str = flag("old",
+        "[reinforce_pro] what the correction gates against the rollout policy: old (the trainer's old policy; the "
+        "surrogate's ratio is pi / pi_old) or rollout (the current policy, as DPPO, CPPO and verl's bypass mode: the "
+        "surrogate's ratio is pi / pi_rollout and the correction adds only its mask)", choices=IS_ANCHORS)
+    is_correction_level: str = flag("off",
+        "OpenRLHF 0.11.2: off, token or seq (prefix: reinforce_pro's); with _mode and _gating it selects a correction "
+        "(token clip ratio: tis; token mask ratio: icepop; seq mask ratio: seq-mask-tis; tv / binary_kl: the "
+        "divergence gates), instead of --enable_vllm_is_correction --vllm_is_correction_type",
+        dotted="algo.advantage.is_correction_level", choices=OPENRLHF_LEVELS)
+    is_correction_mode: str = flag("mask",
+        "OpenRLHF 0.11.2: mask drops an out-of-band unit, clip clamps the token ratio (token level, ratio gating only)",
+        dotted="algo.advantage.is_correction_mode", choices=("mask", "clip"))
+    is_correction_gating: str = flag("ratio",
+        "OpenRLHF 0.11.2: the statistic the gate reads: ratio, or the sampled token's binary_kl / tv divergence "
+        "(an upper bound: give --algo.advantage.is_correction_threshold HIGH)",
+        dotted="algo.advantage.is_correction_gating", choices=("ratio", "binary_kl", "tv"))
     vllm_is_correction_path: str | None = flag(None,
         "[reinforce_pro] with --enable_vllm_is_correction: a .py file defining correction(inp: ISInputs) -> (weights,"
         " keep, metrics), used instead of --vllm_is_correction_type (docs/algorithms.md)")
@@ -538,8 +559,9 @@ def value_kwargs(hint, spec: FlagSpec) -> dict:
     """argparse's action / type / nargs for a field's annotation."""
     if hint is bool:
         return {"action": "store_true"}
-    if spec.nargs:
-        return {"type": str, "nargs": spec.nargs}
+    if spec.nargs:  # a list of values: of the tuple's element type (a threshold band), else strings
+        element = get_args(hint)[0] if get_origin(hint) is tuple else str
+        return {"type": element, "nargs": spec.nargs}
     if isinstance(hint, types.UnionType):  # `X | None` -> X
         hint = next(t for t in get_args(hint) if t is not type(None))
     if get_origin(hint) is tuple:  # tuple[float, float]: two values

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rollout.sampler import RolloutConfig
@@ -151,22 +152,56 @@ def critic_optim(
 
 def loss(
     eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
-    vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, is_position_metrics, use_kl_loss,
+    vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, vllm_is_correction_args,
+    vllm_is_anchor, is_correction_level, is_correction_mode, is_correction_gating, is_position_metrics, use_kl_loss,
     kl_estimator, entropy_loss_coef, temperature,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
+    enable, correction = enable_vllm_is_correction, vllm_is_correction_type
+    chosen = openrlhf_correction(is_correction_level, is_correction_mode, is_correction_gating)
+    if chosen is not None:  # OpenRLHF 0.11.2's spelling of the same choice
+        if vllm_is_correction_path or correction not in ("tis", chosen):
+            given = vllm_is_correction_path or correction
+            raise ValueError(f"--algo.advantage.is_correction_level {is_correction_level} selects {chosen}, and "
+                             f"--vllm_is_correction_type / _path {given}: give one of them")  # fmt: skip
+        enable, correction = True, chosen
     surrogate = LossSettings(
         clip_eps_low=low,
         clip_eps_high=high,
         dual_clip=dual_clip,
         policy_loss_type=policy_loss_type,
-        enable_vllm_is_correction=enable_vllm_is_correction,
-        vllm_is_truncated_threshold=tuple(vllm_is_truncated_threshold),
-        vllm_is_correction_type=vllm_is_correction_type,
+        enable_vllm_is_correction=enable,
+        vllm_is_truncated_threshold=_threshold_band(vllm_is_truncated_threshold),
+        vllm_is_correction_type=correction,
         vllm_is_correction_path=vllm_is_correction_path,
+        vllm_is_correction_args=_key_values("--vllm_is_correction_args", vllm_is_correction_args),
+        vllm_is_anchor=vllm_is_anchor,
         position_metrics=is_position_metrics,
     )
     return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature)
+
+
+def _threshold_band(values) -> tuple[float, float]:
+    """--vllm_is_truncated_threshold LOW HIGH, or HIGH alone (LOW 0: an upper bound, as OpenRLHF 0.11.2 reads it)."""
+    values = [float(v) for v in values]
+    if len(values) not in (1, 2):
+        raise ValueError(f"--vllm_is_truncated_threshold takes HIGH or LOW HIGH, got {len(values)} values")
+    return (0.0, values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _key_values(flag: str, items: list[str] | None) -> dict[str, float]:
+    """KEY=VALUE strings -> {KEY: float(VALUE)}; one line naming the flag for anything else."""
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not (sep and key and number is not None):
+            raise ValueError(f"{flag} takes KEY=VALUE with a number as VALUE, got {item!r}")
+        out[key] = number
+    return out
 
 
 def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLSettings:

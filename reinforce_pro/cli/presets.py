@@ -62,6 +62,16 @@ EMBEDDED_SELFPLAY = {
 PRESETS: dict[str, dict[str, object]] = {"embedded": EMBEDDED, "embedded-selfplay": EMBEDDED_SELFPLAY}
 
 
+def preset_defaults(name: str, args: Namespace) -> dict[str, object]:
+    """The preset's values as parser defaults. A command line that selects its correction with OpenRLHF 0.11.2's
+    --algo.advantage.is_correction_level keeps it: the preset's correction type would otherwise read as a second
+    choice."""
+    values = dict(PRESETS[name])
+    if args.is_correction_level != "off":
+        values.pop("vllm_is_correction_type", None)
+    return values
+
+
 def preset_for(args: Namespace) -> str | None:
     """The preset a command line runs under: the embedded default's when it names no model and no data."""
     if args.pretrain is not None or args.prompt_data is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds
-from reinforce_pro.cli.presets import PRESETS, preset_for
+from reinforce_pro.cli.presets import preset_defaults, preset_for
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
 
@@ -45,7 +45,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     if clash := conflicting_spellings(parser, given_options(parser, argv)):
         parser.error(clash)
     if (preset := preset_for(args)) is not None:  # the preset's values become the defaults: given flags win
-        parser.set_defaults(preset=preset, **PRESETS[preset])
+        parser.set_defaults(preset=preset, **preset_defaults(preset, args))
         args = parser.parse_args(argv)
     problem = (
         unsupported_flag(args, parser)
