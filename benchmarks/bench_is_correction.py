@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS  # noqa: E402
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band  # noqa: E402
 from reinforce_pro.algos.losses import PolicyLoss  # noqa: E402
 from reinforce_pro.workers.base import KEEP_FREED_MEMORY  # noqa: E402  (what the CPU trainer ranks get too)
 
@@ -70,7 +70,7 @@ def measure(sizes, repeats: int, warmup: int) -> list[dict]:
         v: PolicyLoss(
             enable_vllm_is_correction=v != "none",
             vllm_is_correction_type="tis" if v == "none" else v,
-            vllm_is_truncated_threshold=[0.5, 5.0],
+            vllm_is_truncated_threshold=default_band(v, (0.5, 5.0)),
         )
         for v in VARIANTS
     }

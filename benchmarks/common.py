@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -36,7 +37,7 @@ def machine_info() -> dict:
     except OSError:
         pass
     info = {
-        "hostname_hash": hash(platform.node()) & 0xFFFF,  # tells runs apart without naming the host
+        "host_id": host_id(cpu),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu,
@@ -46,6 +47,16 @@ def machine_info() -> dict:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     return info
+
+
+def host_id(cpu: str) -> str:
+    """A stable id of this machine that names nothing: a hash of /etc/machine-id and the CPU model (Python's
+    hash() is salted per process and would differ between two runs on one host)."""
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = platform.node()
+    return hashlib.sha256(f"{machine}|{cpu}".encode()).hexdigest()[:12]
 
 
 def git_commit() -> str:

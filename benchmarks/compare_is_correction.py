@@ -60,10 +60,10 @@ SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl",
 def estimator_part(quick: bool) -> dict:
     from tqdm import tqdm
 
-    from benchmarks.is_estimator_study import BANDS, DRIFTS, run_study
+    from benchmarks.is_estimator_study import DRIFTS, correction_bands, run_study
 
     config = {"symbols": 3, "horizon": 5, "batch_size": 64, "batches": 40 if quick else 400, "seed": 0}
-    bar = tqdm(total=len(DRIFTS) * 4 * len(BANDS), desc="estimator study")
+    bar = tqdm(total=len(DRIFTS) * len(correction_bands()), desc="estimator study")
     rows = run_study(progress=lambda: bar.update(1), **config)
     bar.close()
     return {"config": config, "rows": rows}

@@ -300,8 +300,13 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
     assert gpu_check.main(args) == 0
     payload = json.loads((tmp_path / "gpu_check.json").read_text())
     core = {r["what"]: r for r in payload["results"]["core"]}
-    assert len(core) == 1 + 5 + 6 + 3  # the loss without IS, 5 corrections, 6 estimators, 3 KL estimators
-    assert all(r["device_rel_err"] < 1e-4 and r["device_flips"] == 0 for r in core.values())
+    from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+
+    # the loss without IS, every correction, a few again under the rollout anchor, 6 estimators, 3 KL estimators
+    assert len(core) == 1 + len(IS_CORRECTIONS) + len(gpu_check.ANCHORED) + 6 + 3
+    assert all(r["device_flips"] == 0 for r in core.values())
+    # kpop's is/binary_kl_mean loses digits in float32 where p ~ mu (a cancellation), its loss does not
+    assert all(r["device_rel_err"] < (2e-3 if "kpop" in what else 1e-4) for what, r in core.items())
     assert core["policy loss, IS reinforce_pro"]["masked_frac"] > 0.05  # the check exercises the mask
     tokens = payload["results"]["token_log_probs"]
     assert tokens["value_abs_err"] < 1e-4 and tokens["grad_abs_diff"] < 1e-5

@@ -15,8 +15,9 @@ def test_quick_runs_end_to_end(tmp_path):
     payload = json.loads((tmp_path / "compare_is_correction_quick.json").read_text())
     assert {"machine", "commit", "config", "results"} <= set(payload)
     est, tr = payload["results"]["estimator"], payload["results"]["training"]
-    corrections = {"none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis"}
-    assert {r["correction"] for r in est["rows"]} == corrections
+    from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+
+    assert {r["correction"] for r in est["rows"]} == {"none", *IS_CORRECTIONS}
     assert {(r["condition"], r["correction"]) for r in tr["runs"]} == {("stale2", "none"), ("stale2", "reinforce_pro")}
     for run in tr["runs"]:
         assert len(run["series"]["rollout/reward_mean"]) == tr["config"]["steps"]

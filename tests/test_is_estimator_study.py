@@ -12,7 +12,8 @@ from benchmarks.is_estimator_study import (
     make_problem,
     token_log_probs,
 )
-from reinforce_pro.algos.losses import PolicyLoss
+from reinforce_pro.algos.is_correction import default_band
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss
 
 
 def test_exact_gradient_matches_finite_differences():
@@ -77,6 +78,7 @@ def test_every_correction_equals_none_on_policy(correction):
     loss = PolicyLoss(
         enable_vllm_is_correction=correction != "none",
         vllm_is_correction_type="tis" if correction == "none" else correction,
+        vllm_is_truncated_threshold=default_band(correction, DEFAULT_IS_THRESHOLD),
     )
     g, kept = batch_gradient(problem, index, loss)
     torch.testing.assert_close(g, g_none, atol=1e-12, rtol=0)

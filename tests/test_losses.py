@@ -449,3 +449,11 @@ def test_position_metrics_ride_along_with_the_is_metrics():
     assert set(m) == set(plain) | set(expected) and "is_pos/masked/icepop/4-7" in m
     for key, stat in expected.items():
         assert m[key].item() == stat.item(), key
+
+
+def test_selfcheck_passes_for_every_correction(capsys):
+    """`python -m reinforce_pro.selfcheck` (every correction under a progressive drift) runs and finds nothing."""
+    from reinforce_pro.selfcheck import run
+
+    assert run() == []
+    assert "seq-binary-kl" in capsys.readouterr().out
