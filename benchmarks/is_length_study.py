@@ -221,8 +221,9 @@ def render(payload: dict, out_dir: Path) -> str:
     lines = [f"### Every correction's gradient against the exact gradient ({cfg['batches']} batches of "
              f"{cfg['batch_size']} responses per case; commit {payload['commit'][:12]}, {payload['machine']['cpu']})",
              "", *_summary(rows, cfg["profiles"], strengths, cfg["lengths"][-1]), "",
-             "Per case: the relative bias |E[g] - g*| / |g*| (the Monte-Carlo share removed) and, in brackets, the "
-             "cosine of the mean estimate with g*; lowest bias per column in bold. The last columns, at the longest "
+             "Per case: the relative bias |E[g] - g*| / |g*| (the Monte-Carlo share removed), its Monte-Carlo standard "
+             "error, and in brackets the cosine of the mean estimate with g*; lowest bias per column in bold. The last "
+             "columns, at the longest "
              "response: the kept token fraction and one batch's relative MSE (bias^2 + variance) / |g*|^2.",
              ""]  # fmt: skip
     for strength in strengths:
@@ -237,25 +238,32 @@ def _at(rows: list[dict], profile: str, strength: float) -> dict:
             if r["profile"] == profile and r.get("strength", 1.0) == strength}  # fmt: skip
 
 
+def _noise(r: dict) -> float:
+    """The Monte-Carlo standard error of the mean estimate, relative to |g*|: sqrt(variance / (batches - 1))."""
+    return math.sqrt(r["rel_variance"] / max(r["batches"] - 1, 1))
+
+
 def _summary(rows: list[dict], profiles: list[str], strengths: list[float], length: int) -> list[str]:
-    """At the longest response: per profile and strength, reinforce_pro's bias and rank among the corrections
-    (the references left out), and the three least biased."""
-    out = [
-        f"Summary at {length} tokens (rank 1 = least biased of {len(IS_CORRECTIONS) + 1}: the corrections and "
-        "none; the references prefix-product and sequence-product left out):",
-        "",
-        "| profile | strength | mean abs log ratio | none | reinforce_pro (rank) | least biased |",
-        "|---" * 6 + "|",
-    ]
+    """At the longest response: per profile and strength, reinforce_pro's bias, how many corrections are less
+    biased by more than twice the two noises combined, and the three least biased."""
+    out = [f"Summary at {length} tokens: relative bias +- its Monte-Carlo standard error. \"clearly better\": the "
+           f"corrections (of the {len(IS_CORRECTIONS)} and none) whose bias is below reinforce_pro's by more than "
+           "twice the two standard errors combined.", "",
+           "| profile | strength | mean abs log ratio | none | reinforce_pro | clearly better | least biased |",
+           "|---" * 7 + "|"]  # fmt: skip
     for strength in strengths:
         for profile in profiles:
             at = _at(rows, profile, strength)
-            ranked = sorted((at[(c, length)]["rel_bias"], c) for c in ["none", *IS_CORRECTIONS])
-            rank = next(i for i, (_, c) in enumerate(ranked, 1) if c == "reinforce_pro")
-            best = ", ".join(f"{c} {b:.3f}" for b, c in ranked[:3])
-            out.append(f"| {profile} | {strength:g} | {at[('none', length)]['mean_abs_log_ratio']:.3f} | "
-                       f"{at[('none', length)]['rel_bias']:.3f} | {at[('reinforce_pro', length)]['rel_bias']:.3f} "
-                       f"({rank}) | {best} |")  # fmt: skip
+            pro = at[("reinforce_pro", length)]
+            others = [(at[(c, length)]["rel_bias"], c) for c in ["none", *IS_CORRECTIONS]]
+            better = [
+                c for b, c in others if pro["rel_bias"] - b > 2 * math.hypot(_noise(pro), _noise(at[(c, length)]))
+            ]
+            best = ", ".join(f"{c} {b:.3f}" for b, c in sorted(others)[:3])
+            none = at[("none", length)]
+            out.append(f"| {profile} | {strength:g} | {none['mean_abs_log_ratio']:.3f} | {none['rel_bias']:.3f} +- "
+                       f"{_noise(none):.3f} | {pro['rel_bias']:.3f} +- {_noise(pro):.3f} | "
+                       f"{', '.join(better) or 'none'} | {best} |")  # fmt: skip
     return out
 
 
@@ -271,7 +279,7 @@ def _profile_table(rows: list[dict], profile: str, strength: float, lengths: lis
         cells = []
         for n in lengths:
             r = at[(c, n)]
-            cell = f"{r['rel_bias']:.3f} ({r['cos_mean_estimate']:.3f})"
+            cell = f"{r['rel_bias']:.3f} +- {_noise(r):.3f} ({r['cos_mean_estimate']:.3f})"
             cells.append(f"**{cell}**" if r["rel_bias"] == best[n] else cell)
         last = at[(c, lengths[-1])]
         mse = last["rel_bias"] ** 2 + last["rel_variance"]

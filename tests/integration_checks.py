@@ -136,6 +136,30 @@ def openrlhf_gates(cls, x) -> dict[str, list[float]]:
     return out
 
 
+def openrlhf_kl() -> dict[str, list[float]]:
+    """OpenRLHF 0.11.2's compute_approx_kl with and without unbiased_gradient against this project's kl_loss: the
+    masked sum's value and its gradient along a fixed direction, per estimator."""
+    from openrlhf.models.utils import compute_approx_kl
+
+    from reinforce_pro.algos.kl import kl_loss
+
+    x, out = {k: v.float() if v.is_floating_point() else v for k, v in batch().items()}, {}  # OpenRLHF: float32
+    ref = x["old"] - 0.3 * torch.randn(B, T, generator=torch.Generator().manual_seed(2))
+    tokens = float(x["mask"].sum())
+    for estimator in ("k1", "k2", "k3"):
+        for unbiased in (False, True):
+            lp = x["log_probs"].clone().requires_grad_()
+            kl = compute_approx_kl(lp, ref, log_probs_old=x["old"], kl_estimator=estimator, unbiased_gradient=unbiased)
+            theirs = torch.where(x["mask"], kl, 0.0).sum() / tokens
+            (g_theirs,) = torch.autograd.grad(theirs, lp)
+            lp = x["log_probs"].clone().requires_grad_()
+            ours, _ = kl_loss(estimator, lp, ref, x["mask"], 1.0, old_log_probs=x["old"], unbiased_gradient=unbiased)
+            (g_ours,) = torch.autograd.grad(ours, lp)
+            for name, value, grad in (("theirs", theirs, g_theirs), ("ours", ours, g_ours)):
+                out[f"kl/{estimator}/{unbiased}/{name}"] = [float(value), float((grad * x["dir"]).sum())]
+    return out
+
+
 def run(release: str, how: str) -> dict[str, list[float]]:
     if how == "launcher":
         from reinforce_pro.integrations import openrlhf as integration
@@ -165,6 +189,7 @@ def run(release: str, how: str) -> dict[str, list[float]]:
             out[f"prefix-mask/{name}/global/ours"] = evaluate(ours(setting, "reinforce_pro", BAND), x, **info)
     if release == "0.11.2":
         out.update(openrlhf_gates(cls.__mro__[1] if how == "launcher" else cls, x))
+        out.update(openrlhf_kl())
     masked = ours(SETTINGS["tok"], "reinforce_pro", BAND)
     _, metrics = masked(x["log_probs"], x["old"], x["adv"], action_mask=x["mask"], rollout_log_probs=x["rollout"])
     out["masked_frac"] = [float(metrics["is/token_masked_frac"])]

@@ -46,6 +46,8 @@ GROUP_SHAPED = {
     "group_norm": [0.0, -1 / (1 + 1e-9), 1 / (1 + 1e-9), 1 / (SQ3 + 1e-9), 1 / (SQ3 + 1e-9), -2 / (SQ3 + 1e-9)],
     "dr_grpo": [0.0, -1.0, 1.0, 1.0, 1.0, -2.0],
     "reinforce": whitened(REWARDS),
+    # OpenRLHF 0.11.2 experience_maker.py: `rewards - rewards.mean()` over the whole batch (mean 1.5), no whitening
+    "flash_reinforce": [-0.5, -1.5, 0.5, 1.5, 1.5, -1.5],
 }
 
 
@@ -115,6 +117,7 @@ def test_every_estimator_is_tested():
         pytest.param("group_norm", {"group_size": 4}, "do not split into groups of 4", id="indivisible"),
         pytest.param("dr_grpo", {"group_size": 2, "gamma": 0.9}, "gamma == 1.0", id="gamma"),
         pytest.param("gae", {}, "needs critic values", id="gae-no-values"),
+        pytest.param("flash_reinforce", {"gamma": 0.9}, "gamma == 1.0", id="flash-gamma"),
         pytest.param("reinforce", {"rewards": torch.zeros(6, 1)}, r"rewards must be \(N,\)", id="rewards-shape"),
     ],
 )
@@ -156,6 +159,24 @@ def test_kl_masked_and_loss():
     loss, m = kl_loss("k2", LOGP, REF, mask, kl_coef=0.1)
     assert float(m["kl/loss_kl"]) == pytest.approx((0.125 + 0.5) / 2, abs=1e-12)
     assert float(loss) == pytest.approx(0.1 * (0.125 + 0.5) / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_unbiased_gradient_keeps_the_value_and_gives_the_reverse_kl_gradient(estimator):
+    """--kl_unbiased_gradient: the loss value is the estimator's; d loss / d log pi_t = w_t * (log pi_t - log ref_t)
+    / tokens with w = pi / pi_old clipped at 10, for every estimator."""
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -4.0, -1.0]], dtype=torch.float64)
+    ref = lp + torch.tensor([[0.2, -0.4, 1.0], [0.0, 0.5, -3.0]], dtype=torch.float64)
+    old = lp - torch.tensor([[0.1, -0.2, 3.0], [0.0, 0.0, 0.0]], dtype=torch.float64)  # w = e^.1, e^-.2, 10 (clipped)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    leaf = lp.clone().requires_grad_(True)
+    loss, _ = kl_loss(estimator, leaf, ref, mask, 1.0, old_log_probs=old, unbiased_gradient=True)
+    plain, _ = kl_loss(estimator, lp, ref, mask, 1.0)
+    assert loss.item() == pytest.approx(plain.item(), abs=1e-12)
+    (grad,) = torch.autograd.grad(loss, leaf)
+    w = torch.tensor([[math.exp(0.1), math.exp(-0.2), 10.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    expected = torch.where(mask, w * (lp - ref), 0.0) / 5
+    torch.testing.assert_close(grad, expected, atol=1e-12, rtol=0)
 
 
 def test_kl_bad_input():

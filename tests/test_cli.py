@@ -570,6 +570,15 @@ def test_openrlhf_0_11_2_correction_flags_select_the_same_correction(level, mode
     assert not off.loss.surrogate.enable_vllm_is_correction
 
 
+def test_openrlhf_0_11_2_loss_surface_reaches_the_loss():
+    _, cfg = parse(["--pretrain", "m", "--actor.loss_agg_mode", "seq-mean-token-mean", "--algo.kl.use_loss",
+                    "--algo.kl.unbiased_gradient", "--algo.advantage.estimator", "flash_reinforce"])  # fmt: skip
+    assert not cfg.loss.surrogate.token_level_loss and cfg.loss.kl_unbiased_gradient and cfg.loss.use_kl_loss
+    assert cfg.rollout.advantage_estimator == "flash_reinforce"
+    _, default = parse(["--pretrain", "m"])
+    assert default.loss.surrogate.token_level_loss and not default.loss.kl_unbiased_gradient
+
+
 def test_anchor_and_correction_settings_reach_the_loss_settings():
     _, cfg = parse(["--pretrain", "m", "--enable_vllm_is_correction", "--vllm_is_correction_type", "cppo",
                     "--vllm_is_correction_args", "delta=0.1", "w_min=0.5", "--vllm_is_anchor", "rollout"])  # fmt: skip

@@ -397,18 +397,20 @@ def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_r
     "flags",
     [
         pytest.param(["--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_gating",
-                      "binary_kl", "--algo.advantage.is_correction_threshold", "0.05"], id="openrlhf-0.11.2-flags"),
+                      "binary_kl", "--algo.advantage.is_correction_threshold", "0.05", "--algo.advantage.estimator",
+                      "flash_reinforce", "--actor.loss_agg_mode", "seq-mean-token-mean"], id="openrlhf-0.11.2-flags"),
         pytest.param(["--enable_vllm_is_correction", "--vllm_is_correction_type", "cppo", "--vllm_is_anchor",
-                      "rollout", "--vllm_is_correction_args", "delta=0.1"], id="cppo-rollout-anchor"),
+                      "rollout", "--vllm_is_correction_args", "delta=0.1", "--advantage_estimator",
+                      "reinforce_baseline"], id="cppo-rollout-anchor"),
     ],
 )  # fmt: skip
 def test_a_rival_correction_trains(tmp_path, engine, tiny_model, digit_reward, flags):
-    """An OpenRLHF 0.11.2 command line (FlashREINFORCE's trust region: seq-binary-kl) and CPPO gated against the
-    rollout policy train through the whole pipeline, with the engine one step behind so that the gates see a
-    mismatch; the IS metrics are logged at every step."""
+    """An OpenRLHF 0.11.2 command line (FlashREINFORCE: its estimator and trust region, seq-binary-kl, with the
+    per-sequence loss mean) and CPPO gated against the rollout policy train through the whole pipeline, with the
+    engine one step behind so that the gates see a mismatch; the IS metrics are logged at every step."""
     cfg, _, history = run(
-        ["--advantage_estimator", "reinforce_baseline", "--rollout_staleness", "1", "--remote_rm_url", digit_reward,
-         "--lr_warmup_ratio", "0", *flags], tmp_path, engine, tiny_model,
+        ["--rollout_staleness", "1", "--remote_rm_url", digit_reward, "--lr_warmup_ratio", "0", *flags],
+        tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert cfg.loss.surrogate.vllm_is_correction_type in ("seq-binary-kl", "cppo")
     assert len(history) == 3 and all(h["policy/grad_norm"] > 0 for h in history)

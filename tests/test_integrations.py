@@ -115,6 +115,22 @@ def test_openrlhf_0_11_2_every_level_mode_gating_equals_ours(openrlhf):
             assert 0.0 < launcher[f"{gate}/masked_frac"][0] < 1.0, gate  # the gate cuts: the comparison can fail
 
 
+def test_openrlhf_0_11_2_kl_unbiased_gradient_equals_ours(openrlhf):
+    """OpenRLHF 0.11.2's compute_approx_kl (openrlhf/models/utils.py) with unbiased_gradient on and off, against
+    kl_loss: the same value and gradient for k1, k2, k3 (float32, as OpenRLHF computes it); on, the three share one
+    gradient, off, they do not."""
+    release, launcher, _, _ = openrlhf
+    if release != "0.11.2":
+        pytest.skip("--algo.kl.unbiased_gradient is 0.11.2's")
+    for est in ("k1", "k2", "k3"):
+        for unbiased in (False, True):
+            theirs, ours = launcher[f"kl/{est}/{unbiased}/theirs"], launcher[f"kl/{est}/{unbiased}/ours"]
+            assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-9), (est, unbiased)
+    grads = {est: launcher[f"kl/{est}/True/ours"][1] for est in ("k1", "k2", "k3")}
+    assert grads["k1"] == pytest.approx(grads["k2"], rel=1e-6) == pytest.approx(grads["k3"], rel=1e-6)
+    assert launcher["kl/k1/False/ours"][1] != pytest.approx(launcher["kl/k3/False/ours"][1], rel=1e-3)
+
+
 def test_openrlhf_own_modes_unchanged(openrlhf):
     release, launcher, patched, _ = openrlhf
     for kind in OWN[release]:

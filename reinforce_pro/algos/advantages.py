@@ -19,6 +19,10 @@ batch holds N = num_prompts * group_size samples, ordered so that the `group_siz
 | reinforce_baseline | r - group mean                   | cumulative | yes             |
 | group_norm (GRPO)  | (r - group mean) / (std + 1e-9)  | cumulative | no              |
 | dr_grpo            | r - group mean                   | cumulative | no              |
+| flash_reinforce    | r - mean of the whole batch      | cumulative | no              |
+
+`flash_reinforce` is OpenRLHF 0.11.2's estimator for one sample per prompt (FlashREINFORCE): with no group, the
+baseline is the rollout batch's mean reward.
 
 Group estimators need gamma == 1 (OpenRLHF forces it with a warning; here it is an error).
 """
@@ -182,6 +186,13 @@ def _dr_grpo(inp: AdvantageInputs):
     return returns.clone(), returns
 
 
+def _flash_reinforce(inp: AdvantageInputs):
+    if inp.gamma != 1.0:
+        raise ValueError(f"advantage_estimator 'flash_reinforce' needs gamma == 1.0, got {inp.gamma}")
+    returns = _returns_from(inp.rewards - inp.rewards.mean(), inp)
+    return returns.clone(), returns
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     "gae": _gae,
     "reinforce": _reinforce,
@@ -189,6 +200,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     "reinforce_baseline": _reinforce_baseline,
     "group_norm": _group_norm,
     "dr_grpo": _dr_grpo,
+    "flash_reinforce": _flash_reinforce,
 }
 
 

@@ -23,6 +23,7 @@ from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.algos.stats import Stat, loss_stat
 
 KL_CLAMP = 10.0
+KL_IS_WEIGHT_CLIP = 10.0  # --kl_unbiased_gradient's bound on pi / pi_old, as OpenRLHF 0.11.2 bounds it
 
 
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -71,13 +72,37 @@ def kl_loss(
     dp_size: int = 1,
     batch_num_tokens: float | None = None,
     global_batch_size: float | None = None,
+    *,
+    old_log_probs: torch.Tensor | None = None,
+    unbiased_gradient: bool = False,
 ) -> tuple[torch.Tensor, dict[str, Stat]]:
     """`--use_kl_loss`: kl_coef * aggregate(KL estimate), same aggregation as the policy loss; the metric
-    `kl/loss_kl` is the aggregated estimate before the coefficient."""
+    `kl/loss_kl` is the aggregated estimate before the coefficient.
+
+    unbiased_gradient (OpenRLHF 0.11.2's `--algo.kl.unbiased_gradient`): the value stays the estimator's, the
+    gradient becomes the reverse KL's own, importance-weighted for samples of the old policy:
+    w * k1 * grad log pi with w = pi / pi_old (detached, at most KL_IS_WEIGHT_CLIP), through the gradient of
+    w * log_ratio^2 / 2 (a straight-through term). k1, k2 and k3 then share that gradient."""
     agg = (token_level_loss, dp_size, batch_num_tokens, global_batch_size)
     kl = compute_approx_kl(estimator, log_probs, ref_log_probs, action_mask)
+    if unbiased_gradient:
+        kl = kl.detach() + _kl_gradient_surrogate(log_probs, ref_log_probs, old_log_probs, action_mask)
     mean_kl = aggregate_loss(kl, action_mask, *agg)
     return kl_coef * mean_kl, {"kl/loss_kl": loss_stat(mean_kl, action_mask, *agg)}
+
+
+def _kl_gradient_surrogate(log_probs, ref_log_probs, old_log_probs, action_mask) -> torch.Tensor:
+    """(B, T), value 0, gradient that of w * log_ratio^2 / 2 (w = pi / pi_old detached and clipped; 1 without
+    old log-probs); 0 off the action tokens."""
+    dtype = torch.promote_types(log_probs.dtype, torch.float32)
+    mask = action_mask.bool()
+    zero = torch.zeros((), dtype=dtype, device=log_probs.device)
+    log_ratio = torch.where(mask, log_probs.to(dtype) - ref_log_probs.to(dtype), zero)
+    w = torch.ones((), dtype=dtype, device=log_probs.device)
+    if old_log_probs is not None:
+        w = torch.where(mask, log_probs.to(dtype) - old_log_probs.to(dtype), zero).exp().clamp(max=KL_IS_WEIGHT_CLIP)
+    surrogate = w.detach() * log_ratio.square() / 2.0
+    return surrogate - surrogate.detach()
 
 
 class FixedKLController:

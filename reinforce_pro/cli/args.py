@@ -372,6 +372,14 @@ class TrainingFlags:
     init_kl_coef: float = flag(0.01, "KL coefficient (0: no reference model)", dotted="algo.kl.init_coef")
     policy_loss_type: str = flag("ppo", "policy loss", dotted="actor.policy_loss_type", choices=POLICY_LOSSES)
     kl_estimator: str = flag("k1", "KL estimator", dotted="algo.kl.estimator", choices=KL_ESTIMATORS)
+    kl_unbiased_gradient: bool = flag(False,
+        "OpenRLHF 0.11.2, with --use_kl_loss: keep the estimator's value, give the loss the reverse KL's own gradient, "
+        "importance-weighted by pi / pi_old (at most 10) for the epochs after the first; k1, k2, k3 then share it",
+        dotted="algo.kl.unbiased_gradient")
+    loss_agg_mode: str = flag("token-mean",
+        "OpenRLHF 0.11.2: token-mean (every token of the batch weighs the same) or seq-mean-token-mean (every "
+        "response weighs the same: the mean of its tokens' losses)", dotted="actor.loss_agg_mode",
+        choices=("token-mean", "seq-mean-token-mean"))
     aux_loss_coef: float = flag(0, "MoE auxiliary loss coefficient", dotted="actor.aux_loss_coef",
         refused="no MoE auxiliary loss")
     entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef")

@@ -154,7 +154,7 @@ def loss(
     eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
     vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, vllm_is_correction_args,
     vllm_is_anchor, is_correction_level, is_correction_mode, is_correction_gating, is_position_metrics, use_kl_loss,
-    kl_estimator, entropy_loss_coef, temperature,
+    kl_estimator, kl_unbiased_gradient, loss_agg_mode, entropy_loss_coef, temperature,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
     enable, correction = enable_vllm_is_correction, vllm_is_correction_type
@@ -169,6 +169,7 @@ def loss(
         clip_eps_low=low,
         clip_eps_high=high,
         dual_clip=dual_clip,
+        token_level_loss=loss_agg_mode == "token-mean",
         policy_loss_type=policy_loss_type,
         enable_vllm_is_correction=enable,
         vllm_is_truncated_threshold=_threshold_band(vllm_is_truncated_threshold),
@@ -178,7 +179,7 @@ def loss(
         vllm_is_anchor=vllm_is_anchor,
         position_metrics=is_position_metrics,
     )
-    return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature)
+    return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient)
 
 
 def _threshold_band(values) -> tuple[float, float]:

@@ -55,6 +55,7 @@ class PolicyLossConfig:
     kl_estimator: str = "k1"
     entropy_loss_coef: float | None = None
     temperature: float = 1.0
+    kl_unbiased_gradient: bool = False  # the KL loss's gradient: the reverse KL's own (algos/kl.kl_loss)
 
 
 class PolicyWorker:
@@ -153,8 +154,9 @@ class PolicyWorker:
         metrics["policy/pg_loss"] = loss_stat(loss, action_mask, level, **agg)
         if cfg.use_kl_loss:
             kl, kl_metrics = kl_loss(
-                cfg.kl_estimator, log_probs, exp.ref_log_probs.to(dev), action_mask, kl_coef, level, **agg
-            )
+                cfg.kl_estimator, log_probs, exp.ref_log_probs.to(dev), action_mask, kl_coef, level, **agg,
+                old_log_probs=old_log_probs, unbiased_gradient=cfg.kl_unbiased_gradient,
+            )  # fmt: skip
             loss = loss + kl
             metrics.update(kl_metrics)
         if want_entropy:
