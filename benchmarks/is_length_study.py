@@ -230,7 +230,9 @@ def render(payload: dict, out_dir: Path) -> str:
         for profile in cfg["profiles"]:
             lines += _profile_table(rows, profile, strength, cfg["lengths"])
     _plot(rows, cfg, max(strengths), out_dir / f"{stem}.png")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    (out_dir / f"{stem}.md").write_text(text + "\n")
+    return text
 
 
 def _at(rows: list[dict], profile: str, strength: float) -> dict:

@@ -105,3 +105,4 @@ def test_a_quick_case_writes_every_variant_and_renders(tmp_path):
     assert "#### version_switch, strength 1" in text and "| prefix-product |" in text
     assert "| version_switch | 1 |" in text  # the summary row
     assert (tmp_path / "is_length_study.png").stat().st_size > 1000
+    assert (tmp_path / "is_length_study.md").read_text().startswith("### Every correction")
