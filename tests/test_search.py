@@ -95,8 +95,19 @@ def test_service_answers_search_r1_shape_best_first(kb, service):
         (b'{"queries": ["a"], "topk": true}', 400, "topk"),
         (b'{"queries": ["a"], "topk": 500}', 400, "topk"),
         (b"x" * ((1 << 20) + 1), 413, "at most"),
+        (b"[" * 50_000 + b"]" * 50_000, 400, "nested too deeply"),  # once an uncaught RecursionError: no answer
     ],
-    ids=["bad-json", "not-object", "queries-str", "queries-empty", "topk-0", "topk-bool", "topk-big", "too-large"],
+    ids=[
+        "bad-json",
+        "not-object",
+        "queries-str",
+        "queries-empty",
+        "topk-0",
+        "topk-bool",
+        "topk-big",
+        "too-large",
+        "deep-nesting",
+    ],
 )
 def test_service_refuses_malformed_requests_with_a_json_error(service, body, status, message):
     with pytest.raises(urllib.error.HTTPError) as info:
@@ -155,6 +166,46 @@ def test_timeout_and_bounded_concurrency(kb):
         assert slow.max_in_flight == 1
     finally:
         server.shutdown()
+
+
+def _closed_by_server(sock, within: float) -> bool:
+    """True when the server closes `sock` (recv gives b"" or a reset) within `within` seconds."""
+
+    sock.settimeout(within)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_idle_and_slow_connections_are_closed_and_bounded(kb):
+    """A silent connection, and one that stops mid-body, are closed after the idle timeout; past max_connections a
+    connection is closed as it arrives; the service still answers afterwards. 300 silent connections once held 303
+    threads for as long as their clients liked."""
+    import socket
+
+    server, url = serve(BM25Index(kb.passages), idle_timeout=0.5, max_connections=3)
+    port = server.server_address[1]
+    try:
+        before = threading.active_count()
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+        time.sleep(0.2)
+        assert threading.active_count() - before <= 3  # one thread per admitted connection, no more
+        refused = sum(_closed_by_server(s, within=0.2) for s in silent[3:])
+        assert refused == 7  # beyond the 3 admitted: closed as they arrived
+        assert all(_closed_by_server(s, within=2.0) for s in silent[:3])  # the idle timeout ends the admitted ones
+        slow = socket.create_connection(("127.0.0.1", port))
+        slow.sendall(b'POST /retrieve HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"queries"')
+        assert _closed_by_server(slow, within=2.0)  # a body that stops coming
+        for s in [*silent, slow]:
+            s.close()
+        time.sleep(0.2)
+        assert RetrieverClient(url).retrieve(["home"], topk=1)  # places freed: it answers
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class _Slow:

@@ -6,8 +6,11 @@
   `{"result": [[{"document": {"id": "p12", "contents": "title\\ntext"}, "score": 1.7}, ...], ...]}`, one list per
   query, best first (without return_scores: the documents alone), as Search-R1's retrieval_server.py answers.
 - `GET /health` -> `{"status": "ok", "passages": N}`.
-- Errors are JSON `{"error": "..."}`: 400 for a malformed request, 413 for a body over 1 MB, 503 when
-  `--max_concurrency` requests are being served and no slot frees within 2 s (the client backs off, retries).
+- Errors are JSON `{"error": "..."}`: 400 for a malformed request (a body nested too deeply to parse included),
+  413 for a body over 1 MB, 503 when `--max_concurrency` requests are being served and no slot frees within 2 s
+  (the client backs off, retries).
+- A connection silent for IDLE_TIMEOUT seconds is closed, and at most MAX_CONNECTIONS are open at once (one more
+  is closed as it arrives): idle or slow clients cannot pile up threads.
 The server binds to 127.0.0.1 only. BM25 is the `bm25s` package (numpy only, lowercased words of 2+ characters,
 English stop words removed).
 """
@@ -28,6 +31,8 @@ MAX_BODY = 1 << 20
 DRAIN_LIMIT = 16 << 20  # an over-long body up to this size is read before the 413 (see do_POST)
 MAX_QUERIES = 256
 MAX_TOPK = 50
+IDLE_TIMEOUT = 10.0  # seconds a connection may stay silent (between requests or mid-request) before it is closed
+MAX_CONNECTIONS = 64  # open connections served at once; one more is closed at once (each holds a thread)
 
 
 class BM25Index:
@@ -74,6 +79,8 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
         request = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"the body is not JSON: {e}") from None
+    except RecursionError:  # [[[[...]]]] thousands deep: the parser gives up before any check could run
+        raise ValueError("the body is nested too deeply to be a request") from None
     if not isinstance(request, dict):
         raise ValueError('the body must be an object: {"queries": [...], "topk": 3, "return_scores": true}')
     queries, topk = request.get("queries"), request.get("topk", 3)
@@ -86,14 +93,45 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
     return queries, topk, bool(request.get("return_scores", False))
 
 
+class BoundedThreadingServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `max_connections` connection threads: one more connection is closed as it
+    is accepted, before a thread is made for it."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._connections = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._connections.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # the thread did not start: give its place back
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+
 def make_server(
-    index: BM25Index, port: int = 0, max_concurrency: int = 8, queue_timeout: float = 2.0
-) -> ThreadingHTTPServer:
+    index: BM25Index, port: int = 0, max_concurrency: int = 8, queue_timeout: float = 2.0,
+    idle_timeout: float = IDLE_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+) -> ThreadingHTTPServer:  # fmt: skip
     """An HTTP server on 127.0.0.1:`port` (0: a free one; `server.server_address[1]` says which), not started.
-    At most `max_concurrency` requests are searched at once; one more waits up to `queue_timeout` s, then 503."""
+    At most `max_concurrency` requests are searched at once; one more waits up to `queue_timeout` s, then 503. A
+    connection silent for `idle_timeout` s is closed; at most `max_connections` are open at once."""
     slots = threading.BoundedSemaphore(max_concurrency)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout  # the socket's timeout: a read that waits longer ends the connection
+
         def log_message(self, *args) -> None:  # one line per request is noise during training
             pass
 
@@ -141,9 +179,7 @@ def make_server(
             result = [[{"document": doc, "score": s} if scores else doc for doc, s in row] for row in hits]
             self._reply(200, {"result": result})
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    return server
+    return BoundedThreadingServer(("127.0.0.1", port), Handler, max_connections)
 
 
 # ------------------------------------------------------------------------------------------ the client
