@@ -69,6 +69,27 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
+def run_provenance(root: Path | None = None) -> dict:
+    """Where one run of a study came from, recorded per run: the commit, whether the tree was clean and, if not,
+    a hash of its diff against the commit (so two runs from the same dirty tree can be told from two from
+    different ones), the stable host id, the CPU and the start time. A study compares runs within one host kind
+    or blocks on `host_id`."""
+    root = root or Path(__file__).resolve().parent.parent
+    cpu = machine_info()["cpu"]
+    out = {"commit": "unknown", "clean": False, "diff_sha256": None, "host_id": host_id(cpu), "cpu": cpu,
+           "started": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    try:
+        out["commit"] = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=root, text=True).strip()
+        diff = subprocess.check_output(["git", "diff", "HEAD"], cwd=root)
+        untracked = subprocess.check_output(["git", "ls-files", "--others", "--exclude-standard"], cwd=root)
+    except (OSError, subprocess.CalledProcessError):
+        return out
+    out["clean"] = not diff and not untracked
+    if not out["clean"]:
+        out["diff_sha256"] = hashlib.sha256(diff + b"\0" + untracked).hexdigest()[:16]
+    return out
+
+
 def write_result(name: str, config: dict, results, output_dir: Path = RESULTS_DIR) -> Path:
     """Write {machine, commit, time, config, results} to output_dir/name.json (atomically) and return the path."""
     output_dir.mkdir(parents=True, exist_ok=True)

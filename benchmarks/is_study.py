@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks import bench_smollm2 as smollm2  # noqa: E402
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, git_commit, write_result  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, run_provenance, write_result  # noqa: E402
 from benchmarks.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
 from benchmarks.study_stats import (  # noqa: E402
     collapsed,
@@ -215,7 +215,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     total, count = sum(map(len, todo.values())), 0
     if not total:
         return runs
-    workdir, commit = Path(tempfile.mkdtemp(prefix="is_study_")), git_commit()  # the code each run measured
+    workdir = Path(tempfile.mkdtemp(prefix="is_study_"))
     start_ray(logical_cpus=8)
     for seed, pending in todo.items():
         if not pending:
@@ -233,11 +233,11 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
             engine = engines[engine_kind(cfg)]
             ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
-            start = time.perf_counter()
+            provenance, start = run_provenance(), time.perf_counter()  # the code and host of this run
             plan = prepare(cfg)
             history = build_and_fit(cfg, plan, engines=[engine])
             wall = time.perf_counter() - start
-            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, "commit": commit}
+            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, **provenance}
             runs.append({**record, **summarise(history, wall, held_out(plan.run_dir))})
             save(runs)
         for engine in engines.values():

@@ -377,13 +377,14 @@ def test_colocate_critic_reward_puts_the_reward_model_in_the_critics_slot(
     assert critic["placement_group"] is not None and reward_model["placement_group"] == critic["placement_group"]
 
 
-def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_reward):
-    """With --rollout_staleness 1 the engine samples with the previous step's policy: at step 1 both are the
-    initial weights (fp32: agree to 1e-4); from step 2 on the trainer is one update ahead, and the IS filter
-    sees a real mismatch."""
+@pytest.mark.parametrize("lag", [1, 2])
+def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_reward, lag):
+    """With --rollout_staleness K the engine samples with the policy of K steps ago: at step 1 both are the
+    initial weights (fp32: agree to 1e-4); from step 2 on the trainer is ahead, and the IS filter sees a real
+    mismatch. Every trained row's staleness is exactly min(step - 1, K): the treatment is set, not bounded."""
     _, plan, history = run(
-        ["--advantage_estimator", "reinforce_baseline", "--rollout_staleness", "1", "--remote_rm_url", digit_reward,
-         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
+        ["--advantage_estimator", "reinforce_baseline", "--rollout_staleness", str(lag), "--remote_rm_url",
+         digit_reward, "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
          "--lr_warmup_ratio", "0"],  # with warm-up the first update has lr 0 and changes nothing
         tmp_path, engine, tiny_model,
     )  # fmt: skip
@@ -391,6 +392,8 @@ def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_r
     assert diffs[0] < 1e-4
     assert all(d > 1e-3 for d in diffs[1:]), diffs
     assert abs(history[-1]["is/vllm_kl"]) > 1e-5
+    staleness = [(h["async/staleness_mean"], h["async/staleness_max"]) for h in history]
+    assert staleness == [(min(i, lag), min(i, lag)) for i in range(len(history))]
 
 
 @pytest.mark.parametrize(

@@ -130,3 +130,31 @@ def test_the_smollm2_arm_runs_bench_smollm2s_settings_under_its_regime_and_ranks
     text = render(payload, tmp_path)
     row = "| smollm2-async8-partial | reinforce_pro | 3 | 0.200 | 0.520 | **+0.200 [+0.200, +0.200]** | **+0.150"
     assert row in text
+
+
+def test_each_run_records_its_commit_tree_state_and_host(tmp_path):
+    """run_provenance: a clean tree records its commit and clean=True; a dirty one clean=False with a hash of its
+    diff that tells two dirty trees apart; the host id is a stable hash (Python's hash() is salted per process)."""
+    import subprocess
+
+    from benchmarks.common import run_provenance
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    clean = run_provenance(tmp_path)
+    assert clean["clean"] and clean["diff_sha256"] is None and len(clean["commit"]) == 40
+    (tmp_path / "a.py").write_text("x = 2\n")
+    dirty = run_provenance(tmp_path)
+    (tmp_path / "a.py").write_text("x = 3\n")
+    other = run_provenance(tmp_path)
+    assert not dirty["clean"] and dirty["commit"] == clean["commit"]
+    assert dirty["diff_sha256"] and dirty["diff_sha256"] != other["diff_sha256"]
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "new.py").write_text("")  # an untracked file makes the tree dirty too
+    assert not run_provenance(tmp_path)["clean"]
+    assert clean["host_id"] == other["host_id"] and len(clean["host_id"]) == 12 and clean["started"]
