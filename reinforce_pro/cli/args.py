@@ -28,6 +28,7 @@ from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS, OPENRLHF_LEVELS
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, IS_ANCHORS, POLICY_LOSSES
+from reinforce_pro.data import EMBEDDED_TASKS
 from reinforce_pro.rewards.loader import NAN_POLICIES
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
 from reinforce_pro.rollout.vllm_engine import ENGINE_QUANTIZATIONS
@@ -413,6 +414,10 @@ class TrainingFlags:
         "--train_batch_size, no KL penalty in the reward): the training forward's own log-probs, detached, are then "
         "the same numbers")
     sft_warmup_steps: int = flag(200, "[reinforce_pro] embedded default only: supervised warm-start steps before RL")
+    builtin_task: str = flag("arithmetic",
+        "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens) or scratchpad (four-digit "
+        "additions worked column by column, ~55-token responses whose every step the answer depends on; its preset "
+        "embedded-scratchpad sizes the run for it)", choices=EMBEDDED_TASKS)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 command line (in either spelling) always wins over its preset value.
 
 A command line with no `--pretrain` and no `--prompt_data` runs the embedded default: `embedded` (RL on
-built-in additions with a tiny Qwen2 created locally), or with `--absolute_zero` `embedded-selfplay`.
+built-in additions with a tiny Qwen2 created locally), with `--builtin_task scratchpad` `embedded-scratchpad`
+(the long-response task), or with `--absolute_zero` `embedded-selfplay`.
 docs/flags.md lists both.
 """
 
@@ -59,7 +60,20 @@ EMBEDDED_SELFPLAY = {
 }
 
 
-PRESETS: dict[str, dict[str, object]] = {"embedded": EMBEDDED, "embedded-selfplay": EMBEDDED_SELFPLAY}
+# With --builtin_task scratchpad: the long-response task (data/scratchpad.py). Responses run to ~55 tokens, so
+# the budget is 64 new tokens; 1,200 warm-start steps bring greedy held-out accuracy to about a third.
+EMBEDDED_SCRATCHPAD = {
+    **EMBEDDED,
+    "max_new_tokens": 64,
+    "max_len": 96,
+    "prompt_max_len": 16,
+    "sft_warmup_steps": 1200,
+    "max_samples": 32 * 200,  # 200 RL steps
+}
+
+
+PRESETS: dict[str, dict[str, object]] = {"embedded": EMBEDDED, "embedded-selfplay": EMBEDDED_SELFPLAY,
+                                         "embedded-scratchpad": EMBEDDED_SCRATCHPAD}  # fmt: skip
 
 
 def preset_defaults(name: str, args: Namespace) -> dict[str, object]:
@@ -76,4 +90,6 @@ def preset_for(args: Namespace) -> str | None:
     """The preset a command line runs under: the embedded default's when it names no model and no data."""
     if args.pretrain is not None or args.prompt_data is not None:
         return None
-    return "embedded-selfplay" if args.absolute_zero else "embedded"
+    if args.absolute_zero:
+        return "embedded-selfplay"
+    return "embedded-scratchpad" if args.builtin_task == "scratchpad" else "embedded"

@@ -96,6 +96,11 @@ class Data:
     apply_chat_template: bool
     prompt_max_len: int
     max_len: int
+    builtin_task: str = "arithmetic"  # the embedded default's task (data.EMBEDDED_TASKS); with --prompt_data unused
+
+    def __post_init__(self) -> None:
+        if self.prompt_data is not None and self.builtin_task != "arithmetic":
+            raise ValueError("--builtin_task chooses the built-in prompts: give it without --prompt_data")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ class RunPlan:
     run_dir: Path
     pretrain: str  # the policy's starting weights (after the warm start for the embedded default)
     prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
-    reward_source: str  # "builtin:exact_match" | path of a reward file | "model:<dir>" | "selfplay:<task>"
+    # "builtin:exact_match" (prompt data, no reward given) | "builtin:<embedded task>" | path of a reward file |
+    # "model:<dir>" | "selfplay:<task>"
+    reward_source: str
     summary: dict
     task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
     agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
@@ -164,6 +166,8 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
         source = str(Path(cfg.models.remote_rm_url).resolve())
     elif cfg.models.reward_pretrain:
         source = f"model:{cfg.models.reward_pretrain}"
+    elif cfg.data.prompt_data is None:
+        source = f"builtin:{cfg.data.builtin_task}"
     else:
         source = "builtin:exact_match"
     _check_max_len(data.max_len, pretrain)
@@ -174,19 +178,20 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
 def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     """The built-in model; warm-started on the built-in task (or the self-play task's examples of both
     roles) when that is what we train on."""
+    from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start, sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import sft_warm_start
 
     base = build_tiny_model(run_dir / "base_model", seed=cfg.seed)
-    examples = task.warm_start_examples(2048, seed=cfg.seed + 1) if task else None
     steps = cfg.models.sft_warmup_steps
+    if task:  # self-play: both roles' examples
+        examples = task.warm_start_examples(2048, seed=cfg.seed + 1)
+    else:  # 4096 of the embedded task's examples, drawn with seed + 1: they differ from the RL prompts
+        examples = EMBEDDED_TASKS[cfg.data.builtin_task]().warm_start(4096, cfg.seed + 1)
     if cfg.data.prompt_data is not None or steps <= 0 or examples == []:
         return str(base)
     out = run_dir / "warmstart"
-    if examples:
-        stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
-    else:
-        stats = arithmetic_warm_start(base, out, steps=steps, seed=cfg.seed)
+    stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
     summary.update(stats)
     print(f"[warm start] {steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
@@ -196,14 +201,14 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
 def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from reinforce_pro.data.arithmetic import arithmetic_records
+    from reinforce_pro.data import EMBEDDED_TASKS
 
     data = cfg.data
     tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
     if data.prompt_data is None:
-        records = arithmetic_records(min(data.max_samples, 100_000), seed=cfg.seed)
+        records = EMBEDDED_TASKS[data.builtin_task]().records(min(data.max_samples, 100_000), cfg.seed)
         spec = PromptSpec("input", "label", data.input_template, data.apply_chat_template)
-        source = "built-in arithmetic"
+        source = f"built-in {data.builtin_task}"
     else:
         spec = PromptSpec(data.input_key, data.label_key, data.input_template, data.apply_chat_template)
         source = data.prompt_data

@@ -12,6 +12,7 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.algos.kl import build_kl_controller
+from reinforce_pro.data import embedded_reward
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
@@ -267,6 +268,8 @@ def record_placement(run: RunActors, run_dir: Path) -> dict:
 def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: RunActors):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
+    if plan.reward_source.startswith("builtin:"):  # an embedded task's verifier
+        return embedded_reward(plan.reward_source.split(":", 1)[1])
     if plan.reward_source.startswith("model:"):
         extra = env_options(with_log_dir(None, plan))
         share = SHARES.alone

@@ -78,9 +78,9 @@ def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, l
 def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int, seed: int) -> dict:
     """The embedded default's warm start: `steps` SFT steps on 4096 built-in additions (drawn with seed + 1,
     so they differ from the RL prompts drawn with `seed`)."""
-    from reinforce_pro.data.arithmetic import arithmetic_records
+    from reinforce_pro.data import EMBEDDED_TASKS
 
-    examples = [{"prompt": r["input"], "label": r["label"]} for r in arithmetic_records(4096, seed=seed + 1)]
+    examples = EMBEDDED_TASKS["arithmetic"]().warm_start(4096, seed + 1)
     return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed)
 
 
