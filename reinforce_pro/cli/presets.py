@@ -61,7 +61,7 @@ EMBEDDED_SELFPLAY = {
 
 
 # With --builtin_task scratchpad: the long-response task (data/scratchpad.py). Responses run to ~55 tokens, so
-# the budget is 64 new tokens; 1,200 warm-start steps bring greedy held-out accuracy to about a third.
+# the budget is 64 new tokens. How well 1,200 warm-start steps learn the columns still depends on the seed.
 EMBEDDED_SCRATCHPAD = {
     **EMBEDDED,
     "max_new_tokens": 64,
