@@ -300,10 +300,12 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
     assert gpu_check.main(args) == 0
     payload = json.loads((tmp_path / "gpu_check.json").read_text())
     core = {r["what"]: r for r in payload["results"]["core"]}
+    from reinforce_pro.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
     from reinforce_pro.algos.is_correction import IS_CORRECTIONS
 
-    # the loss without IS, every correction, a few again under the rollout anchor, 6 estimators, 3 KL estimators
-    assert len(core) == 1 + len(IS_CORRECTIONS) + len(gpu_check.ANCHORED) + 6 + 3
+    # the loss without IS, every correction, a few again under the rollout anchor, every estimator of both tables
+    computations = 1 + len(IS_CORRECTIONS) + len(gpu_check.ANCHORED) + len(ADVANTAGE_ESTIMATORS) + len(KL_ESTIMATORS)
+    assert len(core) == computations
     assert all(r["device_flips"] == 0 for r in core.values())
     # kpop's is/binary_kl_mean loses digits in float32 where p ~ mu (a cancellation), its loss does not
     assert all(r["device_rel_err"] < (2e-3 if "kpop" in what else 1e-4) for what, r in core.items())
