@@ -30,12 +30,7 @@ def attention_kernel(config, kernel: str | None):
 def machine_info() -> dict:
     import torch
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_model()
     info = {
         "host_id": host_id(cpu),
         "platform": platform.platform(),
@@ -47,6 +42,16 @@ def machine_info() -> dict:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor())  # fmt: skip
+    except OSError:
+        return platform.processor()
 
 
 def host_id(cpu: str) -> str:
@@ -75,7 +80,7 @@ def run_provenance(root: Path | None = None) -> dict:
     different ones), the stable host id, the CPU and the start time. A study compares runs within one host kind
     or blocks on `host_id`."""
     root = root or Path(__file__).resolve().parent.parent
-    cpu = machine_info()["cpu"]
+    cpu = cpu_model()
     out = {"commit": "unknown", "clean": False, "diff_sha256": None, "host_id": host_id(cpu), "cpu": cpu,
            "started": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
     try:

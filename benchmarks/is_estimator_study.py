@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS
+from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS
 from reinforce_pro.algos.losses import PolicyLoss
 
 CORRECTIONS = ["none", *IS_CORRECTIONS]
@@ -175,8 +176,7 @@ def estimator_stats(
 
 def correction_bands() -> list[tuple[str, tuple[float, float]]]:
     """Every correction with every band of BANDS; a divergence gate (which reads [0, HIGH]) with its own band."""
-    return [(c, b) for c in IS_CORRECTIONS for b in (BANDS if default_band(c, BANDS[0]) == BANDS[0] else
-                                                     [default_band(c, BANDS[0])])]  # fmt: skip
+    return [(c, b) for c in IS_CORRECTIONS for b in ([DIVERGENCE_BANDS[c]] if c in DIVERGENCE_BANDS else BANDS)]
 
 
 def run_study(batches: int, batch_size: int, symbols: int = 3, horizon: int = 5, seed: int = 0, progress=None):

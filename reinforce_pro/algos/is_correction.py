@@ -46,7 +46,7 @@ from itertools import pairwise
 
 import torch
 
-from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs
+from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs, prefix_live
 from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
@@ -78,9 +78,7 @@ def _reinforce_pro(inp: ISInputs):
     # log_ratio is already 0 off the valid tokens, so its cumsum is the sum over valid tokens <= t.
     count = torch.cumsum(inp.valid, dim=-1, dtype=torch.int32).clamp_(min=1)  # int cumsum: faster on CPU
     prefix_is = torch.cumsum(inp.log_ratio, dim=-1).div_(count).exp_()  # (B, T) geometric mean of rho_{<=t}
-    live = inp.valid
-    if inp.any_nonfinite:  # a non-finite action token poisons every later prefix of its sequence
-        live = live & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
+    live = prefix_live(inp)  # a non-finite action token poisons every later prefix of its sequence
     keep = live & in_band(prefix_is, inp.low, inp.high)
     metrics = {
         "is/prefix_is_mean": mean_stat(prefix_is, live),
@@ -238,14 +236,12 @@ def compute_is_weights(
     decision as 0/1 weights (the rollout anchor, whose surrogate ratio already carries the IS weight). Metrics are
     Stats of 0-dim tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
     """
-    validate_is_config(correction_type, low, high, params)
+    validate_is_config(correction_type, low, high)
+    settings = correction_params(correction_type, params)  # raises on a setting the correction does not have
     if advantages is None and correction_type in NEEDS_ADVANTAGES:
         raise ValueError(f"vllm_is_correction_type {correction_type} gates on the advantage's sign: pass advantages")
     with torch.no_grad():
-        inp = is_inputs(
-            old_log_probs, rollout_log_probs, action_mask, low, high, advantages,
-            correction_params(correction_type, params),
-        )  # fmt: skip
+        inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high, advantages, settings)
         correction = correction_type if callable(correction_type) else IS_CORRECTIONS[correction_type]
         raw_weights, keep, extra = correction(inp)
         keep = keep & inp.valid

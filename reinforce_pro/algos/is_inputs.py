@@ -41,6 +41,14 @@ def in_band(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return x.clamp(min=low, max=high) == x
 
 
+def prefix_live(inp: ISInputs) -> torch.Tensor:
+    """(B, T) valid tokens before any non-finite one of their sequence: a prefix ends at the first unknown ratio
+    (what every prefix-level correction gates on)."""
+    if not inp.any_nonfinite:
+        return inp.valid
+    return inp.valid & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
+
+
 def is_inputs(
     numerator_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,

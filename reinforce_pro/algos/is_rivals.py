@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforce_pro.algos.is_inputs import ISInputs, in_band
+from reinforce_pro.algos.is_inputs import ISInputs, in_band, prefix_live
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import mean_stat
 
@@ -61,13 +61,6 @@ DIVERGENCE_BANDS = {"token-tv": (0.0, 0.2), "token-binary-kl": (0.0, 0.1), "seq-
                     "seq-binary-kl": (0.0, 0.1)}  # fmt: skip
 
 
-def _live(inp: ISInputs) -> torch.Tensor:
-    """Valid tokens before any non-finite one of their sequence: a prefix ends at the first unknown ratio."""
-    if not inp.any_nonfinite:
-        return inp.valid
-    return inp.valid & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
-
-
 def _positions(live: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) 1-based position of each live token among its sequence's live tokens (0 before the first)."""
     return torch.cumsum(live, dim=-1, dtype=torch.int32).to(dtype)
@@ -78,7 +71,7 @@ def _minpro(inp: ISInputs):
     # minimum starts at the empty prefix's ratio 1, so the factor only ever down-weights: this project's reading
     # of the paper's abstract ("down-weighting the gradient when any ratio in the prefix is small"), not of its
     # equations, which were not available when this was written.
-    live = _live(inp)
+    live = prefix_live(inp)
     inf = torch.full((), float("inf"), dtype=inp.log_ratio.dtype, device=live.device)
     r = torch.where(live, inp.log_ratio, inf)  # tokens outside the prefix never lower the minimum
     before = torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], dim=-1)  # log rho of the token before; 0 = log 1
@@ -89,7 +82,7 @@ def _minpro(inp: ISInputs):
 def _ctpo(inp: ISInputs):
     # CTPO's cumulative ratio prod_{s<=t} rho_s, clipped in log space to a window that widens as t^power, the
     # growth of the cumulative log-ratio's spread (arXiv 2605.07331; as a truncated IS weight, as tis truncates).
-    p, live = inp.params, _live(inp)
+    p, live = inp.params, prefix_live(inp)
     cum = torch.cumsum(torch.where(live, inp.log_ratio, 0.0), dim=-1)  # (B, T)
     scale = _positions(live, cum.dtype).clamp(min=1.0).pow(p["power"])
     clipped = torch.minimum(torch.maximum(cum, -p["clip_low"] * scale), p["clip_high"] * scale)
@@ -102,7 +95,7 @@ def _cppo(inp: ISInputs):
     # kept while within c_t = min(delta, delta + delta_b' W_<t - S_<t): the budget the prefix has left, with
     # delta_b' the sequence's 90th-percentile D clamped to [delta_b, 2 delta_b]. A token whose update moves
     # back toward mu (A (rho - 1) <= 0) is always kept.
-    p, live = inp.params, _live(inp)
+    p, live = inp.params, prefix_live(inp)
     dtype = inp.log_ratio.dtype
     pos = _positions(live, dtype)
     n = live.sum(dim=-1, keepdim=True).to(dtype)

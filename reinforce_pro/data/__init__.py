@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from reinforce_pro.rewards.builtin import exact_match, response_reward
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def _arithmetic() -> EmbeddedTask:
     def warm(n, seed):
         return [{"prompt": r["input"], "label": r["label"]} for r in arithmetic_records(n, seed)]
 
-    return EmbeddedTask(arithmetic_records, warm, lambda response, label: float(response.strip() == str(label).strip()))
+    return EmbeddedTask(arithmetic_records, warm, exact_match)
 
 
 def _scratchpad() -> EmbeddedTask:
@@ -41,15 +41,5 @@ EMBEDDED_TASKS: dict[str, Callable[[], EmbeddedTask]] = {"arithmetic": _arithmet
 
 
 def embedded_reward(task: str):
-    """The reward_func(queries, prompts, labels) of an embedded task: its score of each response (the query
-    minus its prompt)."""
-    score = EMBEDDED_TASKS[task]().score
-
-    def reward_func(queries: list[str], prompts: list[str], labels: list) -> dict:
-        rewards = []
-        for query, prompt, label in zip(queries, prompts, labels, strict=True):
-            rewards.append(score(query[len(prompt) :] if query.startswith(prompt) else query, str(label)))
-        r = torch.tensor(rewards)
-        return {"rewards": r, "scores": r, "extra_logs": {}}
-
-    return reward_func
+    """The reward_func(queries, prompts, labels) of an embedded task: its score of each response."""
+    return response_reward(EMBEDDED_TASKS[task]().score)
