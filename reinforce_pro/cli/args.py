@@ -7,10 +7,11 @@ flag is refused or has no effect. One section per --help group, in --help's orde
 argparse parser from the fields (like transformers' HfArgumentParser); cli/spellings.py derives the dotted
 table, cli/flags_doc.py renders docs/flags.md, and cli/config.py's section builders name the flags they read.
 
-Every flag of shared/reference/openrlhf-0.9.10-train_ppo_ray-flags.tsv is recognised. One that reinforce_pro does
-not implement is `refused=`: giving it a non-default value stops with "`--X` is recognised but not supported by
-reinforce_pro: <why>". `no_effect=` flags are accepted so OpenRLHF's scripts run unchanged, and their help says
-why they change nothing. Every other flag is read by a section of the run config (tests/test_config.py).
+Every flag of OpenRLHF v0.9.10 (tests/data/openrlhf/flat-0.9.10-train_ppo_ray-flags.tsv) is recognised. One that
+reinforce_pro does not implement is `refused=`: giving it a non-default value stops with "`--X` is recognised but
+not supported by reinforce_pro: <why>". `no_effect=` flags are accepted so OpenRLHF's scripts run unchanged, and
+their help says why they change nothing. Every other flag is read by a section of the run config
+(tests/test_config.py).
 Flags reinforce_pro adds are marked [reinforce_pro] in their help.
 """
 
