@@ -1,6 +1,6 @@
 """The package's import graph: no module imports another that imports it back (directly or through others),
 counting imports inside functions too (a function-local import only hides a circle), and the algorithm core
-imports torch and nothing heavier (STYLE.md, practice 1)."""
+imports torch and nothing heavier (CONTRIBUTING.md, 'The math stays pure')."""
 
 from __future__ import annotations
 

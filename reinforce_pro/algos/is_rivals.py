@@ -43,7 +43,7 @@ RIVAL_PARAMS: dict[str, dict[str, float]] = {
     "ctpo": {"clip_low": 0.025, "clip_high": 0.05, "power": 0.5},
     # CPPO's delta, w_min, delta_b (Tencent-Hunyuan/UniRL 30899fc, unirl/algorithms/cppo.py CPPOConfig).
     "cppo": {"delta": 0.2, "w_min": 0.8, "delta_b": 0.02},
-    # DPPO's TV thresholds (prime-rl 559b447, configs/trainer.py dppo_mask_low / dppo_mask_high).
+    # DPPO's TV thresholds (PrimeIntellect-ai/prime-rl 559b447, configs/trainer.py dppo_mask_low / dppo_mask_high).
     "dppo-tv": {"low": 0.2, "high": 0.2},
     # KPop's phi (prime-rl pull request 3283: "defaulting to 0.1 as in the paper").
     "kpop": {"phi": 0.1},

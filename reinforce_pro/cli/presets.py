@@ -51,7 +51,7 @@ EMBEDDED_SELFPLAY = {
     "rollout_batch_size": 16,
     "train_batch_size": 256,
     "proposer_train_scope": "group",
-    "proposer_repetition_penalty": 8.0,  # without it the proposer collapses onto a few questions (issue 32)
+    "proposer_repetition_penalty": 8.0,  # without it the proposer collapses onto a few questions
     "sft_warmup_steps": 1000,
     "max_new_tokens": 20,  # the longest question the task accepts (4 operands of 4 digits) and its end token
     "eval_steps": 25,  # the solver's greedy accuracy on the task's held-out ladder (eval/ladder/*)

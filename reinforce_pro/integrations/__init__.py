@@ -1,4 +1,4 @@
-"""reinforce_pro inside the trainers users already run (docs/integrations.md, issue 27).
+"""reinforce_pro inside the trainers users already run (docs/integrations.md).
 
 Each module here adapts one trainer to the one implementation of the corrections, `algos.is_correction`:
 - `openrlhf`: OpenRLHF's own `train_ppo_ray` with `reinforce_pro` registered (a launcher, and a patch for forks);

@@ -147,7 +147,7 @@ class Sampler:
 
     def decode(self, generations: list[Generation]) -> list[str]:
         """One text per generation. HF fast tokenizers decode an empty batch to [""], one text for no
-        generation (the README self-play crash of issue 32): nothing in, nothing out."""
+        generation (self-play once crashed on an empty round): nothing in, nothing out."""
         if not generations:
             return []
         return self.tokenizer.batch_decode(

@@ -24,9 +24,9 @@ ENGINE_QUANTIZATIONS = ("fp8_per_channel",)
 
 
 # Tokens a CPU engine schedules per forward, per tensor-parallel worker (vLLM's CPU default: 4096; it must stay
-# >= vLLM's 256 sequences per worker). Its start runs one dummy forward of that many tokens: SmolLM2's warm-up
-# took 15-17 s at 4096 and 12 s at 512, with the same decode speed (32 prompts x 64 tokens, 280-318 tok/s
-# either way, 2 cores); longer prompts are prefilled in chunks of this size.
+# >= vLLM's 256 sequences per worker). Its start runs one dummy forward of that many tokens, so a smaller budget
+# starts faster at the same decode speed (docs/results/real-model-limit.md); longer prompts are prefilled in
+# chunks of this size.
 CPU_MAX_BATCHED_TOKENS = 512
 
 
@@ -45,8 +45,8 @@ class EngineConfig:
     cpu_max_batched_tokens: int = CPU_MAX_BATCHED_TOKENS
     # CPU: which compile cache a start loads (the VLLM_USE_AOT_COMPILE environment variable overrides it).
     # True: vLLM's ahead-of-time cache, keyed by the model's path: a later start from the same directory skips
-    # Dynamo's trace (SmolLM2's warm-up 13.4 -> 3.8 s), a start from a new directory compiles from scratch
-    # (SmolLM2 62-71 s). False: Inductor's graph cache, keyed by the graph: any directory of an architecture
+    # Dynamo's trace, a start from a new directory compiles from scratch (benchmarks/bench_engine_start.py
+    # measures both). False: Inductor's graph cache, keyed by the graph: any directory of an architecture
     # compiled before hits it, and every start traces the model again.
     aot_compile: bool = False
 

@@ -383,8 +383,8 @@ def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
 
 def engine_config(engine: EngineConfig, plan) -> EngineConfig:
     """The engines load the policy's starting weights. A model directory the user named outlives the run, so a
-    later run from it loads vLLM's ahead-of-time compiled model (keyed by the path: SmolLM2's warm-up 13.4 ->
-    3.8 s); one the run made itself (the built-in model, a warm start, under the run directory) is new every
+    later run from it loads vLLM's ahead-of-time compiled model (keyed by the path, so its warm-up skips the
+    trace); one the run made itself (the built-in model, a warm start, under the run directory) is new every
     run and keeps Inductor's graph cache, which any directory of an architecture compiled before hits."""
     made_by_run = Path(plan.pretrain).resolve().is_relative_to(Path(plan.run_dir).resolve())
     return replace(engine, model_path=plan.pretrain, aot_compile=not made_by_run)

@@ -1,4 +1,4 @@
-"""A knowledge base no pretrained model can know, for search-augmented RL (docs/agents.md, issue 28).
+"""A knowledge base no pretrained model can know, for search-augmented RL (docs/agents.md).
 
 Invented entities (names drawn from syllables with a seed) each have three facts: a home, a tool and a mentor
 (another entity of the same split). One passage per fact, plus distractor passages that mention an entity

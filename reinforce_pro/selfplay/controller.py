@@ -282,7 +282,7 @@ class RoundStats:
         return m
 
     def curriculum_metrics(self, task: str) -> dict[str, float]:
-        """Where the proposer's questions are (issue 32): the mean difficulty of the valid proposals and of the
+        """Where the proposer's questions are: the mean difficulty of the valid proposals and of the
         learnable ones, and their diversity (unique fraction, entropy in bits of the question texts)."""
         if not self.questions:
             return {}

@@ -1,4 +1,4 @@
-"""The held-out ladder of a self-play task (issue 32): the solver's greedy accuracy on fixed questions per
+"""The held-out ladder of a self-play task: the solver's greedy accuracy on fixed questions per
 difficulty level, so a run shows how far the solver follows the proposer's curriculum. The trainer runs it
 like an --eval_dataset (every --eval_steps, and before training with --eval_before_training)."""
 

@@ -126,7 +126,7 @@ class PPOTrainer:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         # True when the engines were started by this run from the policy's own starting weights: then the
-        # weight sync before the first step has nothing to send (2.8 s of SmolLM2's 46 s start, issue 30)
+        # weight sync before the first step has nothing to send (a few seconds of a real model's start)
         self.engines_hold_start_weights = False
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in()))

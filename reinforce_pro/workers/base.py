@@ -77,7 +77,7 @@ def use_host_threads() -> None:
 # glibc's malloc hands large freed blocks back to the kernel, so every micro-batch's big temporaries (the LM head's
 # logits, the layers' activations and their gradients) fault their pages in afresh; with these set at process start
 # freed memory stays in the heap for the next micro-batch, as torch's caching allocator keeps CUDA memory. The CPU
-# trainer ranks get them (run/wiring.py): SmolLM2's forward + backward of a W3 step, 13.5 -> 12.6 s. Both are
+# trainer ranks get them (run/wiring.py; benchmarks/bench_train_phase.py measures what it saves). Both are
 # needed (glibc 2.36, mallinfo2 after malloc): the mmap threshold puts blocks of 1-300 MiB in the heap (without it
 # those over 32 MiB are always mmapped), and the trim threshold alone turns off glibc's adaptive threshold, so that
 # every block over 128 KiB is mmapped.
@@ -197,7 +197,7 @@ def initialize_deepspeed(model: torch.nn.Module, opt: OptimConfig, world_size: i
         eps=opt.adam_eps,
         weight_decay=opt.l2,
         # one vectorised pass per tensor (CPU and CUDA kernels): torch's CPU default loops over the parameters
-        # with ~10 ops each (SmolLM2: 0.97 s a step against 0.10 s fused, benchmarks/bench_train_phase.py)
+        # with ~10 ops each, an order of magnitude slower on a real model (benchmarks/bench_train_phase.py)
         fused=True,
     )
     extra = {"min_lr": opt.learning_rate * opt.min_lr_ratio} if opt.lr_scheduler == "cosine_with_min_lr" else None
