@@ -1,8 +1,12 @@
-"""Paired statistics for training studies run at several seeds (benchmarks/is_study.py).
+"""Paired statistics for training studies run at several seeds (benchmarks/is_study.py, is_long_study.py).
 
 Every correction of a study runs at the same seeds with the same warm start and prompts, so the unit of
 comparison is the per-seed difference between two corrections (paired), not two independent means: the
 seed-to-seed spread that swamped the older 3-seed study cancels in the difference.
+
+The tests are the well-kept implementations: scipy's one-sample t-test on the differences (= `ttest_rel`) and
+its Wilcoxon signed-rank test, statsmodels' Holm correction, and two one-sided t-tests for equivalence (TOST).
+The percentile bootstrap is kept for the older study's tables; under ~20 seeds it is too narrow to test with.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import math
 import random
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 Z_95, Z_80_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
@@ -52,16 +57,7 @@ def collapsed(
     blows up: non-finite, or a `window`-step moving average above `blowup` x the run's median. Moving averages
     and the margin keep single steps from counting: a flat run's raw reward is below its start half of the
     time, and on the embedded task one step's gradient norm reaches 10x the median in healthy runs."""
-    if len(rewards) < 2 * window:
-        return False
-    start = statistics.fmean(rewards[:window])
-    if longest_run(_moving(rewards, window), lambda m: m < start - margin) >= window:
-        return True
-    norms = [g if g is not None else math.nan for g in grad_norms]
-    if not all(math.isfinite(g) for g in norms):
-        return True
-    median = statistics.median(norms) if norms else 0.0
-    return median > 0 and any(m > blowup * median for m in _moving(norms, window))
+    return bool(collapse_kinds(rewards, grad_norms, window, margin, blowup))
 
 
 def _moving(values: list[float], window: int) -> list[float]:
@@ -89,3 +85,77 @@ def parse_seeds(text: str) -> list[int]:
 def stored_runs(path: Path) -> list[dict]:
     """The runs a study's JSON already holds (none before its first run): what a resumed study skips."""
     return json.loads(path.read_text())["results"]["runs"] if path.exists() else []
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A paired comparison over seeds: the mean difference, its 95% t-interval, the two tests' p-values."""
+
+    n: int
+    mean: float
+    low: float  # the 95% t-interval of the mean difference
+    high: float
+    sd: float  # standard deviation of the per-seed differences
+    p_t: float  # two-sided paired t-test
+    p_wilcoxon: float | None  # two-sided Wilcoxon signed-rank (None when every difference is 0)
+
+
+def paired_test(diffs: list[float]) -> PairedTest:
+    """The paired t-interval and t-test of `diffs` (per-seed a - b), with the Wilcoxon signed-rank test beside
+    it. Needs at least 2 differences."""
+    from scipy import stats
+
+    if len(diffs) < 2:
+        raise ValueError(f"a paired test needs at least 2 seeds, got {len(diffs)}")
+    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
+    sd = 0.0 if sd <= 1e-12 * max(1.0, abs(mean)) else sd  # equal differences up to float rounding
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else (1.0 if mean == 0 else 0.0)
+    p_w = float(stats.wilcoxon(diffs).pvalue) if any(d != 0 for d in diffs) else None
+    return PairedTest(n, mean, mean - half, mean + half, sd, p_t, p_w)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-adjusted p-values over one family of comparisons (statsmodels' multipletests), in the given order."""
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(pvalues, method="holm")[1]] if pvalues else []
+
+
+def tost(diffs: list[float], margin: float) -> float:
+    """The p-value of two one-sided t-tests that the mean difference lies within (-margin, +margin): small
+    means equivalent within the margin (the larger of the two one-sided p-values)."""
+    from scipy import stats
+
+    if len(diffs) < 2 or statistics.stdev(diffs) <= 1e-12:
+        raise ValueError("TOST needs at least 2 seeds whose differences vary")
+    lower = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
+    upper = stats.ttest_1samp(diffs, margin, alternative="less").pvalue
+    return float(max(lower, upper))
+
+
+def seeds_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Seeds for a paired two-sided test at level `alpha` to detect a mean difference `delta` with `power`,
+    given the paired differences' spread `sd`: ((z_{1-alpha/2} + z_power) sd / delta)^2, rounded up."""
+    from scipy import stats
+
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return math.ceil((z * sd / delta) ** 2)
+
+
+def collapse_kinds(rewards: list[float], grad_norms: list[float], window: int = 10, margin: float = 0.05,
+                   blowup: float = 5.0) -> list[str]:  # fmt: skip
+    """Which collapses a run had, by kind: "reward" (its `window`-step moving average more than `margin` below
+    its start for `window` or more consecutive steps) and "grad_norm" (non-finite, or a `window`-step moving
+    average above `blowup` x the run's median). `collapsed` is true when this is not empty."""
+    kinds = []
+    if len(rewards) >= 2 * window:
+        start = statistics.fmean(rewards[:window])
+        if longest_run(_moving(rewards, window), lambda m: m < start - margin) >= window:
+            kinds.append("reward")
+    norms = [g if g is not None else math.nan for g in grad_norms]
+    if len(rewards) >= 2 * window and norms:
+        median = statistics.median(norms) if all(math.isfinite(g) for g in norms) else math.nan
+        if not math.isfinite(median) or (median > 0 and any(m > blowup * median for m in _moving(norms, window))):
+            kinds.append("grad_norm")
+    return kinds

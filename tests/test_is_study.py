@@ -158,3 +158,37 @@ def test_each_run_records_its_commit_tree_state_and_host(tmp_path):
     (tmp_path / "new.py").write_text("")  # an untracked file makes the tree dirty too
     assert not run_provenance(tmp_path)["clean"]
     assert clean["host_id"] == other["host_id"] and len(clean["host_id"]) == 12 and clean["started"]
+
+
+def test_paired_t_interval_and_tests_match_hand_computation():
+    from benchmarks.study_stats import paired_test
+
+    r = paired_test([1.0, 2.0, 3.0, 4.0, 5.0])
+    # mean 3, sd sqrt(2.5), se sqrt(0.5); t_{0.975, 4} = 2.776445 (tables): half-width 1.963243
+    assert (r.n, r.mean) == (5, 3.0) and abs(r.sd - 2.5**0.5) < 1e-12
+    assert abs(r.low - (3 - 1.963243)) < 1e-5 and abs(r.high - (3 + 1.963243)) < 1e-5
+    assert abs(r.p_t - 0.013236) < 1e-5  # t = 4.242641 on 4 degrees of freedom
+    assert abs(r.p_wilcoxon - 0.0625) < 1e-12  # exact: all 5 signs positive, 2 / 2^5
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paired_test([0.1])
+
+
+def test_holm_tost_and_seed_count_match_hand_computation():
+    from benchmarks.study_stats import holm, seeds_needed, tost
+
+    # sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> raised to the running maximum 0.06
+    assert [round(p, 12) for p in holm([0.01, 0.04, 0.03])] == [0.03, 0.06, 0.06]
+    diffs = [0.01, -0.01, 0.02, 0.0, -0.02]  # mean 0, se 0.0070711
+    assert tost(diffs, 0.05) < 0.002  # t = 7.07 on 4 degrees of freedom against each bound: p = 0.00105
+    assert tost(diffs, 0.001) > 0.4  # a margin inside the noise: not equivalent
+    assert seeds_needed(sd=0.1, delta=0.07) == 17  # ((1.959964 + 0.841621) x 0.1 / 0.07)^2 = 16.02 -> 17
+
+
+def test_collapse_kinds_name_what_collapsed():
+    from benchmarks.study_stats import collapse_kinds
+
+    flat = [0.3] * 40
+    assert collapse_kinds(flat, [1.0] * 40) == []
+    assert collapse_kinds([0.3] * 10 + [0.1] * 30, [1.0] * 40) == ["reward"]
+    assert collapse_kinds(flat, [1.0] * 30 + [20.0] * 10) == ["grad_norm"]  # median 1, last 10 steps at 20
+    assert collapse_kinds([0.3] * 10 + [0.1] * 30, [1.0] * 39 + [float("nan")]) == ["reward", "grad_norm"]
