@@ -416,9 +416,10 @@ class TrainingFlags:
         "the same numbers")
     sft_warmup_steps: int = flag(200, "[reinforce_pro] embedded default only: supervised warm-start steps before RL")
     builtin_task: str = flag("arithmetic",
-        "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens) or scratchpad (four-digit "
-        "additions worked column by column, ~55-token responses whose every step the answer depends on; its preset "
-        "embedded-scratchpad sizes the run for it)", choices=EMBEDDED_TASKS)
+        "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens); running_sum (the running "
+        "sum of ten labelled digits, ~60-token responses whose every step the total depends on); scratchpad "
+        "(four-digit additions worked column by column, ~55 tokens, on a 4-layer model). Each long task has its "
+        "preset, embedded-running-sum / embedded-scratchpad, that sizes the run for it", choices=EMBEDDED_TASKS)
 
 
 @dataclass(frozen=True)

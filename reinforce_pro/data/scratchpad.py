@@ -18,11 +18,10 @@ correction is designed for.
 from __future__ import annotations
 
 import random
-import re
+
+from reinforce_pro.rewards.builtin import marked_answer, marked_answer_match
 
 DIGITS = 4
-MAX_RESPONSE_CHARS = 200  # a response longer than this is not an answer (and is not parsed)
-_ANSWER = re.compile(r"#([0-9]+)\s*$")  # ASCII digits only: "²" or "٣" pass str.isdigit
 
 
 def operands(rng: random.Random) -> tuple[int, int]:
@@ -59,19 +58,8 @@ def records(n: int, seed: int, split: str = "train") -> list[dict]:
     return out
 
 
-def parse_answer(response: str) -> str | None:
-    """The sum a response states (the digits after its last "#", at its end), or None: for a response that is
-    empty, over-long, has no "#", or ends in anything but ASCII digits."""
-    if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
-        return None
-    match = _ANSWER.search(response)
-    return match.group(1).lstrip("0") or "0" if match else None
-
-
-def reward(response: str, label: str) -> float:
-    """1.0 when the stated sum equals the label, else 0.0."""
-    answer = parse_answer(response)
-    return float(answer is not None and answer == (str(label).strip().lstrip("0") or "0"))
+parse_answer = marked_answer  # the sum after the last "#", or None
+reward = marked_answer_match  # 1.0 when the stated sum equals the label
 
 
 def main() -> None:

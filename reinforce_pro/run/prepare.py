@@ -182,12 +182,14 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     from reinforce_pro.models.tiny import build_tiny_model
     from reinforce_pro.trainer.sft_warmup import sft_warm_start
 
-    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed)
+    embedded = EMBEDDED_TASKS[cfg.data.builtin_task]()
+    layers = 2 if task else embedded.model_layers
+    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed, num_layers=layers)
     steps = cfg.models.sft_warmup_steps
     if task:  # self-play: both roles' examples
         examples = task.warm_start_examples(2048, seed=cfg.seed + 1)
-    else:  # 4096 of the embedded task's examples, drawn with seed + 1: they differ from the RL prompts
-        examples = EMBEDDED_TASKS[cfg.data.builtin_task]().warm_start(4096, cfg.seed + 1)
+    else:  # the embedded task's examples, drawn with seed + 1: they differ from the RL prompts
+        examples = embedded.warm_start(embedded.warm_start_examples, cfg.seed + 1)
     if cfg.data.prompt_data is not None or steps <= 0 or examples == []:
         return str(base)
     out = run_dir / "warmstart"
