@@ -1,0 +1,276 @@
+"""Which IS correction, when responses are long and the staleness is set: the screening stage of the study.
+
+    python benchmarks/is_long_study.py --seeds 101-103                      # every arm (hours on 2 cores)
+    python benchmarks/is_long_study.py --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
+    python benchmarks/is_long_study.py --render benchmarks/results/is_long_screening.json
+
+The task is the running sum of ten labelled digits (data/running_sum.py, ~60-token responses whose every step
+the total depends on), on the built-in 2-layer model warm-started per seed. A regime sets the mismatch
+exactly: `staleK` samples every step with the policy of exactly K steps before (`--rollout_staleness K`, a bf16
+engine for an fp32 trainer); `sync` is the undisturbed reference (staleness 0, the same bf16 engine), run with
+no correction. Every correction of the family runs under every stale regime.
+
+Pairing: per seed one warm start, one prompt order and one sampling seed shared by every arm (the engine is
+reseeded before each run; the first step's rewards of the arms of a seed are equal). Each run evaluates the
+held-out split greedily before training and at its last step (200 questions the warm start and RL never saw);
+the primary endpoint is that last accuracy, the training reward (mean of the last 10 steps) is secondary.
+
+Every run records its own commit, whether the tree was clean (a dirty tree refuses to run unless
+`--allow-dirty`, and then records the diff's hash), the host id and its wall time. Results accumulate in one
+JSON and the study resumes: a run already there (same seed, regime, correction, steps) is not run again. The
+analysis (paired t-interval, t-test and Wilcoxon, Holm over each endpoint's family, TOST against a margin) is
+benchmarks/study_stats.py's; the confirmatory stage is registered in docs/results/is-long-study.md before its
+runs, and writes its own file (`--name`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
+from benchmarks.is_study import held_out, summarise  # noqa: E402
+from benchmarks.study_stats import collapse_kinds, holm, paired_test, parse_seeds, stored_runs, tost  # noqa: E402
+
+NAME = "is_long_screening"
+TASK = "running_sum"
+HELD_OUT = 200  # held-out questions evaluated greedily before training and at the last step
+STALE = {"stale2": 2, "stale4": 4, "stale8": 8}
+REGIMES = {"sync": 0, **STALE}  # regime -> --rollout_staleness
+CORRECTIONS = [
+    "none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis", "minpro", "ctpo", "cppo",
+    "dppo-tv", "kpop", "trm", "opsm", "geo-seq-mask", "token-tv", "token-binary-kl", "seq-tv", "seq-binary-kl",
+]  # fmt: skip
+REFERENCES = ("none", "tis", "sync")  # every correction is compared with these (sync: the undisturbed `none`)
+ENDPOINTS = {"final_eval": "held-out greedy accuracy at the last step", "final_reward": "training reward, last 10"}
+MARGIN = 0.03  # equivalence margin of the held-out accuracy (3 points) for TOST
+STUDY_FLAGS = {"is_position_metrics": True, "eval_temperature": 0.0, "eval_before_training": True}
+
+
+def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
+    """(regime, correction) of every run a seed needs: `sync` with `none` only, each stale regime with all."""
+    out = [("sync", "none")] if "sync" in regimes else []
+    return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
+
+
+def warm_start(seed: int, workdir: Path) -> str:
+    """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts."""
+    from reinforce_pro.cli.presets import RUNNING_SUM_WARMUP
+    from reinforce_pro.data import EMBEDDED_TASKS
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+
+    task, out = EMBEDDED_TASKS[TASK](), workdir / f"warm_{seed}"
+    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=task.model_layers)
+    examples = task.warm_start(task.warm_start_examples, seed + 1)
+    sft_warm_start(base, out, examples, steps=RUNNING_SUM_WARMUP, seed=seed)
+    return str(out)
+
+
+def with_correction(cfg, correction: str, save: Path):
+    """`cfg` with one IS correction (`none`: IS off) at its band (a divergence gate's own [0, HIGH]), writing
+    to `save`."""
+    from reinforce_pro.algos.is_correction import default_band
+
+    surrogate = replace(cfg.loss.surrogate, enable_vllm_is_correction=correction != "none")
+    if correction != "none":
+        band = default_band(correction, tuple(surrogate.vllm_is_truncated_threshold))
+        surrogate = replace(surrogate, vllm_is_correction_type=correction, vllm_is_truncated_threshold=band)
+    return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
+
+
+def held_out_file(workdir: Path) -> Path:
+    """The held-out split as an --eval_dataset (the same 200 questions for every seed and arm)."""
+    from reinforce_pro.data import running_sum
+
+    path = workdir / "eval.jsonl"  # its stem names the metrics: eval/eval/pass@1 (is_study.EVAL_KEY)
+    path.write_text("".join(json.dumps(r) + "\n" for r in running_sum.records(HELD_OUT, 1234, "held_out")))
+    return path
+
+
+def run_config(model: str, seed: int, steps: int, staleness: int, eval_path: Path):
+    """The embedded-running-sum preset for `model`, with the regime's staleness and the held-out evaluations."""
+    from reinforce_pro.cli.config import run_config as build
+    from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args(["--pretrain", model])
+    vars(args).update({k: v for k, v in EMBEDDED_RUNNING_SUM.items() if k != "vllm_is_correction_type"})
+    vars(args).update(STUDY_FLAGS, seed=seed, max_samples=32 * steps, builtin_task=TASK, rollout_staleness=staleness,
+                      eval_dataset=str(eval_path), eval_steps=steps)  # fmt: skip
+    return build(args)
+
+
+def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
+    """Run every (seed, regime, correction) not yet in `runs`, one Ray cluster and one engine per seed;
+    `save(runs)` after each run."""
+    import ray
+
+    from reinforce_pro.rollout.vllm_engine import VLLMEngine
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
+    from reinforce_pro.workers.launcher import start_ray
+
+    done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
+    todo = {s: [a for a in arms(regimes, corrections) if (s, *a, steps) not in done] for s in seeds}
+    total, count = sum(map(len, todo.values())), 0
+    if not total:
+        return runs
+    workdir = Path(tempfile.mkdtemp(prefix="is_long_study_"))
+    eval_path = held_out_file(workdir)
+    start_ray(logical_cpus=8)
+    for seed, pending in ((s, p) for s, p in todo.items() if p):
+        model = warm_start(seed, workdir)
+        configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
+        engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(next(iter(configs.values())).engines.config)
+        for regime, correction in pending:
+            count += 1
+            print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
+            cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+            ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
+            provenance, start = run_provenance(), time.perf_counter()
+            plan = prepare(cfg)
+            history = build_and_fit(cfg, plan, engines=[engine])
+            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
+                      "staleness": REGIMES[regime], **provenance}  # fmt: skip
+            runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
+                         **lengths(history)})  # fmt: skip
+            save(runs)
+        ray.kill(engine)
+    return runs
+
+
+def lengths(history: list[dict]) -> dict:
+    """The run's mean response length (tokens, <eos> included) and the staleness its trained tokens had."""
+    mean = lambda key: statistics.fmean(h[key] for h in history if key in h) if any(key in h for h in history) else None  # noqa: E731
+    return {"response_length": mean("rollout/response_length_mean"), "staleness_trained": mean("async/staleness_mean")}
+
+
+# ------------------------------------------------------------------------------------------ analysis
+def values(runs: list[dict], regime: str, correction: str, key: str) -> dict[int, float]:
+    return {r["seed"]: r[key] for r in runs if (r["regime"], r["correction"]) == (regime, correction)
+            and r.get(key) is not None}  # fmt: skip
+
+
+def compare(runs: list[dict], regime: str, correction: str, reference: str, key: str) -> dict | None:
+    """The paired comparison of `correction` with a reference in `regime` (`sync`: the sync regime's `none`)."""
+    ref_regime, ref_correction = ("sync", "none") if reference == "sync" else (regime, reference)
+    if (regime, correction) == (ref_regime, ref_correction):
+        return None
+    a, b = values(runs, regime, correction, key), values(runs, ref_regime, ref_correction, key)
+    diffs = [a[s] - b[s] for s in sorted(a) if s in b]
+    if len(diffs) < 2:
+        return None
+    test = paired_test(diffs)
+    out = {"n": test.n, "mean": test.mean, "low": test.low, "high": test.high, "sd": test.sd, "p_t": test.p_t,
+           "p_wilcoxon": test.p_wilcoxon}  # fmt: skip
+    if key == "final_eval" and test.sd > 0:
+        out["p_tost"] = tost(diffs, MARGIN)
+    return out
+
+
+def analyse(runs: list[dict]) -> list[dict]:
+    """One row per regime x correction: means, collapses by kind, and the comparisons with every reference,
+    their t-test p-values Holm-adjusted over each endpoint's family (every comparison of that endpoint)."""
+    rows = []
+    for regime in (g for g in REGIMES if any(r["regime"] == g for r in runs)):
+        for correction in (c for c in CORRECTIONS if values(runs, regime, c, "steps")):
+            sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction)]
+            kinds = [k for r in sel for k in collapse_kinds(r["rewards"], r["grad_norms"])]
+            row = {"regime": regime, "correction": correction, "seeds": len(sel),
+                   "collapses": {k: kinds.count(k) for k in ("reward", "grad_norm")}}  # fmt: skip
+            for key in ("final_eval", "start_eval", "final_reward", "masked_frac", "response_length",
+                        "staleness_trained", "mean_abs_log_ratio", "wall_s"):  # fmt: skip
+                found = [r[key] for r in sel if r.get(key) is not None]
+                row[key] = statistics.fmean(found) if found else None
+            for key in ENDPOINTS:
+                for ref in REFERENCES:
+                    row[f"{key}_vs_{ref}"] = compare(runs, regime, correction, ref, key)
+            rows.append(row)
+    for key in ENDPOINTS:  # Holm over the family of one endpoint
+        tests = [(row, ref) for row in rows for ref in REFERENCES if row[f"{key}_vs_{ref}"]]
+        for (row, ref), p in zip(tests, holm([row[f"{key}_vs_{ref}"]["p_t"] for row, ref in tests]), strict=True):
+            row[f"{key}_vs_{ref}"]["p_holm"] = p
+    return rows
+
+
+def _cell(d: dict | None) -> str:
+    if d is None:
+        return "-"
+    mark = "**" if d["p_holm"] < 0.05 else ""
+    return f"{mark}{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_holm']:.2f}{mark}"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(payload: dict, out_dir: Path) -> str:
+    runs, stem = payload["results"]["runs"], payload.get("benchmark", NAME)
+    rows = analyse(runs)
+    lines = [
+        "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
+        f"(±{MARGIN}) | reward | masked | length | staleness | collapses (reward / grad) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        eq = (r["final_eval_vs_none"] or {}).get("p_tost")
+        lines.append(
+            f"| {r['regime']} | {r['correction']} | {r['seeds']} | {_fmt(r['start_eval'], '.3f')} -> "
+            f"{_fmt(r['final_eval'], '.3f')} | {_cell(r['final_eval_vs_none'])} | {_cell(r['final_eval_vs_tis'])} | "
+            f"{_cell(r['final_eval_vs_sync'])} | {_fmt(eq, '.2f')} | {_fmt(r['final_reward'], '.3f')} | "
+            f"{_fmt(r['masked_frac'], '.2%')} | {_fmt(r['response_length'], '.1f')} | "
+            f"{_fmt(r['staleness_trained'], '.2f')} | {r['collapses']['reward']} / {r['collapses']['grad_norm']} |"
+        )
+    lines += ["", "Differences of the held-out accuracy, paired over seeds: mean [95% t-interval] and the t-test's "
+              "p-value Holm-adjusted over every comparison of the endpoint (bold: below 0.05). TOST: the p-value "
+              f"that the difference to `none` lies within ±{MARGIN} (small: equivalent).",
+              f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
+    hosts = sorted({r["host_id"] for r in runs})
+    clean = sum(r["clean"] for r in runs)
+    lines.append(f"\n_{len(runs)} runs ({clean} from a clean tree) on host(s) {', '.join(hosts)}; commits "
+                 f"{', '.join(sorted({r['commit'][:9] for r in runs}))}._")  # fmt: skip
+    text = "\n".join(lines)
+    (out_dir / f"{stem}.md").write_text(text + "\n")
+    return text
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("101-103"), help="e.g. 101-103 or 1,3,5")
+    p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
+    p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
+    p.add_argument("--steps", type=int, default=150, help="RL steps per run")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
+    p.add_argument("--name", default=NAME, help="the JSON's name: the confirmatory stage keeps its own file")
+    p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
+    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text()), args.render.parent))
+        return 0
+    if not run_provenance()["clean"] and not args.allow_dirty:
+        p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
+    path = args.output / f"{args.name}.json"
+
+    def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
+        config = {"task": TASK, "regimes": REGIMES, "corrections": CORRECTIONS, "endpoints": ENDPOINTS,
+                  "margin": MARGIN, "held_out": HELD_OUT, "flags": STUDY_FLAGS}  # fmt: skip
+        write_result(args.name, config, {"runs": current}, args.output)
+
+    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save)
+    print(render(json.loads(path.read_text()), args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

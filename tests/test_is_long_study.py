@@ -1,0 +1,63 @@
+"""The long-response study's arms, configs and analysis (benchmarks/is_long_study.py) on constructed runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import is_long_study as study
+
+
+def test_arms_run_sync_with_none_alone_and_every_correction_under_each_stale_regime():
+    arms = study.arms(["sync", "stale4"], ["none", "tis", "reinforce_pro"])
+    assert arms == [("sync", "none"), ("stale4", "none"), ("stale4", "tis"), ("stale4", "reinforce_pro")]
+    assert study.arms(["stale2"], ["none"]) == [("stale2", "none")]
+
+
+def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_band(tmp_path):
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    eval_path = study.held_out_file(tmp_path)
+    records = [json.loads(line) for line in eval_path.read_text().splitlines()]
+    assert len(records) == study.HELD_OUT and all({"input", "label"} <= set(r) for r in records)
+
+    cfg = study.run_config(model, seed=3, steps=20, staleness=4, eval_path=eval_path)
+    assert cfg.loop.rollout_staleness == 4 and cfg.data.builtin_task == "running_sum" and cfg.seed == 3
+    assert cfg.rollout.max_new_tokens == 64 and cfg.evaluation.dataset == str(eval_path)
+    gate = study.with_correction(cfg, "token-tv", tmp_path / "a").loss.surrogate
+    assert gate.vllm_is_correction_type == "token-tv" and gate.vllm_is_truncated_threshold == (0.0, 0.2)
+    ratio = study.with_correction(cfg, "reinforce_pro", tmp_path / "b").loss.surrogate
+    assert ratio.enable_vllm_is_correction and ratio.vllm_is_truncated_threshold == (0.5, 5.0)
+    assert not study.with_correction(cfg, "none", tmp_path / "c").loss.surrogate.enable_vllm_is_correction
+
+
+def _run(seed, regime, correction, final_eval, reward=0.3):
+    return {"seed": seed, "regime": regime, "correction": correction, "steps": 40, "final_eval": final_eval,
+            "start_eval": 0.2, "final_reward": reward, "rewards": [reward] * 40, "grad_norms": [1.0] * 40,
+            "masked_frac": 0.02, "response_length": 60.0, "staleness_trained": 4.0, "mean_abs_log_ratio": 0.1,
+            "wall_s": 60.0, "host_id": "h", "clean": True, "commit": "0" * 40}  # fmt: skip
+
+
+def test_analysis_pairs_by_seed_corrects_for_multiplicity_and_tests_equivalence(tmp_path):
+    gains = [0.10, 0.12, 0.08, 0.11, 0.09]
+    noise = [0.004, -0.003, 0.002, -0.004, 0.001]
+    runs = []
+    for i, seed in enumerate(range(1, 6)):
+        base = 0.3 + 0.01 * i  # seeds differ; pairing removes it
+        runs += [_run(seed, "sync", "none", base + 0.15), _run(seed, "stale4", "none", base)]
+        runs += [_run(seed, "stale4", "tis", base + noise[i]), _run(seed, "stale4", "reinforce_pro", base + gains[i])]
+    rows = {(r["regime"], r["correction"]): r for r in study.analyse(runs)}
+    rp = rows[("stale4", "reinforce_pro")]
+    assert rp["final_eval_vs_none"]["mean"] == pytest.approx(0.10)
+    assert rp["final_eval_vs_none"]["low"] > 0 and rp["final_eval_vs_none"]["p_holm"] < 0.05
+    assert rp["final_eval_vs_sync"]["mean"] == pytest.approx(-0.05)
+    # Holm never lowers a p-value; equal rewards at every seed differ by exactly 0, p = 1
+    assert rp["final_eval_vs_none"]["p_holm"] >= rp["final_eval_vs_none"]["p_t"]
+    assert rp["final_reward_vs_none"]["mean"] == 0 and rp["final_reward_vs_none"]["p_holm"] == 1.0
+    tis = rows[("stale4", "tis")]["final_eval_vs_none"]
+    assert tis["p_holm"] > 0.05 and tis["p_tost"] < 0.05  # within ±0.03 of none: equivalent
+    assert rows[("sync", "none")]["final_eval_vs_sync"] is None
+    text = study.render({"benchmark": "t", "results": {"runs": runs}}, tmp_path)
+    assert (tmp_path / "t.md").read_text().strip() == text and "| stale4 | reinforce_pro | 5 |" in text
