@@ -106,7 +106,8 @@ def run_config(model: str, seed: int, steps: int, staleness: int, eval_path: Pat
     vars(args).update({k: v for k, v in EMBEDDED_RUNNING_SUM.items() if k != "vllm_is_correction_type"})
     vars(args).update(STUDY_FLAGS, seed=seed, max_samples=32 * steps, builtin_task=TASK, rollout_staleness=staleness,
                       eval_dataset=str(eval_path), eval_steps=steps)  # fmt: skip
-    return build(args)
+    cfg = build(args)  # the engine is started before the run, so its settings name the model here
+    return replace(cfg, engines=replace(cfg.engines, config=replace(cfg.engines.config, model_path=model)))
 
 
 def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
