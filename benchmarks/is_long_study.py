@@ -52,7 +52,8 @@ CORRECTIONS = [
 REFERENCES = ("none", "tis", "sync")  # every correction is compared with these (sync: the undisturbed `none`)
 ENDPOINTS = {"final_eval": "held-out greedy accuracy at the last step", "final_reward": "training reward, last 10"}
 MARGIN = 0.03  # equivalence margin of the held-out accuracy (3 points) for TOST
-STUDY_FLAGS = {"is_position_metrics": True, "eval_temperature": 0.0, "eval_before_training": True}
+STUDY_FLAGS = {"is_position_metrics": True, "eval_temperature": 0.0, "eval_n_samples_per_prompt": 1,
+               "eval_before_training": True}  # fmt: skip
 
 
 def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
@@ -61,18 +62,19 @@ def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
     return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
 
 
-def warm_start(seed: int, workdir: Path) -> str:
+def warm_start(seed: int, workdir: Path) -> tuple[str, dict]:
     """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts."""
-    from reinforce_pro.cli.presets import RUNNING_SUM_WARMUP
+    from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM, RUNNING_SUM_WARMUP
     from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
-    task, out = EMBEDDED_TASKS[TASK](), workdir / f"warm_{seed}"
-    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=task.model_layers)
-    examples = task.warm_start(task.warm_start_examples, seed + 1)
-    sft_warm_start(base, out, examples, steps=RUNNING_SUM_WARMUP, seed=seed)
-    return str(out)
+    out = workdir / f"warm_{seed}"
+    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=EMBEDDED_TASKS[TASK]().model_layers)
+    steps, target = RUNNING_SUM_WARMUP["sft_warmup_steps"], RUNNING_SUM_WARMUP["sft_warmup_target"]
+    stats = embedded_warm_start(TASK, base, out, steps, seed, target, EMBEDDED_RUNNING_SUM["max_new_tokens"])
+    print(f"[is_long_study] seed {seed}: warm start of {stats['sft/steps']} steps", flush=True)
+    return str(out), stats
 
 
 def with_correction(cfg, correction: str, save: Path):
@@ -129,7 +131,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     eval_path = held_out_file(workdir)
     start_ray(logical_cpus=8)
     for seed, pending in ((s, p) for s, p in todo.items() if p):
-        model = warm_start(seed, workdir)
+        model, warm = warm_start(seed, workdir)
         configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
         engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(next(iter(configs.values())).engines.config)
         for regime, correction in pending:
@@ -141,7 +143,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
             plan = prepare(cfg)
             history = build_and_fit(cfg, plan, engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
-                      "staleness": REGIMES[regime], **provenance}  # fmt: skip
+                      "staleness": REGIMES[regime], "warm_start_steps": warm["sft/steps"], **provenance}  # fmt: skip
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)

@@ -81,6 +81,49 @@ def test_builtin_task_reaches_the_run_and_its_preset():
 
     args, cfg = parse(["--builtin_task", "running_sum"])
     assert args.preset == "embedded-running-sum" and cfg.data.builtin_task == "running_sum"
-    assert cfg.rollout.max_new_tokens == 64 and cfg.models.sft_warmup_steps == RUNNING_SUM_WARMUP
+    assert cfg.rollout.max_new_tokens == 64 and cfg.models.sft_warmup_steps == RUNNING_SUM_WARMUP["sft_warmup_steps"]
+    assert cfg.models.sft_warmup_target == RUNNING_SUM_WARMUP["sft_warmup_target"] > 0
     args, cfg = parse(["--builtin_task", "running_sum", "--sft_warmup_steps", "5"])
     assert cfg.models.sft_warmup_steps == 5  # a flag wins over its preset value
+
+
+def test_greedy_accuracy_prompts_as_the_warm_start_trains_and_scores_each_answer():
+    import torch
+
+    from reinforce_pro.models.tiny import build_tokenizer
+    from reinforce_pro.trainer.sft_warmup import greedy_accuracy
+
+    tok = build_tokenizer()
+    records = [{"input": "a1=", "label": "1"}, {"input": "a10=", "label": "10"}]
+    seen = {}
+
+    class Answers:  # answers "#1" to every prompt; records what it was asked and in which mode
+        def eval(self):
+            seen["mode"] = "eval"
+
+        def train(self):
+            seen["after"] = "train"
+
+        def generate(self, input_ids, attention_mask, **kw):
+            seen.update(ids=input_ids.tolist(), mask=attention_mask.tolist(), greedy=not kw["do_sample"])
+            answer = torch.tensor([tok("#1", add_special_tokens=False)["input_ids"]] * len(input_ids))
+            return torch.cat([input_ids, answer], dim=1)
+
+    assert greedy_accuracy(Answers(), tok, records, rs.reward, max_new_tokens=8) == 0.5
+    first, second = (tok(r["input"], add_special_tokens=False)["input_ids"] for r in records)
+    assert seen["ids"] == [[tok.pad_token_id, tok.bos_token_id, *first], [tok.bos_token_id, *second]]
+    assert seen["mask"] == [[0] + [1] * (len(first) + 1), [1] * (len(second) + 1)]
+    assert seen["greedy"] and (seen["mode"], seen["after"]) == ("eval", "train")
+
+
+def test_a_warm_start_stops_at_the_first_check_its_stop_condition_holds(tmp_path):
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.trainer.sft_warmup import CHECK_EVERY, sft_warm_start
+
+    base = build_tiny_model(tmp_path / "tiny")
+    examples = EMBEDDED_TASKS["running_sum"]().warm_start(64, 0)
+    checks = []
+    stats = sft_warm_start(base, tmp_path / "out", examples, steps=3 * CHECK_EVERY, batch_size=4,
+                           stop=lambda model, tok: checks.append(1) or len(checks) == 2)  # fmt: skip
+    assert stats["sft/steps"] == 2 * CHECK_EVERY and len(checks) == 2
+    assert (tmp_path / "out" / "config.json").exists()

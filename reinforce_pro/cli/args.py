@@ -415,6 +415,10 @@ class TrainingFlags:
         "--train_batch_size, no KL penalty in the reward): the training forward's own log-probs, detached, are then "
         "the same numbers")
     sft_warmup_steps: int = flag(200, "[reinforce_pro] embedded default only: supervised warm-start steps before RL")
+    sft_warmup_target: float = flag(0.0,
+        "[reinforce_pro] embedded default only: stop the warm start once its greedy accuracy on 64 training prompts "
+        "reaches this (checked every 50 steps; --sft_warmup_steps is then the most it runs); 0 runs every step. A "
+        "task whose accuracy jumps within a few hundred steps starts RL from the same place at every seed")
     builtin_task: str = flag("arithmetic",
         "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens); running_sum (the running "
         "sum of ten labelled digits, ~60-token responses whose every step the total depends on); scratchpad "

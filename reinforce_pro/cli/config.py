@@ -290,12 +290,12 @@ def loop(
 def models(
     pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
     disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
-    save_value_network,
+    save_value_network, sft_warmup_target,
 ) -> sections.Models:  # fmt: skip
     lora_settings = LoraSettings(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
     return sections.Models(
         pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
-        disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network,
+        disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network, sft_warmup_target,
     )  # fmt: skip
 
 

@@ -82,6 +82,11 @@ class Models:
     lora: LoraSettings | None
     lora_save_merged: bool
     save_value_network: bool
+    sft_warmup_target: float = 0.0  # stop the warm start at this greedy accuracy (0: run every step)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sft_warmup_target <= 1.0:
+            raise ValueError(f"--sft_warmup_target is an accuracy in [0, 1], got {self.sft_warmup_target}")
 
 
 @dataclass(frozen=True)

@@ -180,24 +180,25 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     roles) when that is what we train on."""
     from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import embedded_warm_start, sft_warm_start
 
-    embedded = EMBEDDED_TASKS[cfg.data.builtin_task]()
-    layers = 2 if task else embedded.model_layers
+    layers = 2 if task else EMBEDDED_TASKS[cfg.data.builtin_task]().model_layers
     base = build_tiny_model(run_dir / "base_model", seed=cfg.seed, num_layers=layers)
-    steps = cfg.models.sft_warmup_steps
+    steps, out = cfg.models.sft_warmup_steps, run_dir / "warmstart"
+    if cfg.data.prompt_data is not None or steps <= 0:
+        return str(base)
     if task:  # self-play: both roles' examples
         examples = task.warm_start_examples(2048, seed=cfg.seed + 1)
-    else:  # the embedded task's examples, drawn with seed + 1: they differ from the RL prompts
-        examples = embedded.warm_start(embedded.warm_start_examples, cfg.seed + 1)
-    if cfg.data.prompt_data is not None or steps <= 0 or examples == []:
-        return str(base)
-    out = run_dir / "warmstart"
-    stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
+        if examples == []:
+            return str(base)
+        stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
+    else:
+        stats = embedded_warm_start(cfg.data.builtin_task, base, out, steps, cfg.seed,
+                                    cfg.models.sft_warmup_target, cfg.rollout.max_new_tokens)  # fmt: skip
     summary.update(stats)
-    print(f"[warm start] {steps} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
+    print(f"[warm start] {stats['sft/steps']} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
-    return str(run_dir / "warmstart")
+    return str(out)
 
 
 def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:

@@ -8,10 +8,13 @@ The loss covers the answer tokens and <eos> only (the prompt is given).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+CHECK_EVERY = 50  # warm-start steps between two checks of a stop condition (a greedy pass over a few prompts)
 
 
 def sft_warm_start(
@@ -22,13 +25,31 @@ def sft_warm_start(
     batch_size: int = 64,
     lr: float = 3e-3,
     seed: int = 0,
+    stop: Callable[[torch.nn.Module, object], bool] | None = None,
 ) -> dict:
-    """Train `model_dir` on {"prompt", "label"} examples for `steps` steps; save to `out_dir`. Returns stats."""
+    """Train `model_dir` on {"prompt", "label"} examples for `steps` steps; save to `out_dir`. Returns stats.
+    `stop(model, tokenizer)`, asked every CHECK_EVERY steps, ends the warm start early when it returns True."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     encode = lambda batch: _encode_batch(tok, batch)  # noqa: E731
-    return _fit(model_dir, out_dir, examples, encode, steps, batch_size, lr, seed)
+    return _fit(model_dir, out_dir, examples, encode, steps, batch_size, lr, seed, stop)
+
+
+def greedy_accuracy(model, tok, records: list[dict], score: Callable[[str, str], float], max_new_tokens: int) -> float:
+    """The mean score of `model`'s greedy answers to {"input", "label"} records, prompted as the warm start
+    trains (<bos> then the prompt); the model is left in train mode."""
+    model.eval()
+    prompts = [[tok.bos_token_id] + tok(r["input"], add_special_tokens=False)["input_ids"] for r in records]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])  # left-padded
+    with torch.no_grad():
+        mask = (ids != tok.pad_token_id).long()
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    model.train()
+    answers = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    return sum(score(a, r["label"]) for a, r in zip(answers, records, strict=True)) / len(records)
 
 
 def sft_on_sequences(
@@ -49,9 +70,9 @@ def sft_on_sequences(
     return _fit(model_dir, out_dir, sequences, lambda batch: _pad_sequences(batch, pad), steps, batch_size, lr, seed)
 
 
-def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, lr: float, seed: int) -> dict:
+def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, lr: float, seed: int, stop=None) -> dict:
     """`steps` AdamW steps on random batches of `items` (encode(batch) -> ids, attention mask, labels: -100 where
-    untrained)."""
+    untrained), fewer when `stop(model, tokenizer)` says so at a check."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -61,7 +82,7 @@ def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, l
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    for _ in tqdm(range(steps), desc="warm start (SFT)", leave=False):
+    for step in tqdm(range(1, steps + 1), desc="warm start (SFT)", leave=False):
         ids, attention, labels = encode(rng.sample(items, min(batch_size, len(items))))
         out = model(input_ids=ids, attention_mask=attention, labels=labels)
         opt.zero_grad()
@@ -69,19 +90,35 @@ def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(out.loss.item())
+        if stop is not None and step % CHECK_EVERY == 0 and stop(model, tok):
+            break
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
-    return {"sft/steps": steps, "sft/loss_first": losses[0], "sft/loss_last": sum(losses[-10:]) / len(losses[-10:])}
+    last = sum(losses[-10:]) / len(losses[-10:])
+    return {"sft/steps": len(losses), "sft/loss_first": losses[0], "sft/loss_last": last}
 
 
 def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int, seed: int) -> dict:
     """The embedded default's warm start: `steps` SFT steps on 4096 built-in additions (drawn with seed + 1,
     so they differ from the RL prompts drawn with `seed`)."""
+    return embedded_warm_start("arithmetic", model_dir, out_dir, steps, seed)
+
+
+def embedded_warm_start(task_name: str, model_dir, out_dir, steps: int, seed: int, target: float = 0.0,
+                        max_new_tokens: int = 64) -> dict:  # fmt: skip
+    """The warm start of an embedded task (data.EMBEDDED_TASKS): up to `steps` SFT steps on its examples, drawn
+    with seed + 1 so they differ from the RL prompts drawn with `seed`; with `target` > 0 it stops at the first
+    check where the greedy accuracy on 64 training prompts (drawn with seed + 2) reaches `target`."""
     from reinforce_pro.data import EMBEDDED_TASKS
 
-    examples = EMBEDDED_TASKS["arithmetic"]().warm_start(4096, seed + 1)
-    return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed)
+    task = EMBEDDED_TASKS[task_name]()
+    examples = task.warm_start(task.warm_start_examples, seed + 1)
+    stop = None
+    if target > 0:
+        probe = task.records(64, seed + 2)
+        stop = lambda model, tok: greedy_accuracy(model, tok, probe, task.score, max_new_tokens) >= target  # noqa: E731
+    return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed, stop=stop)
 
 
 def _encode_batch(tok, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
