@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm")
+pytestmark = pytest.mark.e2e  # starts vLLM engines
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,7 @@ import textwrap
 import pytest
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.e2e  # a Ray cluster per layout
 
 PROBE = textwrap.dedent(
     """

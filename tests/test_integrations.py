@@ -270,6 +270,7 @@ def test_trl_own_modes_reach_trl_unchanged(trl):
     assert trl["dispatch/prefix_mask"] == ["token_mask", "prefix_mask", "ours"]  # TRL's step, our weights
 
 
+@pytest.mark.e2e
 def test_trl_trains_end_to_end_with_vllm_and_prefix_mask(tmp_path):
     # TRL's own loop: vLLM (the CPU build, colocated) samples with log-probs, TRL recomputes the old ones, the
     # prefix weights go into TRL's loss, TRL logs them. The sync into vLLM is off (integration_checks.py says
