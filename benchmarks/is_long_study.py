@@ -112,9 +112,10 @@ def run_config(model: str, seed: int, steps: int, staleness: int, eval_path: Pat
     return replace(cfg, engines=replace(cfg.engines, config=replace(cfg.engines.config, model_path=model)))
 
 
-def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> list[dict]:
+def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: dict) -> list[dict]:
     """Run every (seed, regime, correction) not yet in `runs`, one Ray cluster and one engine per seed;
-    `save(runs)` after each run."""
+    `save(runs)` after each run. `code`: the provenance of the tree when the study started, the code its runs
+    execute (a commit made while it runs changes the tree, not the loaded code)."""
     import ray
 
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
@@ -139,7 +140,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
             print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
             ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
-            provenance, start = run_provenance(), time.perf_counter()
+            provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
             plan = prepare(cfg)
             history = build_and_fit(cfg, plan, engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
@@ -261,7 +262,8 @@ def main(argv=None) -> int:
     if args.render is not None:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
-    if not run_provenance()["clean"] and not args.allow_dirty:
+    code = run_provenance()
+    if not code["clean"] and not args.allow_dirty:
         p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
     path = args.output / f"{args.name}.json"
 
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
                   "margin": MARGIN, "held_out": HELD_OUT, "flags": STUDY_FLAGS}  # fmt: skip
         write_result(args.name, config, {"runs": current}, args.output)
 
-    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save)
+    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save, code)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 

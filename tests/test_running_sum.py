@@ -127,3 +127,13 @@ def test_a_warm_start_stops_at_the_first_check_its_stop_condition_holds(tmp_path
                            stop=lambda model, tok: checks.append(1) or len(checks) == 2)  # fmt: skip
     assert stats["sft/steps"] == 2 * CHECK_EVERY and len(checks) == 2
     assert (tmp_path / "out" / "config.json").exists()
+
+
+def test_the_command_line_prints_a_split_as_jsonl(capsys):
+    import json
+
+    from reinforce_pro.data import print_split
+
+    print_split(rs.records, ["--n", "3", "--split", "held_out", "--seed", "7"])
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert printed == rs.records(3, 7, "held_out")

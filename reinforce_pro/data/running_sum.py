@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 
+from reinforce_pro.data import print_split
 from reinforce_pro.rewards.builtin import marked_answer_match
 
 LETTERS = "abcdefghij"  # one per term: the number of terms is len(LETTERS)
@@ -60,19 +61,5 @@ def records(n: int, seed: int, split: str = "train") -> list[dict]:
 reward = marked_answer_match  # 1.0 when the total after the last "#" equals the label
 
 
-def main() -> None:
-    """Records as jsonl ({"input", "label", "solution"}), e.g. the held-out split for --eval_dataset."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--n", type=int, default=200, help="number of records")
-    parser.add_argument("--seed", type=int, default=1234, help="random seed")
-    parser.add_argument("--split", default="held_out", choices=("train", "held_out"))
-    args = parser.parse_args()
-    for record in records(args.n, args.seed, args.split):
-        print(json.dumps(record))
-
-
 if __name__ == "__main__":
-    main()
+    print_split(records)
