@@ -132,7 +132,7 @@ def test_a_warm_start_stops_at_the_first_check_its_stop_condition_holds(tmp_path
 def test_the_command_line_prints_a_split_as_jsonl(capsys):
     import json
 
-    from reinforce_pro.data import print_split
+    from reinforce_pro.data.splits import print_split
 
     print_split(rs.records, ["--n", "3", "--split", "held_out", "--seed", "7"])
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -58,21 +58,6 @@ EMBEDDED_TASKS: dict[str, Callable[[], EmbeddedTask]] = {
 }
 
 
-def print_split(records: Callable[[int, int, str], list[dict]], argv: list[str] | None = None) -> None:
-    """The command line of a task module: `records(n, seed, split)` printed as jsonl ({"input", "label",
-    "solution"}), e.g. the held-out split for --eval_dataset."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=print_split.__doc__)
-    parser.add_argument("--n", type=int, default=200, help="number of records")
-    parser.add_argument("--seed", type=int, default=1234, help="random seed")
-    parser.add_argument("--split", default="held_out", choices=("train", "held_out"))
-    args = parser.parse_args(argv)
-    for record in records(args.n, args.seed, args.split):
-        print(json.dumps(record))
-
-
 def embedded_reward(task: str):
     """The reward_func(queries, prompts, labels) of an embedded task: its score of each response."""
     return response_reward(EMBEDDED_TASKS[task]().score)

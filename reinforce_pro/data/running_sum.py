@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from reinforce_pro.data import print_split
+from reinforce_pro.data.splits import print_split
 from reinforce_pro.rewards.builtin import marked_answer_match
 
 LETTERS = "abcdefghij"  # one per term: the number of terms is len(LETTERS)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from reinforce_pro.data import print_split
+from reinforce_pro.data.splits import print_split
 from reinforce_pro.rewards.builtin import marked_answer, marked_answer_match
 
 DIGITS = 4
