@@ -930,7 +930,8 @@ def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
     )
     stats_b, reused = ray.get(reusing.train_minibatch.remote(split_experience(exp, 2), tokens, seqs))
     assert none is None
-    torch.testing.assert_close(reused[action_mask], old[action_mask], atol=1e-6, rtol=0)
+    # float32 log-probs of size ~5 from two forwards of other shapes: a few ULPs apart on some hosts
+    torch.testing.assert_close(reused[action_mask], old[action_mask], atol=1e-6, rtol=1e-6)
     stats_a, stats_b = reduce_stats([stats_a]), reduce_stats([stats_b])
     for key in ("policy/pg_loss", "is/vllm_kl", "is/token_masked_frac", "policy/clip_frac"):
         assert stats_b[key] == pytest.approx(stats_a[key], abs=1e-6), key
