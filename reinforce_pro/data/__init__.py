@@ -30,25 +30,28 @@ def _arithmetic() -> EmbeddedTask:
     return EmbeddedTask(arithmetic_records, warm, exact_match)
 
 
+def _worked(records: Callable[[int, int], list[dict]]) -> Callable[[int, int], list[dict]]:
+    """The warm start of a worked task: its records with the whole worked response as the SFT target."""
+    return lambda n, seed: [{"prompt": r["input"], "label": r["solution"]} for r in records(n, seed)]
+
+
 def _scratchpad() -> EmbeddedTask:
     from reinforce_pro.data import scratchpad
-
-    def warm(n, seed):
-        return [{"prompt": r["input"], "label": r["solution"]} for r in scratchpad.records(n, seed)]
 
     # Finding a column's digits by position takes more than the 2-layer model, which learned the first column
     # and rarely the second; 4 layers on fresh examples do better, but how much still depends on the seed
     # (docs/running.md). The running-sum task finds its digits by content and is the one the 2-layer model learns.
-    return EmbeddedTask(scratchpad.records, warm, scratchpad.reward, model_layers=4, warm_start_examples=65536)
+    return EmbeddedTask(
+        scratchpad.records, _worked(scratchpad.records), scratchpad.reward, model_layers=4, warm_start_examples=65536
+    )
 
 
 def _running_sum() -> EmbeddedTask:
     from reinforce_pro.data import running_sum
 
-    def warm(n, seed):
-        return [{"prompt": r["input"], "label": r["solution"]} for r in running_sum.records(n, seed)]
-
-    return EmbeddedTask(running_sum.records, warm, running_sum.reward, warm_start_examples=65536)
+    return EmbeddedTask(
+        running_sum.records, _worked(running_sum.records), running_sum.reward, warm_start_examples=65536
+    )
 
 
 EMBEDDED_TASKS: dict[str, Callable[[], EmbeddedTask]] = {
