@@ -98,6 +98,9 @@ class BoundedThreadingServer(ThreadingHTTPServer):
     is accepted, before a thread is made for it."""
 
     daemon_threads = True
+    # the listen backlog (socketserver's default is 5): a burst of connections beyond it is not refused but
+    # delayed by the kernel's SYN-ACK retry (about 1 s each), so the backlog holds at least MAX_CONNECTIONS
+    request_queue_size = 2 * MAX_CONNECTIONS
 
     def __init__(self, address, handler, max_connections: int) -> None:
         super().__init__(address, handler)
