@@ -337,7 +337,12 @@ def test_retrieved_text_changes_neither_the_loss_nor_the_is_metrics(kb, tokenize
     a, b = samples
     assert torch.equal(a.action_mask, b.action_mask) and not torch.equal(a.sequences, b.sequences)
     assert (~a.action_mask).sum() > 40  # the information block is there, masked
-    mask = a.action_mask
+    assert_masked_positions_do_not_matter(a.action_mask)
+
+
+def assert_masked_positions_do_not_matter(mask: torch.Tensor) -> None:
+    """With the model's log-probs on the action tokens of `mask` and anything (0 or NaN) elsewhere, the
+    reinforce_pro loss, its gradient on the action tokens and every is/* metric are identical."""
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64)
     rollout = old - 0.6 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
@@ -345,7 +350,7 @@ def test_retrieved_text_changes_neither_the_loss_nor_the_is_metrics(kb, tokenize
     loss_fn = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro",
                          vllm_is_truncated_threshold=[0.8, 1.25])  # fmt: skip
     results = []
-    for junk in (0.0, float("nan")):  # what the retrieved positions hold must not matter
+    for junk in (0.0, float("nan")):  # what the masked positions hold must not matter
         fill = lambda t, junk=junk: torch.where(mask, t, torch.full_like(t, junk))  # noqa: E731
         log_probs = fill(old + 0.1).requires_grad_()
         loss, metrics = loss_fn(

@@ -200,7 +200,7 @@ def test_load_task_from_file(tmp_path):
     )
     assert load_task(None, str(path)).name == "mine"
     assert load_task("code_output", None).name == "code_output"
-    with pytest.raises(ValueError, match="built-in tasks: arithmetic, code_output"):
+    with pytest.raises(ValueError, match="built-in tasks: arithmetic, search, code_output"):
         load_task("nope", None)
     (tmp_path / "empty.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="define TASK"):
@@ -514,7 +514,7 @@ def test_ladder_eval_scores_greedy_answers_per_level():
         def sample_texts(self, prompts, sampling):
             self.sampling = sampling  # right on additions, wrong elsewhere
             texts = [str(evaluate_expression(p[:-1])) if "+" in p else "1000" for p in prompts]
-            return None, None, texts
+            return [[0]] * len(prompts), [None] * len(prompts), texts
 
     sampler = Sampler()
     metrics = LadderEval(task, levels).run(sampler)

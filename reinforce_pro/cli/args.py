@@ -522,6 +522,12 @@ class SelfPlayFlags:
         "trained in one update. Seeds: --prompt_data records (unset: the task's built-in seeds)")
     selfplay_task: str = flag("arithmetic", f"{SELFPLAY} built-in task", choices=BUILTIN_TASKS)
     selfplay_task_path: str | None = flag(None, f"{SELFPLAY} a .py file defining TASK (overrides --selfplay_task)")
+    selfplay_kb: str | None = flag(None,
+        f"{SELFPLAY} --selfplay_task search: a knowledge base folder (corpus, train, heldout .jsonl, as "
+        "python -m reinforce_pro.search.knowledge writes it; unset: the default base of 200 people, built in memory)")
+    selfplay_retriever_url: str | None = flag(None,
+        f"{SELFPLAY} --selfplay_task search: the retrieval service the solver searches (unset: the task serves "
+        "the base's corpus itself on 127.0.0.1)")
     n_questions_per_prompt: int = flag(4, f"{SELFPLAY} questions proposed per seed prompt", at_least=1)
     selfplay_reference_buffer: int = flag(0,
         f"{SELFPLAY} proposer prompts show a random one of the last N learnable questions instead of a seed (Absolute"

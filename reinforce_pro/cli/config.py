@@ -306,7 +306,8 @@ def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_tempera
 
 
 def selfplay(
-    absolute_zero, selfplay_task, selfplay_task_path, selfplay_judge_pretrain, n_questions_per_prompt,
+    absolute_zero, selfplay_task, selfplay_task_path, selfplay_kb, selfplay_retriever_url, selfplay_judge_pretrain,
+    n_questions_per_prompt,
     selfplay_reference_buffer, proposer_repetition_penalty, proposer_reward, n_samples_per_prompt,
     max_repropose_attempts,
     proposer_train_scope, safety_reward_weight, task_completion_weight, format_reward_coef, proposer_reward_coef,
@@ -325,7 +326,9 @@ def selfplay(
         repetition_penalty=proposer_repetition_penalty,
         proposer_reward=proposer_reward,
     )
-    return sections.SelfPlay(selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config)
+    return sections.SelfPlay(
+        selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config, selfplay_kb, selfplay_retriever_url
+    )
 
 
 def agent(agent_func_path, agent_max_turns, max_len, prompt_max_len, agent_reward_mode) -> sections.Agent | None:

@@ -122,6 +122,8 @@ class SelfPlay:
     task_path: str | None
     judge_pretrain: str | None
     config: SelfPlayConfig  # weights: the flags' safety / completion weights; the task's own are merged in
+    kb: str | None = None  # --selfplay_kb: the search task's knowledge base folder
+    retriever_url: str | None = None  # --selfplay_retriever_url: the search task's retrieval service
 
 
 @dataclass(frozen=True)

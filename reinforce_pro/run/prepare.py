@@ -16,6 +16,8 @@ from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 from reinforce_pro.run.config import Data, RunConfig
 from reinforce_pro.run.errors import UserInputError
 
+WARM_START_BASES = 20  # other generated knowledge bases whose questions demonstrate an episode task's formats
+
 
 @dataclass
 class RunPlan:
@@ -100,7 +102,7 @@ def prepare(cfg: RunConfig) -> RunPlan:
         from reinforce_pro.selfplay.builtin_tasks import load_task
 
         try:
-            task = load_task(cfg.selfplay.task, cfg.selfplay.task_path)
+            task = load_task(cfg.selfplay.task, cfg.selfplay.task_path, cfg.selfplay.kb, cfg.selfplay.retriever_url)
         except ValueError as e:
             raise UserInputError(str(e)) from None
         if getattr(task, "runs_code", False):  # task files are duck-typed
@@ -180,18 +182,18 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     roles) when that is what we train on."""
     from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import embedded_warm_start, sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
     layers = 2 if task else EMBEDDED_TASKS[cfg.data.builtin_task]().model_layers
-    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed, num_layers=layers)
+    positions = getattr(task, "tiny_model_positions", None) or 256  # task files are duck-typed
+    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed, num_layers=layers, max_positions=positions)
     steps, out = cfg.models.sft_warmup_steps, run_dir / "warmstart"
     if cfg.data.prompt_data is not None or steps <= 0:
         return str(base)
-    if task:  # self-play: both roles' examples
-        examples = task.warm_start_examples(2048, seed=cfg.seed + 1)
-        if examples == []:
+    if task:
+        stats = _selfplay_warm_start(task, base, out, steps, cfg.seed)
+        if stats is None:
             return str(base)
-        stats = sft_warm_start(base, out, examples, steps=steps, seed=cfg.seed)
     else:
         stats = embedded_warm_start(cfg.data.builtin_task, base, out, steps, cfg.seed,
                                     cfg.models.sft_warmup_target, cfg.rollout.max_new_tokens)  # fmt: skip
@@ -199,6 +201,22 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     print(f"[warm start] {stats['sft/steps']} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
           f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
     return str(out)
+
+
+def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int) -> dict | None:
+    """Both roles' warm start: demonstrations with environment turns (a task whose solver answers in episodes),
+    else prompt / answer examples; None when the task has neither."""
+    from transformers import AutoTokenizer
+
+    from reinforce_pro.trainer.sft_warmup import sft_on_sequences, sft_warm_start
+
+    if hasattr(task, "warm_start_sequences"):
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        sequences = task.warm_start_sequences(tokenizer, WARM_START_BASES, seed=seed + 1)
+        if sequences:
+            return sft_on_sequences(base, out, sequences, steps=steps, seed=seed)
+    examples = task.warm_start_examples(2048, seed=seed + 1)
+    return sft_warm_start(base, out, examples, steps=steps, seed=seed) if examples else None
 
 
 def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:

@@ -303,7 +303,7 @@ def selfplay_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, u
         judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0, "judge")]
         groups.judge = judge
     config = replace(selfplay.config, weights=weights)
-    return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge)
+    return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len)
 
 
 def eval_set(cfg: RunConfig, plan, tokenizer) -> EvalSet | None:
@@ -314,7 +314,7 @@ def eval_set(cfg: RunConfig, plan, tokenizer) -> EvalSet | None:
         from reinforce_pro.selfplay.ladder import LadderEval
 
         levels = plan.task.ladder()
-        return LadderEval(plan.task, levels) if levels else None
+        return LadderEval(plan.task, levels, data.max_len) if levels else None
     if ev is None:
         return None
     records = load_records(ev.dataset, ev.split)
@@ -482,5 +482,7 @@ def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
     finally:
         if logger is not None:
             logger.close()
+        if plan.task is not None:
+            getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
         groups.release()
     return history

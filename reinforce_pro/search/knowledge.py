@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,11 @@ VOWELS = ["a", "e", "i", "o", "u"]
 CODAS = ["", "", "n", "r", "s", "k", "l", "x"]
 ATTRIBUTES = ("home", "tool", "mentor")  # mentor: another entity of the same split (the two-hop bridge)
 DISTRACTORS = ("{e} once walked past a market.", "{e} wrote a letter to a friend.", "{e} likes quiet mornings.")
+FACT = re.compile(r"([A-Z][a-z]+)'s (home|tool|mentor) is ([A-Z][a-z]+)\.")  # a fact passage's sentence
+SUBJECT = re.compile(r"(?:(?:home|tool|mentor) of )+([A-Z][a-z]+)\?")  # a question's named person
+
+# person -> attribute -> (value, id of the passage that states it)
+Facts = dict[str, dict[str, tuple[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,44 @@ def build(entities: int = 200, heldout_frac: float = 0.25, seed: int = 0) -> Kno
 def _question(question: str, answer: str, gold: list[str], hops: int) -> dict:
     label = json.dumps({"answer": answer, "gold": gold})
     return {"question": question, "answer": answer, "gold": gold, "hops": hops, "label": label}
+
+
+def read_facts(passages: list[dict]) -> Facts:
+    """Every fact the corpus states, from its passages' sentences ("Zorvik's home is Plent."); a passage that
+    states none (a distractor, or anything else a user's corpus holds) adds nothing."""
+    facts: Facts = {}
+    for passage in passages:
+        for person, attr, value in FACT.findall(passage["contents"]):
+            facts.setdefault(person, {}).setdefault(attr, (value, passage["id"]))
+    return facts
+
+
+def people(questions: list[dict]) -> set[str]:
+    """The people a split's questions name (the last name of "home of mentor of Zorvik?")."""
+    return {m.group(1) for row in questions if (m := SUBJECT.fullmatch(str(row.get("question", ""))))}
+
+
+def load(folder: Path) -> KnowledgeBase:
+    """A base that `write` saved (corpus.jsonl, train.jsonl, heldout.jsonl); ValueError naming the file and line
+    of a row that is not a JSON object with the fields `write` gives it."""
+    parts = {}
+    for key, fields in (("corpus", ("id", "contents")), ("train", ("question", "answer")),
+                        ("heldout", ("question", "answer"))):  # fmt: skip
+        path, rows = Path(folder) / f"{key}.jsonl", []
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file (a knowledge base folder holds corpus, train and heldout .jsonl)")
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            try:
+                row = json.loads(line) if line.strip() else None
+            except (json.JSONDecodeError, RecursionError):
+                row = ()
+            if row is None:
+                continue
+            if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in fields):
+                raise ValueError(f"{path}:{n}: not a JSON object with string fields {', '.join(fields)}")
+            rows.append(row)
+        parts[key] = rows
+    return KnowledgeBase(parts["corpus"], parts["train"], parts["heldout"])
 
 
 def write(kb: KnowledgeBase, out: Path) -> dict[str, Path]:

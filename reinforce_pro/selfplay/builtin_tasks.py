@@ -5,6 +5,8 @@
   start teaches the solver the format on small numbers and the proposer the grammar on small operands: how
   hard to go (digits, terms, operations) is what the proposer learns, and a fixed held-out ladder of levels
   measures how far the solver follows.
+- `search` (selfplay/search_task.py): questions about a knowledge base, answered by searching it in multi-turn
+  episodes against a retrieval service; no question is written by a person.
 - `code_output` (selfplay/code_task.py): Absolute Zero's deduction task. The proposer writes a small Python
   function `f` and an input; the sandbox runs it to get the output; the solver predicts the output. Meant for
   real models: the tiny character-level model does not write Python.
@@ -16,6 +18,7 @@ import random
 import re
 
 from reinforce_pro.selfplay.code_task import CodeOutputTask
+from reinforce_pro.selfplay.search_task import SearchTask
 from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
 from reinforce_pro.userfile import import_user_file
 
@@ -175,14 +178,24 @@ LADDER_LEVELS = {  # name: operation_operand range; the warm start covers the fi
 }
 
 
-BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {"arithmetic": ArithmeticTask, "code_output": CodeOutputTask}
+BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {
+    "arithmetic": ArithmeticTask, "search": SearchTask, "code_output": CodeOutputTask,
+}  # fmt: skip
 
 
-def load_task(name: str | None, path: str | None) -> SelfPlayTask:
-    """The task of `--selfplay_task_path` if given, else the built-in `--selfplay_task`."""
+def load_task(
+    name: str | None, path: str | None, kb: str | None = None, retriever_url: str | None = None
+) -> SelfPlayTask:
+    """The task of `--selfplay_task_path` if given, else the built-in `--selfplay_task`; `kb` and `retriever_url`
+    (--selfplay_kb, --selfplay_retriever_url) configure the search task and no other."""
+    if (kb or retriever_url) and (path is not None or name != "search"):
+        flag = "--selfplay_kb" if kb else "--selfplay_retriever_url"
+        raise ValueError(f"{flag} configures --selfplay_task search, not {path or name}")
     if path is None:
         if name not in BUILTIN_TASKS:
             raise ValueError(f"unknown --selfplay_task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
+        if name == "search":
+            return SearchTask(kb, retriever_url)
         return BUILTIN_TASKS[name]()
     module = import_user_file(path, "--selfplay_task_path", ValueError, "TASK")
     task = getattr(module, "TASK", None)

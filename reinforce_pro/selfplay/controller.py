@@ -2,8 +2,9 @@
 the repropose loop, and the training samples with their rewards.
 
 The controller sees the rollout engines only through `generate(prompts, sampling) -> list[Rollout]` (sampling:
-the task's overrides for the role, or None), so tests drive
-it with a scripted fake; SelfPlaySource passes the real engines.
+the task's overrides for the role, or None) and, for the solver, `solve(questions, sampling) -> list[Rollout]`
+(by default: `generate` on the task's solver prompts; for an agent task, multi-turn episodes: selfplay/solve.py),
+so tests drive it with a scripted fake; SelfPlaySource passes the real engines.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Rollout:
 
 
 Generate = Callable[[list[str], dict | None], list[Rollout]]  # prompts, sampling overrides
+Solve = Callable[[list[Question], dict | None], list[Rollout]]  # questions, the solver's sampling overrides
 
 
 # the solver-reward weights of the dimensions named "safety" and "completion" (a task's other dimensions keep
@@ -102,7 +104,10 @@ class SelfPlayBatch:
 
 
 class SelfPlayController:
-    def __init__(self, task: SelfPlayTask, cfg: SelfPlayConfig, generate: Generate, judge: Judge | None = None):
+    def __init__(
+        self, task: SelfPlayTask, cfg: SelfPlayConfig, generate: Generate, judge: Judge | None = None,
+        solve: Solve | None = None,
+    ):  # fmt: skip
         if cfg.proposer_train_scope not in PROPOSER_SCOPES:
             raise ValueError(f"proposer_train_scope must be one of {PROPOSER_SCOPES}, got {cfg.proposer_train_scope}")
         if cfg.proposer_reward not in PROPOSER_REWARDS:
@@ -111,6 +116,7 @@ class SelfPlayController:
         if missing:
             raise ValueError(f"no solver-reward weight for the task's dimensions {sorted(missing)}")
         self.task, self.cfg, self.generate, self.judge = task, cfg, generate, judge
+        self.solve = solve or (lambda qs, sampling: generate([task.solver_prompt(q) for q in qs], sampling))
         # Absolute Zero's reference examples: proposer prompts show a recent learnable question, so the
         # proposals move with what the solver can almost do instead of staying near the fixed seeds
         self.references: deque[Question] = deque(maxlen=max(1, cfg.reference_buffer))
@@ -155,9 +161,7 @@ class SelfPlayController:
         )
         records = [QuestionRecord(r, self.task.parse_question(r.text)) for r in proposals]
         valid = [q for q in records if q.parsed.valid]
-        solutions = self.generate(
-            [self.task.solver_prompt(q.parsed.question) for q in valid for _ in range(n)], sampling.get("solver")
-        )
+        solutions = self.solve([q.parsed.question for q in valid for _ in range(n)], sampling.get("solver"))
         for j, q in enumerate(valid):
             q.solutions = solutions[j * n : (j + 1) * n]
             q.scored = self.task.score(q.parsed.question, [s.text for s in q.solutions], self.judge)
@@ -239,11 +243,14 @@ class RoundStats:
     questions: list[tuple[str, bool, dict[str, float]]] = field(
         default_factory=list
     )  # valid: text, learnable, difficulty
+    subjects: list[tuple[str, bool]] = field(default_factory=list)  # valid, with meta["subject"]: it, learnable
 
     def add_round(self, records: list[QuestionRecord], first: bool, task: SelfPlayTask) -> None:
         self.rounds += 1
         self.questions += [(q.parsed.question.text, q.learnable, task.difficulty(q.parsed.question))
                            for q in records if q.parsed.valid]  # fmt: skip
+        self.subjects += [(q.parsed.question.meta["subject"], q.learnable)
+                          for q in records if q.parsed.valid and "subject" in q.parsed.question.meta]  # fmt: skip
         self.total += len(records)
         self.valid += sum(q.parsed.valid for q in records)
         self.learnable += sum(q.learnable for q in records)
@@ -283,7 +290,8 @@ class RoundStats:
 
     def curriculum_metrics(self, task: str) -> dict[str, float]:
         """Where the proposer's questions are: the mean difficulty of the valid proposals and of the
-        learnable ones, and their diversity (unique fraction, entropy in bits of the question texts)."""
+        learnable ones, and their diversity (unique fraction, entropy in bits of the question texts; for tasks
+        whose questions name a subject, e.g. the search task's person, the unique fraction of subjects)."""
         if not self.questions:
             return {}
         texts = [text for text, _, _ in self.questions]
@@ -298,4 +306,7 @@ class RoundStats:
                 values = [d[name] for _, _, d in chosen if name in d]
                 if values:
                     m[f"selfplay/{task}/{kind}_{name}_mean"] = sum(values) / len(values)
+        for kind, chosen in (("proposed", self.subjects), ("learnable", [s for s in self.subjects if s[1]])):
+            if chosen:
+                m[f"selfplay/{task}/{kind}_subject_unique_frac"] = len({s for s, _ in chosen}) / len(chosen)
         return m

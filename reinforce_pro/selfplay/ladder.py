@@ -7,24 +7,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reinforce_pro.rollout.sampler import Sampler, sampling_params
+from reinforce_pro.selfplay.solve import solve
 from reinforce_pro.selfplay.tasks import Question, SelfPlayTask, role_sampling
 
 
 class LadderEval:
     name = "ladder"
 
-    def __init__(self, task: SelfPlayTask, levels: dict[str, list[Question]]):
-        self.task, self.levels = task, levels
+    def __init__(self, task: SelfPlayTask, levels: dict[str, list[Question]], max_len: int = 2048):
+        self.task, self.levels, self.max_len = task, levels, max_len  # max_len bounds an agent task's episodes
 
     def metric_names(self) -> list[str]:
         return [f"eval/ladder/{level}/accuracy" for level in self.levels] + ["eval/ladder/accuracy_mean"]
 
     def run(self, sampler: Sampler, score: Callable | None = None) -> dict[str, float]:
-        """One greedy response per question. A response is right when it scores >= the threshold of every
-        learnability dimension of the task (for arithmetic: the exact value)."""
+        """One greedy response (or episode, for an agent task) per question. A response is right when it scores
+        >= the threshold of every learnability dimension of the task (for arithmetic: the exact value)."""
         questions = [q for level in self.levels.values() for q in level]
         sampling = {**role_sampling(sampling_params(sampler.cfg), self.task.sampling.get("solver")), "temperature": 0.0}
-        _, _, responses = sampler.sample_texts([self.task.solver_prompt(q) for q in questions], sampling)
+        responses = [r.text for r in solve(sampler, self.task, questions, sampling, self.max_len)]
         right = [self._right(q, r) for q, r in zip(questions, responses, strict=True)]
         metrics, start = {}, 0
         for level, items in self.levels.items():

@@ -67,6 +67,8 @@ class SelfPlayTask:
     # role ("proposer" | "solver") -> vLLM sampling parameters that override the run's for that role's
     # samples (and the ladder's, for "solver"): a long program and a one-line answer need different budgets
     sampling: dict[str, dict] = {}
+    solver_turns: int = 1  # model turns of a solver episode, for a task with a solver_agent
+    tiny_model_positions: int | None = None  # positions of the embedded default's model (None: its default)
 
     def seed_records(self, n: int, seed: int) -> list[dict]:
         """Seed records for runs without --prompt_data (the embedded default)."""
@@ -87,6 +89,15 @@ class SelfPlayTask:
         """Scores on every dimension of `thresholds`, and the format reward, for each response."""
         raise NotImplementedError
 
+    def solver_agent(self) -> type | None:
+        """An AgentInstance class (agents/contract.py) when the solver answers in multi-turn episodes of up to
+        `solver_turns` turns against an environment (the search task); None: one completion per question.
+        `score` then gets each episode's last model turn."""
+        return None
+
+    def close(self) -> None:
+        """Release what the task started (a service); called when the run ends."""
+
     def difficulty(self, question: Question) -> dict[str, float]:
         """Named measures of how hard a valid question is (for arithmetic: operand digits, terms), logged for
         proposed and for learnable questions as curriculum metrics; {} when the task has none."""
@@ -94,6 +105,12 @@ class SelfPlayTask:
 
     def warm_start_examples(self, n: int, seed: int) -> list[dict]:
         """{"prompt", "label"} pairs for the embedded default's supervised warm start of both roles."""
+        return []
+
+    def warm_start_sequences(self, tokenizer, n: int, seed: int) -> list[tuple[list[int], list[bool]]]:
+        """(token ids, trained mask) demonstrations for the embedded default's warm start, for tasks whose
+        solver answers in episodes (environment turns untrained); used instead of warm_start_examples when
+        not empty."""
         return []
 
     def reference_record(self, question: Question) -> dict:
