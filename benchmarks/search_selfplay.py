@@ -1,0 +1,236 @@
+"""Does search self-play, with no question written by a person, teach the solver as much as RL on generated
+questions? Three arms from one warm start per seed, held-out accuracy by hop count, paired over seeds.
+
+    python benchmarks/search_selfplay.py --seeds 1-5
+    python benchmarks/search_selfplay.py --render benchmarks/results/search_selfplay.json
+
+Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
+
+Per seed: a generated knowledge base (200 invented people; the 50 held-out people share no fact with the
+train ones) and its BM25 service on loopback; the built-in tiny Qwen2 (512 positions) warm-started on the
+search self-play task's demonstrations of both roles' formats, drawn from 20 *other* generated bases (so the
+warm start teaches the formats, never this base's questions). From that one model:
+  (c) warm start: evaluated as it is;
+  (b) RL on the 600 generated train questions (the search agent's recipe: reinforce_baseline, one pass, 16
+      questions x 8 episodes per step);
+  (a) search self-play (--selfplay_task search): the same steps of 16 seed passages, the proposer writes 2
+      questions per seed (1 re-proposal round), 8 episodes per question; solver reward = correctness alone, as
+      in (b). Its trained solver episodes are counted: equal steps, not equal episodes (see the table).
+Each arm is evaluated with greedy episodes on the 200 held-out questions (one and two hops). One JSON with each
+run's commit, host and wall time, then a table of per-seed numbers and paired t-intervals (a-c, a-b, b-c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
+from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
+from benchmarks.study_stats import parse_seeds, stored_runs  # noqa: E402
+
+NAME = "search_selfplay"
+ARMS = ("warm", "rl", "selfplay")
+SETTINGS = {
+    "entities": 200, "extra_kbs": 20, "sft_steps": 1500, "steps": 37, "prompts_per_step": 16, "samples": 8,
+    "questions_per_seed": 2, "repropose": 1, "max_turns": 4, "max_len": 512, "max_new_tokens": 40, "lr": 3e-4,
+    "eval_questions": 200, "topk": 2, "info_chars": 110, "max_searches": 3,
+}  # fmt: skip
+COMMON = ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction", "--vllm_is_correction_type",
+          "reinforce_pro", "--init_kl_coef", "0", "--vllm_dtype", "float32", "--param_dtype", "fp32",
+          "--micro_train_batch_size", "32", "--micro_rollout_batch_size", "64", "--prompt_max_len", "64",
+          "--actor_num_gpus_per_node", "1"]  # fmt: skip
+
+
+def warm_start(seed: int, workdir: Path) -> tuple[Path, Path, dict]:
+    """The seed's knowledge base folder, and the tiny model warm-started on the search task's demonstrations."""
+    from transformers import AutoTokenizer
+
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.search import knowledge
+    from reinforce_pro.selfplay.search_task import SearchTask
+    from reinforce_pro.trainer.sft_warmup import sft_on_sequences
+
+    kb_dir = workdir / f"kb{seed}"
+    knowledge.write(knowledge.build(SETTINGS["entities"], seed=seed), kb_dir)
+    base = build_tiny_model(workdir / f"base{seed}", max_positions=SETTINGS["max_len"], seed=seed)
+    sequences = SearchTask(kb_dir).warm_start_sequences(AutoTokenizer.from_pretrained(base), SETTINGS["extra_kbs"],
+                                                        seed=seed + 1)  # fmt: skip
+    stats = sft_on_sequences(base, workdir / f"warm{seed}", sequences, steps=SETTINGS["sft_steps"], seed=seed)
+    return kb_dir, workdir / f"warm{seed}", {**stats, "sft/demonstrations": len(sequences)}
+
+
+def evaluate(engine, tokenizer, rows: list[dict]) -> dict:
+    """Greedy search episodes on held-out `rows`: accuracy overall and by hop count, searches per episode."""
+    import ray
+
+    from reinforce_pro.agents.runner import AgentConfig, AgentRunner
+    from reinforce_pro.search.agent import search_agent
+    from reinforce_pro.search.retriever import RetrieverClient
+
+    agent = search_agent(RetrieverClient(os.environ["SEARCH_RETRIEVER_URL"]), SETTINGS["topk"],
+                         SETTINGS["info_chars"], SETTINGS["max_searches"])  # fmt: skip
+    sample = lambda prompts, sampling: ray.get(engine.generate.remote(prompts, sampling))  # noqa: E731
+    cfg = AgentConfig(max_turns=SETTINGS["max_turns"], max_len=SETTINGS["max_len"], prompt_max_len=64)
+    runner = AgentRunner(agent, tokenizer, sample, {"temperature": 0.0, "max_tokens": SETTINGS["max_new_tokens"]}, cfg)
+    episodes = runner.run_episodes([{"prompt": r["question"], "label": r["label"]} for r in rows], n=1)
+    correct = [sum(e.extra_logs.get("correct", [0.0])) for e in episodes]
+    out = {"accuracy": statistics.fmean(correct),
+           "searches": statistics.fmean(sum(e.extra_logs.get("searches", [0.0])) for e in episodes)}  # fmt: skip
+    for hops in sorted({r["hops"] for r in rows}):
+        out[f"hops{hops}"] = statistics.fmean(c for c, r in zip(correct, rows, strict=True) if r["hops"] == hops)
+    return out
+
+
+def arm_argv(arm: str, model: Path, kb_dir: Path, seed: int, out: Path) -> list[str]:
+    s = SETTINGS
+    r, n, steps = s["prompts_per_step"], s["samples"], s["steps"]
+    shape = ["--pretrain", str(model), "--seed", str(seed), "--save_path", str(out), "--max_len", str(s["max_len"]),
+             "--max_new_tokens", str(s["max_new_tokens"]), "--actor_learning_rate", str(s["lr"]),
+             "--n_samples_per_prompt", str(n), "--rollout_batch_size", str(r),
+             "--max_samples", str(r * steps)]  # fmt: skip
+    if arm == "rl":
+        return [*COMMON, *shape, "--prompt_data", str(kb_dir / "train.jsonl"), "--input_key", "question",
+                "--label_key", "label", "--agent_func_path", str(AGENT), "--agent_max_turns", str(s["max_turns"]),
+                "--train_batch_size", str(r * n)]  # fmt: skip
+    q = s["questions_per_seed"]
+    return [*COMMON, *shape, "--absolute_zero", "--selfplay_task", "search", "--selfplay_kb", str(kb_dir),
+            "--selfplay_retriever_url", os.environ["SEARCH_RETRIEVER_URL"], "--n_questions_per_prompt", str(q),
+            "--max_repropose_attempts", str(s["repropose"]), "--proposer_train_scope", "group",
+            "--task_completion_weight", "1.0", "--format_reward_coef", "0", "--proposer_reward_coef", "0",
+            "--train_batch_size", str(r * (n + q))]  # fmt: skip
+
+
+AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
+
+
+def trained_solver_episodes(arm: str, history: list[dict]) -> int:
+    rows = [(h.get("rollout/num_samples", 0.0), h.get("reward/proposer_frac", 0.0)) for h in history]
+    return round(sum(n * (1 - (frac if arm == "selfplay" else 0.0)) for n, frac in rows))
+
+
+def run_seed(seed: int, workdir: Path, code: dict) -> dict:
+    import ray
+
+    from reinforce_pro.cli.train_ppo_ray import parse
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.prepare import prepare
+    from reinforce_pro.run.wiring import build_and_fit
+    from reinforce_pro.search import knowledge
+    from reinforce_pro.search.retriever import BM25Index, make_server
+
+    start, provenance = time.perf_counter(), {**code, "started": run_provenance()["started"]}
+    kb_dir, model, warm = warm_start(seed, workdir)
+    base = knowledge.load(kb_dir)
+    server = make_server(BM25Index(base.passages), port=0, max_concurrency=16)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["SEARCH_RETRIEVER_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    os.environ.update(
+        SEARCH_TOPK=str(SETTINGS["topk"]),
+        SEARCH_INFO_CHARS=str(SETTINGS["info_chars"]),
+        SEARCH_MAX_SEARCHES=str(SETTINGS["max_searches"]),
+    )  # the agent file's settings, as (a)'s
+    engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(
+        EngineConfig(model_path=str(model), dtype="float32", max_model_len=SETTINGS["max_len"], seed=seed)
+    )  # fmt: skip
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    heldout = base.heldout[: SETTINGS["eval_questions"]]
+    record = {"seed": seed, **provenance, "warm_start": warm, "warm": {"heldout": evaluate(engine, tok, heldout)}}
+    for arm in ("rl", "selfplay"):  # each from the warm start: the trainer loads it into the shared engine
+        arm_start = time.perf_counter()
+        ray.get(engine.reseed.remote(seed))
+        _, cfg = parse(arm_argv(arm, model, kb_dir, seed, workdir / f"{arm}{seed}"))
+        history = build_and_fit(cfg, prepare(cfg), engines=[engine])
+        record[arm] = {"heldout": evaluate(engine, tok, heldout), "steps": len(history),
+                       "solver_episodes": trained_solver_episodes(arm, history),
+                       "wall_s": time.perf_counter() - arm_start, "curves": curves(history)}  # fmt: skip
+    ray.kill(engine)
+    server.shutdown()
+    server.server_close()
+    return {**record, "wall_s": time.perf_counter() - start}
+
+
+def curves(history: list[dict]) -> dict[str, list]:
+    keys = ("rollout/reward_mean", "selfplay/search/valid_ratio", "unified_filter/learnable_ratio",
+            "selfplay/search/proposed_hops_mean", "selfplay/search/proposed_subject_unique_frac",
+            "selfplay/search/solver_correct_mean", "reward/searches")  # fmt: skip
+    return {k: [h.get(k) for h in history] for k in keys if any(k in h for h in history)}
+
+
+# ------------------------------------------------------------------------------------------ the table
+def render(result: dict) -> str:
+    runs = result["results"]["runs"]
+    acc = lambda r, arm, key="accuracy": r[arm]["heldout"][key]  # noqa: E731
+    lines = ["| seed | warm start (c) | RL on generated questions (b) | search self-play (a) | solver episodes trained "
+             "(b / a) | self-play valid / learnable ratio (mean) | host | commit |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        valid, learnable = (
+            _mean(r["selfplay"]["curves"].get(k))
+            for k in ("selfplay/search/valid_ratio", "unified_filter/learnable_ratio")
+        )
+        cells = [f"{acc(r, arm):.3f} ({acc(r, arm, 'hops1'):.2f} / {acc(r, arm, 'hops2'):.2f})" for arm in ARMS]
+        lines.append(f"| {r['seed']} | {' | '.join(cells)} | {r['rl']['solver_episodes']} / "
+                     f"{r['selfplay']['solver_episodes']} | {valid:.2f} / {learnable:.2f} | {r['host_id']} | "
+                     f"{r['commit'][:7]}{'' if r['clean'] else '-dirty'} |")  # fmt: skip
+    lines.append("\nHeld-out accuracy with search, greedy: all questions (one hop / two hops).")
+    if len(runs) >= 2:
+        from benchmarks.study_stats import paired_test
+
+        for a, b, label in (("selfplay", "warm", "self-play - warm start"), ("selfplay", "rl", "self-play - RL"),
+                            ("rl", "warm", "RL - warm start")):  # fmt: skip
+            t = paired_test([acc(r, a) - acc(r, b) for r in runs])
+            lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] "
+                         f"(paired over {t.n} seeds, p = {t.p_t:.3f})")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _mean(values: list | None) -> float:
+    values = [v for v in values or [] if v is not None]
+    return statistics.fmean(values) if values else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-5"), help="e.g. 1-5 or 1,4")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR)
+    p.add_argument("--name", default=NAME, help="the JSON's name (a pilot keeps its own file)")
+    p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
+    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text())))
+        return 0
+    code = run_provenance()
+    if not code["clean"] and not args.allow_dirty:
+        p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
+    path = args.output / f"{args.name}.json"
+    same = path.exists() and json.loads(path.read_text())["config"] == SETTINGS
+    runs = stored_runs(path) if same else []
+    from reinforce_pro.workers.launcher import start_ray
+
+    start_ray(logical_cpus=8)
+    workdir = Path(tempfile.mkdtemp(prefix="search_selfplay_"))
+    for seed in [s for s in args.seeds if s not in {r["seed"] for r in runs}]:
+        print(f"[search_selfplay] seed {seed}", flush=True)
+        runs.append(run_seed(seed, workdir, code))
+        write_result(args.name, SETTINGS, {"runs": runs}, args.output)  # after each seed: a stop loses no seed
+    table = render(json.loads(path.read_text()))
+    (args.output / f"{args.name}.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
