@@ -44,7 +44,7 @@ def search_agent(client, topk: int, info_chars: int, max_searches: int, off: boo
             kind, content = parse_action(states["action_text"])
             logs = {"searches": 0.0, "searched": 0.0, "hit": 0.0, "correct": 0.0, "invalid": 0.0}
             if kind == "answer":
-                correct = len(content) <= MAX_ANSWER_CHARS and normalize(content) == normalize(answer)
+                correct = is_correct(content, answer)
                 logs["correct"] = float(correct)
                 return {"rewards": float(correct), "scores": float(correct), "environment_feedback": "", "done": True,
                         "extra_logs": logs}  # fmt: skip
@@ -61,6 +61,11 @@ def search_agent(client, topk: int, info_chars: int, max_searches: int, off: boo
             return {"rewards": 0.0, "scores": 0.0, "environment_feedback": feedback, "done": False, "extra_logs": logs}
 
     return AgentInstance
+
+
+def is_correct(given: str, answer: str) -> bool:
+    """Search-R1's exact match after normalisation, for an answer of at most MAX_ANSWER_CHARS characters."""
+    return len(given) <= MAX_ANSWER_CHARS and normalize(given) == normalize(answer)
 
 
 def final_answer(model_text: str) -> str | None:

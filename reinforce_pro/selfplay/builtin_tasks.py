@@ -19,11 +19,15 @@ import re
 
 from reinforce_pro.selfplay.code_task import CodeOutputTask
 from reinforce_pro.selfplay.search_task import SearchTask
-from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
+from reinforce_pro.selfplay.tasks import (
+    SOME_BUT_NOT_ALL,
+    Judge,
+    ParsedQuestion,
+    Question,
+    ScoredResponses,
+    SelfPlayTask,
+)
 from reinforce_pro.userfile import import_user_file
-
-# At least one response right and at least one wrong, for any rollout_n <= 8.
-SOME_BUT_NOT_ALL = (0.5, 0.125, 0.875)
 
 
 class ArithmeticTask(SelfPlayTask):

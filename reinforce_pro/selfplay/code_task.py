@@ -22,10 +22,14 @@ import random
 import zlib
 
 from reinforce_pro.selfplay.sandbox import SandboxLimits, run_deterministic
-from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
-
-# At least one response right and at least one wrong, for any rollout_n <= 8.
-SOME_BUT_NOT_ALL = (0.5, 0.125, 0.875)
+from reinforce_pro.selfplay.tasks import (
+    SOME_BUT_NOT_ALL,
+    Judge,
+    ParsedQuestion,
+    Question,
+    ScoredResponses,
+    SelfPlayTask,
+)
 
 CODE_SEEDS = [
     ("def f(x):\n    return sorted(x)[::-1]", "[3, 1, 2]"),

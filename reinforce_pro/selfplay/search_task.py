@@ -27,14 +27,20 @@ import threading
 from pathlib import Path
 
 from reinforce_pro.search import knowledge
-from reinforce_pro.search.agent import MAX_ANSWER_CHARS, final_answer, search_agent
+from reinforce_pro.search.agent import final_answer, is_correct, search_agent
 from reinforce_pro.search.protocol import normalize
-from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
+from reinforce_pro.selfplay.tasks import (
+    SOME_BUT_NOT_ALL,
+    Judge,
+    ParsedQuestion,
+    Question,
+    ScoredResponses,
+    SelfPlayTask,
+)
 
 MAX_HOPS = 4
 MAX_QUESTION_CHARS = 80
 QUESTION = re.compile(r"(home|tool|mentor)((?: of mentor)*) of ([A-Z][a-z]+)\?")
-SOME_BUT_NOT_ALL = (0.5, 0.125, 0.875)  # as the arithmetic task's: at least one response right, one wrong
 
 
 class SearchTask(SelfPlayTask):
@@ -136,8 +142,7 @@ class SearchTask(SelfPlayTask):
         """`responses`: each episode's last model turn. Right when its <answer> matches the gold answer after
         Search-R1's normalisation; the format reward is 1 when the episode ended with an <answer>."""
         answers = [final_answer(r) for r in responses]
-        right = [a is not None and len(a) <= MAX_ANSWER_CHARS and normalize(a) == normalize(question.answer)
-                 for a in answers]  # fmt: skip
+        right = [a is not None and is_correct(a, question.answer) for a in answers]
         return ScoredResponses({"completion": [float(r) for r in right]}, [float(a is not None) for a in answers])
 
     def ladder(self) -> dict[str, list[Question]]:

@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# A learnability threshold: a question is learnable when at least one response is right and at least one wrong,
+# for any rollout_n <= 8 (score >= 0.5 for a share of the responses within [0.125, 0.875]).
+SOME_BUT_NOT_ALL = (0.5, 0.125, 0.875)
+
 
 @dataclass(frozen=True)
 class Question:
