@@ -23,29 +23,8 @@ ENTITIES=${ENTITIES:-200}      # invented people in the knowledge base (4 passag
 WARM_STEPS=${WARM_STEPS:-300}  # SFT steps on search demonstrations
 GPUS=${GPUS:-1}                # policy ranks (one per GPU; on CPU, one process)
 
-mkdir -p "$OUT"
-"$PYTHON" -m reinforce_pro.search.knowledge --out "$OUT/kb" --entities "$ENTITIES" --seed "$SEED"
-
-if [[ -z "$RETRIEVER_URL" ]]; then
-    "$PYTHON" -m reinforce_pro.search.retriever --corpus "$OUT/kb/corpus.jsonl" --port "$PORT" &
-    SERVICE_PID=$!
-    trap 'kill "$SERVICE_PID" 2>/dev/null || true' EXIT
-    RETRIEVER_URL="http://127.0.0.1:$PORT"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/_search_service.sh"
 export SEARCH_RETRIEVER_URL="$RETRIEVER_URL" SEARCH_TOPK=2 SEARCH_INFO_CHARS=110 SEARCH_MAX_SEARCHES=3
-"$PYTHON" - <<'PY'
-import os, sys, time
-from reinforce_pro.search.retriever import RetrieverClient, RetrieverError
-client, deadline = RetrieverClient(os.environ["SEARCH_RETRIEVER_URL"], timeout=2), time.time() + 60
-while True:
-    try:
-        print(f"[search] service up: {client.health()['passages']} passages at {client.url}")
-        break
-    except RetrieverError as e:
-        if time.time() > deadline:
-            sys.exit(f"[search] {e}")
-        time.sleep(0.5)
-PY
 
 if [[ -z "$MODEL" ]]; then
     "$PYTHON" -m reinforce_pro.search.demonstrations --kb "$OUT/kb" --out "$OUT/warm" --steps "$WARM_STEPS" --seed "$SEED"

@@ -34,28 +34,7 @@ WARM_STEPS=${WARM_STEPS:-1500} # SFT steps on both roles' formats
 EVAL_STEPS=${EVAL_STEPS:-10}   # held-out questions (people no proposal may name), by hops, every N steps
 GPUS=${GPUS:-1}                # policy ranks (one per GPU; on CPU, one process)
 
-mkdir -p "$OUT"
-"$PYTHON" -m reinforce_pro.search.knowledge --out "$OUT/kb" --entities "$ENTITIES" --seed "$SEED"
-
-if [[ -z "$RETRIEVER_URL" ]]; then
-    "$PYTHON" -m reinforce_pro.search.retriever --corpus "$OUT/kb/corpus.jsonl" --port "$PORT" &
-    SERVICE_PID=$!
-    trap 'kill "$SERVICE_PID" 2>/dev/null || true' EXIT
-    RETRIEVER_URL="http://127.0.0.1:$PORT"
-fi
-"$PYTHON" - "$RETRIEVER_URL" <<'PY'
-import sys, time
-from reinforce_pro.search.retriever import RetrieverClient, RetrieverError
-client, deadline = RetrieverClient(sys.argv[1], timeout=2), time.time() + 60
-while True:
-    try:
-        print(f"[search] service up: {client.health()['passages']} passages at {client.url}")
-        break
-    except RetrieverError as e:
-        if time.time() > deadline:
-            sys.exit(f"[search] {e}")
-        time.sleep(0.5)
-PY
+source "$(dirname "${BASH_SOURCE[0]}")/_search_service.sh"
 
 MODEL_ARGS=(--sft_warmup_steps "$WARM_STEPS")
 if [[ -n "$MODEL" ]]; then MODEL_ARGS=(--pretrain "$MODEL"); fi
