@@ -9,15 +9,19 @@ Seeds already in the output JSON with the same settings are kept, not rerun: an 
 Per seed: a generated knowledge base (200 invented people; the 50 held-out people share no fact with the
 train ones) and its BM25 service on loopback; the built-in tiny Qwen2 (512 positions) warm-started on the
 search self-play task's demonstrations of both roles' formats, drawn from 20 *other* generated bases (so the
-warm start teaches the formats, never this base's questions). From that one model:
+warm start teaches the formats, never this base's questions), stopped once its greedy search accuracy on 48
+questions of one more base reaches SETTINGS["sft_target"] (checked every 50 steps): a fixed step count left
+one seed at 0.21 and another at 0.99, with nothing to learn. From that one model:
   (c) warm start: evaluated as it is;
   (b) RL on the 600 generated train questions (the search agent's recipe: reinforce_baseline, one pass, 16
       questions x 8 episodes per step);
   (a) search self-play (--selfplay_task search): the same steps of 16 seed passages, the proposer writes 2
       questions per seed (1 re-proposal round), 8 episodes per question; solver reward = correctness alone, as
-      in (b). Its trained solver episodes are counted: equal steps, not equal episodes (see the table).
+      in (b). Only the episodes of learnable questions are trained: equal steps, fewer episodes than (b);
+  (d) RL on the generated questions at (a)'s trained solver episodes: (b)'s recipe for as many steps as (a)'s
+      episodes fill (rounded), the comparison at matched solver samples.
 Each arm is evaluated with greedy episodes on the 200 held-out questions (one and two hops). One JSON with each
-run's commit, host and wall time, then a table of per-seed numbers and paired t-intervals (a-c, a-b, b-c).
+run's commit, host and wall time, then a table of per-seed numbers and paired t-intervals (a-c, a-b, a-d, b-c).
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa:
 from benchmarks.study_stats import parse_seeds, stored_runs  # noqa: E402
 
 NAME = "search_selfplay"
-ARMS = ("warm", "rl", "selfplay")
+ARMS = ("warm", "rl", "rl_matched", "selfplay")
 SETTINGS = {
-    "entities": 200, "extra_kbs": 20, "sft_steps": 1500, "steps": 37, "prompts_per_step": 16, "samples": 8,
-    "questions_per_seed": 2, "repropose": 1, "max_turns": 4, "max_len": 512, "max_new_tokens": 40, "lr": 3e-4,
-    "eval_questions": 200, "topk": 2, "info_chars": 110, "max_searches": 3,
+    "entities": 200, "extra_kbs": 20, "sft_steps": 2000, "sft_target": 0.25, "steps": 37, "prompts_per_step": 16,
+    "samples": 8, "questions_per_seed": 2, "repropose": 1, "max_turns": 4, "max_len": 512, "max_new_tokens": 40,
+    "lr": 3e-4, "eval_questions": 200, "topk": 2, "info_chars": 110, "max_searches": 3,
 }  # fmt: skip
 COMMON = ["--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction", "--vllm_is_correction_type",
           "reinforce_pro", "--init_kl_coef", "0", "--vllm_dtype", "float32", "--param_dtype", "fp32",
@@ -63,10 +67,12 @@ def warm_start(seed: int, workdir: Path) -> tuple[Path, Path, dict]:
     kb_dir = workdir / f"kb{seed}"
     knowledge.write(knowledge.build(SETTINGS["entities"], seed=seed), kb_dir)
     base = build_tiny_model(workdir / f"base{seed}", max_positions=SETTINGS["max_len"], seed=seed)
-    sequences = SearchTask(kb_dir).warm_start_sequences(AutoTokenizer.from_pretrained(base), SETTINGS["extra_kbs"],
-                                                        seed=seed + 1)  # fmt: skip
-    stats = sft_on_sequences(base, workdir / f"warm{seed}", sequences, steps=SETTINGS["sft_steps"], seed=seed)
-    return kb_dir, workdir / f"warm{seed}", {**stats, "sft/demonstrations": len(sequences)}
+    task = SearchTask(kb_dir)  # the seeds as prepare's warm start of --selfplay_task search draws them
+    sequences = task.warm_start_sequences(AutoTokenizer.from_pretrained(base), SETTINGS["extra_kbs"], seed=seed + 1)
+    stop = task.warm_start_stop(SETTINGS["sft_target"], seed + 2)
+    stats = sft_on_sequences(base, workdir / f"warm{seed}", sequences, steps=SETTINGS["sft_steps"], seed=seed,
+                             stop=stop)  # fmt: skip
+    return kb_dir, workdir / f"warm{seed}", {**stats, "sft/demonstrations": len(sequences), "sft/checks": stop.checks}
 
 
 def evaluate(engine, tokenizer, rows: list[dict]) -> dict:
@@ -91,14 +97,14 @@ def evaluate(engine, tokenizer, rows: list[dict]) -> dict:
     return out
 
 
-def arm_argv(arm: str, model: Path, kb_dir: Path, seed: int, out: Path) -> list[str]:
+def arm_argv(arm: str, model: Path, kb_dir: Path, seed: int, out: Path, steps: int) -> list[str]:
     s = SETTINGS
-    r, n, steps = s["prompts_per_step"], s["samples"], s["steps"]
+    r, n = s["prompts_per_step"], s["samples"]
     shape = ["--pretrain", str(model), "--seed", str(seed), "--save_path", str(out), "--max_len", str(s["max_len"]),
              "--max_new_tokens", str(s["max_new_tokens"]), "--actor_learning_rate", str(s["lr"]),
              "--n_samples_per_prompt", str(n), "--rollout_batch_size", str(r),
              "--max_samples", str(r * steps)]  # fmt: skip
-    if arm == "rl":
+    if arm in ("rl", "rl_matched"):
         return [*COMMON, *shape, "--prompt_data", str(kb_dir / "train.jsonl"), "--input_key", "question",
                 "--label_key", "label", "--agent_func_path", str(AGENT), "--agent_max_turns", str(s["max_turns"]),
                 "--train_batch_size", str(r * n)]  # fmt: skip
@@ -116,6 +122,11 @@ AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_
 def trained_solver_episodes(arm: str, history: list[dict]) -> int:
     rows = [(h.get("rollout/num_samples", 0.0), h.get("reward/proposer_frac", 0.0)) for h in history]
     return round(sum(n * (1 - (frac if arm == "selfplay" else 0.0)) for n, frac in rows))
+
+
+def matched_steps(selfplay_episodes: int) -> int:
+    """RL steps whose solver episodes come nearest `selfplay_episodes` (at least one)."""
+    return max(1, round(selfplay_episodes / (SETTINGS["prompts_per_step"] * SETTINGS["samples"])))
 
 
 def run_seed(seed: int, workdir: Path, code: dict) -> dict:
@@ -147,10 +158,11 @@ def run_seed(seed: int, workdir: Path, code: dict) -> dict:
     tok = AutoTokenizer.from_pretrained(model)
     heldout = base.heldout[: SETTINGS["eval_questions"]]
     record = {"seed": seed, **provenance, "warm_start": warm, "warm": {"heldout": evaluate(engine, tok, heldout)}}
-    for arm in ("rl", "selfplay"):  # each from the warm start: the trainer loads it into the shared engine
+    for arm in ("rl", "selfplay", "rl_matched"):  # each from the warm start, loaded into the shared engine
         arm_start = time.perf_counter()
         ray.get(engine.reseed.remote(seed))
-        _, cfg = parse(arm_argv(arm, model, kb_dir, seed, workdir / f"{arm}{seed}"))
+        steps = matched_steps(record["selfplay"]["solver_episodes"]) if arm == "rl_matched" else SETTINGS["steps"]
+        _, cfg = parse(arm_argv(arm, model, kb_dir, seed, workdir / f"{arm}{seed}", steps))
         history = build_and_fit(cfg, prepare(cfg), engines=[engine])
         record[arm] = {"heldout": evaluate(engine, tok, heldout), "steps": len(history),
                        "solver_episodes": trained_solver_episodes(arm, history),
@@ -172,27 +184,35 @@ def curves(history: list[dict]) -> dict[str, list]:
 def render(result: dict) -> str:
     runs = result["results"]["runs"]
     acc = lambda r, arm, key="accuracy": r[arm]["heldout"][key]  # noqa: E731
-    lines = ["| seed | warm start (c) | RL on generated questions (b) | search self-play (a) | solver episodes trained "
-             "(b / a) | self-play valid / learnable ratio (mean) | host | commit |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| seed | warm start (c) | RL, same steps (b) | RL, same episodes (d) | search self-play (a) | solver "
+             "episodes trained (b / d / a) | warm-start steps (probe accuracy) | self-play valid / learnable ratio "
+             "(mean) | host | commit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         valid, learnable = (
             _mean(r["selfplay"]["curves"].get(k))
             for k in ("selfplay/search/valid_ratio", "unified_filter/learnable_ratio")
         )
         cells = [f"{acc(r, arm):.3f} ({acc(r, arm, 'hops1'):.2f} / {acc(r, arm, 'hops2'):.2f})" for arm in ARMS]
-        lines.append(f"| {r['seed']} | {' | '.join(cells)} | {r['rl']['solver_episodes']} / "
-                     f"{r['selfplay']['solver_episodes']} | {valid:.2f} / {learnable:.2f} | {r['host_id']} | "
-                     f"{r['commit'][:7]}{'' if r['clean'] else '-dirty'} |")  # fmt: skip
+        episodes = " / ".join(str(r[arm]["solver_episodes"]) for arm in ("rl", "rl_matched", "selfplay"))
+        warm = r["warm_start"]
+        lines.append(f"| {r['seed']} | {' | '.join(cells)} | {episodes} | {warm['sft/steps']} "
+                     f"({warm.get('sft/stop_accuracy', math.nan):.2f}) | {valid:.2f} / {learnable:.2f} | "
+                     f"{r['host_id']} | {r['commit'][:7]}{'' if r['clean'] else '-dirty'} |")  # fmt: skip
     lines.append("\nHeld-out accuracy with search, greedy: all questions (one hop / two hops).")
     if len(runs) >= 2:
-        from benchmarks.study_stats import paired_test
+        from benchmarks.study_stats import holm, paired_test
 
-        for a, b, label in (("selfplay", "warm", "self-play - warm start"), ("selfplay", "rl", "self-play - RL"),
-                            ("rl", "warm", "RL - warm start")):  # fmt: skip
-            t = paired_test([acc(r, a) - acc(r, b) for r in runs])
-            lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] "
-                         f"(paired over {t.n} seeds, p = {t.p_t:.3f})")  # fmt: skip
+        pairs = (
+            ("selfplay", "warm", "self-play - warm start"),
+            ("selfplay", "rl", "self-play - RL, same steps"),
+            ("selfplay", "rl_matched", "self-play - RL, same episodes"),
+            ("rl", "warm", "RL - warm start"),
+        )
+        tests = [paired_test([acc(r, a) - acc(r, b) for r in runs]) for a, b, _ in pairs]
+        for (_, _, label), t, p_holm in zip(pairs, tests, holm([t.p_t for t in tests]), strict=True):
+            lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] (paired over "
+                         f"{t.n} seeds; t-test p = {t.p_t:.3f}, Holm over these 4: {p_holm:.3f})")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end at a tiny size and write what they promise (no timing asserted)."""
 
 import json
+import re
 
 import pytest
 
@@ -319,3 +320,31 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
     }
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| policy loss, IS reinforce_pro |" in table and "| 8 | 4 | fp32 | padded |" in table
+
+
+def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episodes():
+    """benchmarks/search_selfplay.py: every arm per seed, the episodes each trained, the warm start's stop, and
+    four paired comparisons whose Holm-adjusted p-values are never below their own; (d) runs as many RL steps
+    as (a)'s trained episodes fill."""
+    from benchmarks import search_selfplay as study
+
+    def arm(accuracy: float, episodes: int) -> dict:
+        return {"heldout": {"accuracy": accuracy, "hops1": accuracy + 0.1, "hops2": accuracy - 0.1},
+                "solver_episodes": episodes, "curves": {"selfplay/search/valid_ratio": [0.8, 0.9],
+                                                        "unified_filter/learnable_ratio": [0.4, 0.5]}}  # fmt: skip
+
+    runs = [{"seed": seed, "host_id": "h0", "commit": "abcdef0123", "clean": True,
+             "warm_start": {"sft/steps": 650, "sft/stop_accuracy": 0.29},
+             "warm": arm(0.2 + d, 0), "rl": arm(0.3 + d, 4736), "rl_matched": arm(0.25 + 2 * d, 2048),
+             "selfplay": arm(0.3 + 3 * d, 2000)} for seed, d in ((1, 0.0), (2, 0.02), (3, 0.05))]  # fmt: skip
+    table = study.render({"results": {"runs": runs}})
+    assert "| 1 | 0.200 (0.30 / 0.10) | 0.300 (0.40 / 0.20) | 0.250 (0.35 / 0.15) | 0.300 (0.40 / 0.20) | " \
+           "4736 / 2048 / 2000 | 650 (0.29) | 0.85 / 0.45 | h0 | abcdef0 |" in table  # fmt: skip
+    lines = {line.split(":")[0][2:]: line for line in table.splitlines() if line.startswith("- ")}
+    assert set(lines) == {"self-play - warm start", "self-play - RL, same steps", "self-play - RL, same episodes",
+                          "RL - warm start"}  # fmt: skip
+    assert lines["self-play - warm start"].startswith("- self-play - warm start: +0.147, 95% t-interval")
+    for line in lines.values():
+        p, adjusted = (float(v) for v in re.findall(r"p = ([0-9.]+), Holm over these 4: ([0-9.]+)", line)[0])
+        assert adjusted >= p
+    assert [study.matched_steps(n) for n in (0, 63, 64, 2000, 4736)] == [1, 1, 1, 16, 37]

@@ -215,6 +215,101 @@ def test_the_task_serves_its_corpus_on_loopback_until_closed(kb_dir):
     assert SearchTask(kb_dir, "http://127.0.0.1:9").retriever_url() == "http://127.0.0.1:9"  # a given URL: no server
 
 
+# ------------------------------------------------------------------------------------------ the warm start's stop
+class Oracle:
+    """A model (as the HF generate contract) that answers every probe question right at its first turn, or
+    searches forever when `search` is set; it records its modes and the contexts it was given."""
+
+    def __init__(self, tok, answers: dict[str, str], search: bool = False):
+        self.tok, self.answers, self.search, self.seen = tok, answers, search, {"modes": [], "contexts": []}
+
+    def eval(self):
+        self.seen["modes"].append("eval")
+
+    def train(self):
+        self.seen["modes"].append("train")
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+        assert not kw["do_sample"]
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+            context = [i for i, m in zip(ids, mask, strict=True) if m]
+            self.seen["contexts"].append(context)
+            question = self.tok.decode(context, skip_special_tokens=True).split("<")[0].strip()
+            reply = "<search>x</search>" if self.search else f"<answer>{self.answers[question]}</answer>"
+            rows.append(self.tok(reply, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id])
+        width = max(map(len, rows)) + 2  # padding after <eos>, as a batch's shorter rows get
+        new = [r + [self.tok.pad_token_id] * (width - len(r)) for r in rows]
+        return torch.cat([input_ids, torch.tensor(new)], dim=1)
+
+
+def test_the_warm_start_stop_plays_greedy_search_episodes_on_another_base(task):
+    from reinforce_pro.models.tiny import build_tokenizer
+    from reinforce_pro.search.demonstrations import NAME, extra_questions
+
+    tok = build_tokenizer()
+    stop = task.warm_start_stop(target=0.9, seed=7, questions=6)
+    probe = {r["question"]: r["answer"] for r, _ in extra_questions(task.kb.passages, 1, 7)}
+    right = Oracle(tok, probe)
+    assert stop(right, tok) and stop.checks == [1.0]  # every episode answered right: the warm start stops
+    assert right.seen["modes"] == ["eval", "train"]  # generated in eval mode, trained on after
+    asked = {tok.decode(c, skip_special_tokens=True) for c in right.seen["contexts"]}
+    assert len(asked) == 6 and asked <= set(probe)  # 6 questions of the probe base, one greedy episode each
+    names = set(NAME.findall(" ".join(p["contents"] for p in task.kb.passages)))
+    demonstrated = {n for r, _ in extra_questions(task.kb.passages, 20, 8) for n in NAME.findall(r["question"])}
+    assert all(names.isdisjoint(NAME.findall(q)) and demonstrated.isdisjoint(NAME.findall(q)) for q in asked)
+    searcher = Oracle(tok, probe, search=True)  # never answers: searches until the turns run out
+    assert not stop(searcher, tok) and stop.checks == [1.0, 0.0]
+    contexts = searcher.seen["contexts"]
+    assert len(contexts) == 6 * task.solver_turns  # every turn of every episode reached the model
+    assert sum("<information>" in tok.decode(c) for c in contexts) == 6 * (task.solver_turns - 1)
+
+
+def test_the_greedy_sampler_continues_left_padded_contexts_as_each_alone(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.trainer.sft_warmup import greedy_sampler
+
+    path = build_tiny_model(tmp_path / "tiny", max_positions=128, seed=3)
+    model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    contexts = [tok("home of Zorvik?")["input_ids"], tok("tool of mentor of a much longer name?")["input_ids"]]
+    sample = greedy_sampler(model, tok)
+    together = sample(contexts, {"max_tokens": 12})
+    alone = [sample([c], {"max_tokens": 12})[0] for c in contexts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for g in together:
+        assert len(g.token_ids) == len(g.log_probs) <= 12
+        assert (g.finish_reason == "stop") == (tok.eos_token_id in g.token_ids)
+        assert tok.eos_token_id not in g.token_ids[:-1]  # cut at the first <eos>
+
+
+def test_a_search_warm_start_stops_at_its_target_and_reports_the_accuracy(tmp_path):
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.run.prepare import _selfplay_warm_start
+    from reinforce_pro.trainer.sft_warmup import CHECK_EVERY, AccuracyStop
+
+    class Task:  # demonstrations of one short sequence, and a stop condition met at its second check
+        stop = None
+
+        def warm_start_sequences(self, tokenizer, n, seed):
+            return [([1, 2, 3, 4], [False, True, True, True])]
+
+        def warm_start_stop(self, target, seed):
+            self.asked = (target, seed)
+            self.stop = AccuracyStop(lambda model, tok: [0.1, 0.4][len(self.stop.checks)], target)
+            return self.stop
+
+    base, task = build_tiny_model(tmp_path / "tiny", max_positions=32), Task()
+    stats = _selfplay_warm_start(task, base, tmp_path / "out", 5 * CHECK_EVERY, seed=3, target=0.3)
+    assert task.asked == (0.3, 5)  # another seed than the demonstrations' (seed + 1)
+    assert stats["sft/steps"] == 2 * CHECK_EVERY and stats["sft/stop_accuracy"] == 0.4
+    assert task.stop.checks == [0.1, 0.4]
+    untargeted = Task()
+    stats = _selfplay_warm_start(untargeted, base, tmp_path / "all", 5, seed=3, target=0.0)
+    assert stats["sft/steps"] == 5 and "sft/stop_accuracy" not in stats and untargeted.stop is None  # no probe
+
+
 # ------------------------------------------------------------------------------------------ one self-play step
 class ScriptedPolicy:
     """A proposer that copies the seed's person into a valid question (or writes junk), and a solver that searches
@@ -288,7 +383,8 @@ def test_search_selfplay_recipe_trains_both_roles_with_the_service_running(tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OUT": str(tmp_path), "STEPS": "2", "PROMPTS_PER_STEP": "4", "QUESTIONS": "2",
-           "SAMPLES": "4", "REPROPOSE": "1", "ENTITIES": "24", "WARM_STEPS": "400", "EVAL_STEPS": "1",
+           "SAMPLES": "4", "REPROPOSE": "1", "ENTITIES": "24", "WARM_STEPS": "400", "WARM_TARGET": "0",
+           "EVAL_STEPS": "1",
            "PORT": str(port), "TASK_PATH": str(root / "tests" / "data" / "search_task_all_learnable.py")}  # fmt: skip
     script = root / "examples" / "scripts" / "train_search_selfplay.sh"
     result = subprocess.run(["bash", str(script), "--micro_train_batch_size", "8"], env=env, capture_output=True,

@@ -6,8 +6,9 @@
 #
 # Runs on: a CPU-only machine (2 cores is enough) with the `cpu` and `search` extras
 #          (EXTRAS=cpu,search,dev bash scripts/setup_env.sh), or a GPU machine with `gpu,search`.
-# Takes:   a warm start of WARM_STEPS SFT steps on the formats (demonstrations from 20 other generated bases,
-#          none of this base's questions), then STEPS self-play steps.
+# Takes:   a warm start on the formats (demonstrations from 20 other generated bases, none of this base's
+#          questions) until its greedy search accuracy on another base reaches WARM_TARGET (at most WARM_STEPS
+#          SFT steps), then STEPS self-play steps.
 # Service: started here (its process id kept) and stopped when the script exits, however it exits.
 #          RETRIEVER_URL=http://host:port uses a running service of yours instead (Search-R1's contract).
 # Model:   the built-in tiny Qwen2 (created locally), warm-started; MODEL=dir skips the warm start.
@@ -30,13 +31,14 @@ QUESTIONS=${QUESTIONS:-4}      # questions proposed per seed
 SAMPLES=${SAMPLES:-8}          # solver episodes per question
 REPROPOSE=${REPROPOSE:-3}      # re-proposal rounds for a seed whose questions are all or none learnable
 ENTITIES=${ENTITIES:-200}      # invented people in the knowledge base
-WARM_STEPS=${WARM_STEPS:-1500} # SFT steps on both roles' formats
+WARM_STEPS=${WARM_STEPS:-2000} # at most this many SFT steps on both roles' formats
+WARM_TARGET=${WARM_TARGET:-0.25} # ... stopped once this accuracy is reached (0: every step)
 EVAL_STEPS=${EVAL_STEPS:-10}   # held-out questions (people no proposal may name), by hops, every N steps
 GPUS=${GPUS:-1}                # policy ranks (one per GPU; on CPU, one process)
 
 source "$(dirname "${BASH_SOURCE[0]}")/_search_service.sh"
 
-MODEL_ARGS=(--sft_warmup_steps "$WARM_STEPS")
+MODEL_ARGS=(--sft_warmup_steps "$WARM_STEPS" --sft_warmup_target "$WARM_TARGET")
 if [[ -n "$MODEL" ]]; then MODEL_ARGS=(--pretrain "$MODEL"); fi
 TASK_ARGS=(--selfplay_task search --selfplay_kb "$OUT/kb" --selfplay_retriever_url "$RETRIEVER_URL")
 if [[ -n "$TASK_PATH" ]]; then

@@ -418,7 +418,9 @@ class TrainingFlags:
     sft_warmup_target: float = flag(0.0,
         "[reinforce_pro] embedded default only: stop the warm start once its greedy accuracy on 64 training prompts "
         "reaches this (checked every 50 steps; --sft_warmup_steps is then the most it runs); 0 runs every step. A "
-        "task whose accuracy jumps within a few hundred steps starts RL from the same place at every seed")
+        "task whose accuracy jumps within a few hundred steps starts RL from the same place at every seed. With "
+        "--selfplay_task search the accuracy is of greedy search episodes on 48 questions of another generated base, "
+        "checked every 10 steps")
     builtin_task: str = flag("arithmetic",
         "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens); running_sum (the running "
         "sum of ten labelled digits, ~60-token responses whose every step the total depends on); scratchpad "

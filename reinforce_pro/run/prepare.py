@@ -191,7 +191,7 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     if cfg.data.prompt_data is not None or steps <= 0:
         return str(base)
     if task:
-        stats = _selfplay_warm_start(task, base, out, steps, cfg.seed)
+        stats = _selfplay_warm_start(task, base, out, steps, cfg.seed, cfg.models.sft_warmup_target)
         if stats is None:
             return str(base)
     else:
@@ -203,9 +203,10 @@ def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     return str(out)
 
 
-def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int) -> dict | None:
+def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int, target: float) -> dict | None:
     """Both roles' warm start: demonstrations with environment turns (a task whose solver answers in episodes),
-    else prompt / answer examples; None when the task has neither."""
+    else prompt / answer examples; None when the task has neither. With `target` > 0 and a task that can
+    measure its solver during the warm start (warm_start_stop), it stops once that accuracy reaches `target`."""
     from transformers import AutoTokenizer
 
     from reinforce_pro.trainer.sft_warmup import sft_on_sequences, sft_warm_start
@@ -213,8 +214,9 @@ def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int) -> 
     if hasattr(task, "warm_start_sequences"):
         tokenizer = AutoTokenizer.from_pretrained(base)
         sequences = task.warm_start_sequences(tokenizer, WARM_START_BASES, seed=seed + 1)
+        stop = task.warm_start_stop(target, seed + 2) if target > 0 and hasattr(task, "warm_start_stop") else None
         if sequences:
-            return sft_on_sequences(base, out, sequences, steps=steps, seed=seed)
+            return sft_on_sequences(base, out, sequences, steps=steps, seed=seed, stop=stop)
     examples = task.warm_start_examples(2048, seed=seed + 1)
     return sft_warm_start(base, out, examples, steps=steps, seed=seed) if examples else None
 

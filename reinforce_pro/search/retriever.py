@@ -71,6 +71,10 @@ class BM25Index:
         return [[(self.passages[int(i)], float(s)) for i, s in zip(row, row_scores, strict=True)]
                 for row, row_scores in zip(ids, scores, strict=True)]  # fmt: skip
 
+    def retrieve(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """RetrieverClient.retrieve answered in this process: an agent can search an index it was handed."""
+        return [[doc for doc, _ in hits] for hits in self.search(queries, topk)]
+
 
 # ------------------------------------------------------------------------------------------ the service
 def parse_request(body: bytes) -> tuple[list[str], int, bool]:

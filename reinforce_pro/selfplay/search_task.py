@@ -51,6 +51,7 @@ class SearchTask(SelfPlayTask):
     tiny_model_positions = 512  # the embedded model holds a whole episode: question, turns, retrieved blocks
     # the search agent's settings, as benchmarks/search_agent.py measured it
     topk, info_chars, max_searches, solver_turns = 2, 110, 3, 4
+    sampling_max_tokens = 40  # a solver turn of the warm start's probe: a <search> or an <answer>
 
     def __init__(self, kb_dir: str | Path | None = None, retriever_url: str | None = None) -> None:
         self.kb = knowledge.load(Path(kb_dir)) if kb_dir else knowledge.build(200, seed=0)
@@ -155,6 +156,28 @@ class SearchTask(SelfPlayTask):
         return dict(sorted(levels.items()))
 
     # ------------------------------------------------------------------ the warm start
+    def warm_start_stop(self, target: float, seed: int, questions: int = 48, max_len: int = 512):
+        """The warm start's stop condition: greedy search episodes on `questions` questions of one more generated
+        base (not this one, none of the demonstrated ones), true once their accuracy reaches `target`. A warm
+        start stopped there leaves the same room to learn at every seed (a fixed step count does not)."""
+        from reinforce_pro.agents.runner import AgentConfig, AgentRunner
+        from reinforce_pro.search.demonstrations import extra_questions
+        from reinforce_pro.trainer.sft_warmup import AccuracyStop, greedy_sampler
+
+        probe = extra_questions(self.kb.passages, 1, seed)
+        rows = [{"prompt": r["question"], "label": r["label"]} for r, _ in random.Random(seed).sample(probe, questions)]
+        agent = search_agent(probe[0][1], self.topk, self.info_chars, self.max_searches)  # the probe base's index
+        cfg = AgentConfig(max_turns=self.solver_turns, max_len=max_len, prompt_max_len=64)
+
+        def accuracy(model, tok) -> float:
+            model.eval()
+            sampling = {"temperature": 0.0, "max_tokens": self.sampling_max_tokens}
+            episodes = AgentRunner(agent, tok, greedy_sampler(model, tok), sampling, cfg).run_episodes(rows, n=1)
+            model.train()
+            return sum(sum(e.extra_logs.get("correct", [0.0])) for e in episodes) / len(episodes)
+
+        return AccuracyStop(accuracy, target, every=10)  # the accuracy jumps ~0 -> 0.5 within 50 steps
+
     def warm_start_sequences(self, tokenizer, n: int, seed: int) -> list[tuple[list[int], list[bool]]]:
         """Demonstrations of both roles' formats on `n` other generated bases (other names, other facts; none
         names a name of this base), never on this base's questions: proposals written from seed passages, and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,12 +29,29 @@ def sft_warm_start(
     stop: Callable[[torch.nn.Module, object], bool] | None = None,
 ) -> dict:
     """Train `model_dir` on {"prompt", "label"} examples for `steps` steps; save to `out_dir`. Returns stats.
-    `stop(model, tokenizer)`, asked every CHECK_EVERY steps, ends the warm start early when it returns True."""
+    `stop(model, tokenizer)`, asked every CHECK_EVERY steps (or its `every`), ends the warm start early when it
+    returns True."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     encode = lambda batch: _encode_batch(tok, batch)  # noqa: E731
     return _fit(model_dir, out_dir, examples, encode, steps, batch_size, lr, seed, stop)
+
+
+@dataclass
+class AccuracyStop:
+    """A warm start's stop condition: true once `accuracy(model, tokenizer)` reaches `target`, asked every
+    `every` steps (a task whose accuracy jumps within 50 steps asks more often, to stop nearer its target).
+    Every check's accuracy is kept; the last one is reported as sft/stop_accuracy."""
+
+    accuracy: Callable[[torch.nn.Module, object], float]
+    target: float
+    every: int = CHECK_EVERY
+    checks: list[float] = field(default_factory=list)
+
+    def __call__(self, model: torch.nn.Module, tok) -> bool:
+        self.checks.append(self.accuracy(model, tok))
+        return self.checks[-1] >= self.target
 
 
 def greedy_accuracy(model, tok, records: list[dict], score: Callable[[str, str], float], max_new_tokens: int) -> float:
@@ -60,6 +78,7 @@ def sft_on_sequences(
     batch_size: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
+    stop: Callable[[torch.nn.Module, object], bool] | None = None,
 ) -> dict:
     """As sft_warm_start, on token sequences whose loss covers the positions marked True: for multi-turn
     demonstrations laid out as the agent runner lays out episodes (model turns trained, environment turns
@@ -67,7 +86,32 @@ def sft_on_sequences(
     from transformers import AutoTokenizer
 
     pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
-    return _fit(model_dir, out_dir, sequences, lambda batch: _pad_sequences(batch, pad), steps, batch_size, lr, seed)
+    encode = lambda batch: _pad_sequences(batch, pad)  # noqa: E731
+    return _fit(model_dir, out_dir, sequences, encode, steps, batch_size, lr, seed, stop)
+
+
+def greedy_sampler(model, tok) -> Callable[[list[list[int]], dict], list]:
+    """The agent runner's `sample` (agents/runner.py) on a model being trained: greedy continuations of token-id
+    contexts, up to the setting's max_tokens, ended by <eos> (log-probs are not computed: 0.0 each). For a stop
+    condition that plays whole episodes; the caller puts the model in eval mode."""
+    from reinforce_pro.rollout.vllm_engine import Generation
+
+    def sample(contexts: list[list[int]], sampling: dict) -> list:
+        width = max(map(len, contexts))
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(c)) + c for c in contexts])  # left-padded
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=sampling["max_tokens"], pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)  # fmt: skip
+        generations = []
+        for row in out[:, width:].tolist():
+            ended = tok.eos_token_id in row
+            row = row[: row.index(tok.eos_token_id) + 1] if ended else row
+            generations.append(Generation(row, [0.0] * len(row), "stop" if ended else "length"))
+        return generations
+
+    return sample
 
 
 def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, lr: float, seed: int, stop=None) -> dict:
@@ -81,7 +125,7 @@ def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, l
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    losses = []
+    losses, every = [], getattr(stop, "every", CHECK_EVERY)
     for step in tqdm(range(1, steps + 1), desc="warm start (SFT)", leave=False):
         ids, attention, labels = encode(rng.sample(items, min(batch_size, len(items))))
         out = model(input_ids=ids, attention_mask=attention, labels=labels)
@@ -90,13 +134,16 @@ def _fit(model_dir, out_dir, items: list, encode, steps: int, batch_size: int, l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(out.loss.item())
-        if stop is not None and step % CHECK_EVERY == 0 and stop(model, tok):
+        if stop is not None and step % every == 0 and stop(model, tok):
             break
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     last = sum(losses[-10:]) / len(losses[-10:])
-    return {"sft/steps": len(losses), "sft/loss_first": losses[0], "sft/loss_last": last}
+    stats = {"sft/steps": len(losses), "sft/loss_first": losses[0], "sft/loss_last": last}
+    if getattr(stop, "checks", None):
+        stats["sft/stop_accuracy"] = stop.checks[-1]
+    return stats
 
 
 def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int, seed: int) -> dict:
@@ -117,7 +164,7 @@ def embedded_warm_start(task_name: str, model_dir, out_dir, steps: int, seed: in
     stop = None
     if target > 0:
         probe = task.records(64, seed + 2)
-        stop = lambda model, tok: greedy_accuracy(model, tok, probe, task.score, max_new_tokens) >= target  # noqa: E731
+        stop = AccuracyStop(lambda model, tok: greedy_accuracy(model, tok, probe, task.score, max_new_tokens), target)
     return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed, stop=stop)
 
 
