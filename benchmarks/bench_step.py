@@ -65,8 +65,8 @@ def measure(steps: int, warmup_steps: int) -> dict:
     from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.rollout.sampler import encode_prompt, sampling_params
     from reinforce_pro.rollout.vllm_engine import EngineConfig
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench_step_"))
     args, run_cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps)])

@@ -1,4 +1,4 @@
-"""Where the train phase of a real model's RL step goes, against its roofline (issue 30).
+"""Where the train phase of a real model's RL step goes, against its roofline.
 
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~13 minutes on 2 cores with the defaults (6 variants x 6 steps, a profiled step, the AdamW timings).
@@ -289,7 +289,7 @@ def measure(args) -> dict:
 
     from benchmarks.bench_peers import gemm_peak_gflops, matmul_params
     from reinforce_pro.models import logprobs
-    from reinforce_pro.models.prepare import prepare
+    from reinforce_pro.models.packaged import prepare
     from reinforce_pro.trainer.ppo_trainer import length_grouped
 
     model = prepare("smollm2-135m-instruct", MODEL) if args.model is None else Path(args.model)
@@ -315,7 +315,7 @@ def measure(args) -> dict:
             # the trainer runs them (sdpa_varlen: one row) and in bins (eager, or a model without logits_to_keep)
             "(added) --packing_samples": partial(packed_forwards, worker, "sdpa_varlen"),
             "(added) --packing_samples in bins of the longest row": partial(packed_forwards, worker, "sdpa"),
-            # not an option of the trainer: whether fusing the element-wise ops would pay (issue 30)
+            # not an option of the trainer: whether fusing the element-wise ops would pay
             "(added) --packing_samples, norms / MLP / rotary compiled": partial(packed_and_compiled, worker),
         }
         for variant in undone.values():  # each variant's own warm-up (the compiled one compiles here)

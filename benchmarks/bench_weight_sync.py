@@ -32,7 +32,7 @@ from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_s
 SIZES = {
     "toy": {},  # the embedded default's model (build_tiny_model's defaults)
     "100m": {"hidden_size": 768, "num_layers": 14, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 2048},
-    "smollm2": "smollm2-135m-instruct",  # the packaged model (models/prepare.py), W3's
+    "smollm2": "smollm2-135m-instruct",  # the packaged model (models/packaged.py), W3's
 }
 BACKENDS = ("object_store", "gloo")
 
@@ -48,7 +48,7 @@ LINKS = {
 
 def model_path(size: str, workdir: Path) -> str:
     """A tiny architecture built in `workdir`, or a packaged model prepared once in the recipes' directory."""
-    from reinforce_pro.models.prepare import prepare
+    from reinforce_pro.models.packaged import prepare
     from reinforce_pro.models.tiny import build_tiny_model
 
     if isinstance(SIZES[size], str):

@@ -84,7 +84,7 @@ def base_config(pretrain: str, seed: int, steps: int, overrides: dict | None = N
     """The embedded default's run config for `pretrain`: a --pretrain run gets no presets, so they are applied
     here to the flag defaults, then `overrides` (flag dests -> values; the sections' own checks run in
     run_config)."""
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.presets import EMBEDDED
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
@@ -142,8 +142,8 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
     import ray
 
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.workers.launcher import start_ray
 
     seeds = [1] if quick else [1, 2, 3]

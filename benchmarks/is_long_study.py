@@ -100,7 +100,7 @@ def held_out_file(workdir: Path) -> Path:
 
 def run_config(model: str, seed: int, steps: int, staleness: int, eval_path: Path):
     """The embedded-running-sum preset for `model`, with the regime's staleness and the held-out evaluations."""
-    from reinforce_pro.cli.config import run_config as build
+    from reinforce_pro.cli.flags_to_config import run_config as build
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
@@ -119,8 +119,8 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     import ray
 
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.workers.launcher import start_ray
 
     done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}

@@ -1,4 +1,4 @@
-"""Which IS correction, when (issue 31): the corrections on regimes that stress them, paired over seeds.
+"""Which IS correction, when: the corrections on regimes that stress them, paired over seeds.
 
     python benchmarks/is_study.py --seeds 1-8                       # every regime x correction (hours on 2 cores)
     python benchmarks/is_study.py --seeds 1-2 --regimes async8-partial --corrections none reinforce_pro --steps 120
@@ -111,7 +111,7 @@ REGIMES = {
          "actor_learning_rate": 5e-4, "async_lag_target": 0.1, "async_lag_metric": "rollout/logprob_abs_diff_mean"},
     ),
 }  # fmt: skip
-# Adaptive staleness against the fixed queues it moves between (issue 31, item 5): same seeds and corrections
+# Adaptive staleness against the fixed queues it moves between: same seeds and corrections
 LAG_REGIMES = ("async4-partial", "async8-partial", "async8-adaptive")
 # The producer runs ahead only where generation is faster than training, which depends on the host (the lag
 # probes: staleness 5.3 on one host, 1.0-1.2 on two others). Training in micro-batches of 4 rows (64 per step
@@ -175,7 +175,7 @@ def task_config(task: str, pretrain: str, seed: int, steps: int, flags: dict):
     """The run config of `task` with a regime's `flags` on top (the correction is each run's)."""
     if task == "embedded":
         return base_config(pretrain, seed, steps, flags)
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
     args = parse_args([*smollm2.run_flags(Path(pretrain), SMOLLM2_DATA), "--seed", str(seed), "--max_samples",
@@ -206,8 +206,8 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     import ray
 
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.workers.launcher import start_ray
 
     done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}

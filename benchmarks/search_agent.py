@@ -1,4 +1,4 @@
-"""Does search-augmented RL learn (issue 28)? Held-out answer accuracy with search, before and after RL, against
+"""Does search-augmented RL learn? Held-out answer accuracy with search, before and after RL, against
 the same model answering without search.
 
     python benchmarks/search_agent.py --seeds 1-3 --steps 60
@@ -85,8 +85,8 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
 
     from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare as prepare_run
-    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.search.retriever import make_server
 
     start = time.perf_counter()

@@ -134,8 +134,8 @@ def run_seed(seed: int, workdir: Path, code: dict) -> dict:
 
     from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+    from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
-    from reinforce_pro.run.wiring import build_and_fit
     from reinforce_pro.search import knowledge
     from reinforce_pro.search.retriever import BM25Index, make_server
 

@@ -1,4 +1,4 @@
-"""Absolute Zero's code task on SmolLM2-135M-Instruct (issue 32): the recipe at several seeds, to its end.
+"""Absolute Zero's code task on SmolLM2-135M-Instruct: the recipe at several seeds, to its end.
 
     python benchmarks/selfplay_code_study.py --seeds 1-2 --steps 30     # ~35 min per run on 2 cores
     python benchmarks/selfplay_code_study.py --render benchmarks/results/selfplay_code_study.json

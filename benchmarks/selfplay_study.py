@@ -1,4 +1,4 @@
-"""Self-play curriculum study (issue 32): the README's `--absolute_zero` command at several seeds, to its end.
+"""Self-play curriculum study: the README's `--absolute_zero` command at several seeds, to its end.
 
     python benchmarks/selfplay_study.py --seeds 1-5                 # 5 runs of 300 steps (~6 min each on 2 cores)
     python benchmarks/selfplay_study.py --seeds 1-5 --arm no-repetition-penalty   # the same without the remedy
@@ -51,7 +51,10 @@ SERIES = {  # what the study keeps of each step: short name -> metrics.jsonl key
 }
 ARMS = {  # name -> train_ppo_ray flags on top of the README command
     "default": [],
-    "no-repetition-penalty": ["--proposer_repetition_penalty", "0"],  # the embedded default before issue 32's remedy
+    "no-repetition-penalty": [
+        "--proposer_repetition_penalty",
+        "0",
+    ],  # the embedded default before the repetition penalty
     "reference-buffer": ["--selfplay_reference_buffer", "64"],
     "difficulty-reward": ["--proposer_reward", "difficulty"],  # Absolute Zero's 1 - solve rate for learnable ones
     # Absolute Zero's whole proposer: references from past learnable questions and the 1 - solve rate reward

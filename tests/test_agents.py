@@ -125,7 +125,7 @@ def test_partial_rollout_agent_tokens_keep_the_version_and_log_prob_that_sampled
     """--partial_rollout with --agent_func_path (OpenRLHF's async agent script): every model turn is sampled in
     chunks and a weight sync may land before any chunk, so one episode holds tokens of several versions; each
     model token keeps the version and the log-prob of the weights that sampled it."""
-    from reinforce_pro.agents.source import AgentSource
+    from reinforce_pro.agents.agent_source import AgentSource
     from reinforce_pro.rollout.sampler import PartialRollout, RolloutConfig, Sampler
 
     replies, engine = ["calc(3+4)", "7"], {"version": 0}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
-from reinforce_pro.cli.config import run_config
+from reinforce_pro.cli.flags_to_config import run_config
 from reinforce_pro.cli.presets import EMBEDDED
 from reinforce_pro.cli.train_ppo_ray import main, parse, parse_args
 
@@ -290,15 +290,15 @@ def test_max_len_shorter_than_the_prompts(tiny_model, tmp_path, capsys):
 
 def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
     from reinforce_pro.rewards.loader import RewardFileError
-    from reinforce_pro.run import prepare as run_mod
-    from reinforce_pro.run import wiring
+    from reinforce_pro.run import driver, prepare
 
     def failing(cfg, plan):
         raise RewardFileError("step 3: reward_func raised ZeroDivisionError: division by zero")
 
-    monkeypatch.setattr(wiring, "build_and_fit", failing)
+    monkeypatch.setattr(prepare, "prepare", lambda cfg: None)
+    monkeypatch.setattr(driver, "build_and_fit", failing)
     args = parse_args(["--remote_rm_url", "r.py", "--pretrain", "m", "--save_path", str(tmp_path)])
-    assert run_mod.run(run_config(args), plan=None) == 2
+    assert driver.train(run_config(args)) == 2
     err = capsys.readouterr().err
     assert (
         err == "train_ppo_ray: error: --remote_rm_url r.py: step 3: reward_func raised ZeroDivisionError: "
@@ -322,7 +322,7 @@ def test_save_path_that_cannot_be_a_directory(tmp_path, capsys, where):
 
 @pytest.mark.parametrize("flag", ["--save_path", "--ckpt_path"])
 def test_output_dir_the_kernel_refuses_is_one_line(tmp_path, capsys, flag):
-    """Issue 29: /proc passes a permission check as root, but no directory can be made there."""
+    """/proc passes a permission check as root, but no directory can be made there."""
     argv = ["--save_path", str(tmp_path / "run"), "--save_steps", "5", flag, "/proc/rp_run"]
     err = _main_error(argv, capsys)
     assert f"{flag} /proc/rp_run: cannot create a directory and write in it" in err
@@ -571,7 +571,7 @@ def test_openrlhf_0_11_2_loss_surface_reaches_the_loss():
     _, cfg = parse(["--pretrain", "m", "--actor.loss_agg_mode", "seq-mean-token-mean", "--algo.kl.use_loss",
                     "--algo.kl.unbiased_gradient", "--algo.advantage.estimator", "flash_reinforce"])  # fmt: skip
     assert not cfg.loss.surrogate.token_level_loss and cfg.loss.kl_unbiased_gradient and cfg.loss.use_kl_loss
-    assert cfg.rollout.advantage_estimator == "flash_reinforce"
+    assert cfg.experience.advantage_estimator == "flash_reinforce"
     _, default = parse(["--pretrain", "m"])
     assert default.loss.surrogate.token_level_loss and not default.loss.kl_unbiased_gradient
 

@@ -1,4 +1,4 @@
-"""cli/config.py: one typed run config, read from the flags once.
+"""cli/flags_to_config.py: one typed run config, read from the flags once.
 
 Every flag is read by a section, refused, or listed with why it has no effect; the sections' defaults are the
 flags' defaults; a section's own check ends a bad command line in one line; the IS benchmark's typed configs
@@ -12,11 +12,12 @@ import pytest
 
 from reinforce_pro.algos.losses import LossSettings
 from reinforce_pro.cli.args import NO_EFFECT, UNSUPPORTED, build_parser
-from reinforce_pro.cli.config import SECTIONS, flag_sections, run_config
+from reinforce_pro.cli.flags_to_config import SECTIONS, flag_sections, run_config
 from reinforce_pro.cli.presets import EMBEDDED
 from reinforce_pro.cli.train_ppo_ray import parse, parse_args
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.run.config import KLSettings, RunConfig
+from reinforce_pro.trainer.experience_builder import ExperienceConfig
 from reinforce_pro.workers.base import OptimConfig
 
 
@@ -71,7 +72,7 @@ def _default_drift(obj, path: str) -> list[str]:
     ],
 )
 def test_every_section_field_default_is_its_flag_default(extra):
-    """Issue 29: a dataclass default that disagrees with its flag's is a second truth (a test or benchmark that
+    """A dataclass default that disagrees with its flag's is a second truth (a test or benchmark that
     builds the dataclass directly runs with values no command line gives). Built from the flags' defaults
     (--pretrain given: no preset), every field with a default holds it, but for the few that are derived from
     several flags; the optional sections are reached by the flags that switch them on."""
@@ -83,11 +84,12 @@ def test_every_section_field_default_is_its_flag_default(extra):
 
 def test_section_defaults_are_the_flag_defaults():
     """A run with no presets (--pretrain given) gets exactly the dataclasses' own defaults for the loss, KL and
-    rollout, and the optimizer's but for the accumulation (which follows the 8 default ranks)."""
+    rollout, the experience, and the optimizer's but for the accumulation (which follows the 8 default ranks)."""
     cfg = run_config(parse_args(["--pretrain", "m"]))
     assert cfg.loss.surrogate == LossSettings()
     assert cfg.kl == KLSettings(init_coef=0.01, target=None, horizon=10000)  # has no defaults of its own
     assert cfg.rollout == RolloutConfig()
+    assert cfg.experience == ExperienceConfig()
     assert cfg.actor_optim == replace(OptimConfig(learning_rate=1e-6), grad_accum_steps=128 // (4 * 8))
     assert cfg.critic_optim == replace(cfg.actor_optim, learning_rate=9e-6)
 
@@ -150,7 +152,7 @@ def test_the_is_benchmark_builds_the_config_the_command_line_gives(tmp_path):
 
 
 def test_each_flag_is_one_field_and_the_parser_is_built_from_the_fields():
-    """Issue 29: a flag's spellings, type, default, choices, help and bounds live on one field of a flag section;
+    """A flag's spellings, type, default, choices, help and bounds live on one field of a flag section;
     the parser, the dotted table and the refused / no-effect lists are derived from the fields, so a default
     or an alias cannot drift from its declaration."""
     from reinforce_pro.cli.args import flag_fields, option_strings
@@ -197,7 +199,7 @@ def test_every_declared_bound_ends_a_command_line_in_one_line(capsys):
     ],
 )
 def test_the_first_weight_sync_is_skipped_only_where_the_engines_load_what_it_would_send(flags, loads_them):
-    """Issue 30: engines a run starts from the policy's checkpoint skip the sync before the first step (2.8 s of
+    """Engines a run starts from the policy's checkpoint skip the sync before the first step (2.8 s of
     SmolLM2's start) only where the policy holds exactly what they loaded."""
     from reinforce_pro.run.wiring import engines_load_policy_weights
 

@@ -27,8 +27,8 @@ from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
 from reinforce_pro.models.logprobs import action_log_probs, forward_logits  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine  # noqa: E402
+from reinforce_pro.run.driver import build_and_fit  # noqa: E402
 from reinforce_pro.run.prepare import prepare  # noqa: E402
-from reinforce_pro.run.wiring import build_and_fit  # noqa: E402
 from reinforce_pro.trainer.checkpoint import find_latest, load_state  # noqa: E402
 from reinforce_pro.trainer.logger import read_metrics  # noqa: E402
 from reinforce_pro.workers.launcher import start_ray  # noqa: E402
@@ -622,7 +622,7 @@ def test_absolute_zero_step_trains_both_roles(tmp_path, engine, tiny_model, mode
 
 
 def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_references(tmp_path, engine, tiny_model):
-    """Issue 32 through the trainer: the open-ended arithmetic task on its built-in seeds, the held-out ladder
+    """Through the trainer: the open-ended arithmetic task on its built-in seeds, the held-out ladder
     (every level) before training and every step, the reference buffer and the repetition penalty."""
     from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS
 
@@ -650,7 +650,7 @@ def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_refer
 
 
 def test_absolute_zero_code_task_runs_through_the_trainer(tmp_path, engine, tiny_model):
-    """Issue 32's code task on its built-in seeds: proposals parsed (and, when they call f, run in the sandbox),
+    """The code task on its built-in seeds: proposals parsed (and, when they call f, run in the sandbox),
     each role sampled under its own budget capped by --max_new_tokens (a 128-token program would not fit the
     tiny engine's 64), the code ladder evaluated before training and every step. The tiny model writes no
     valid program; the measured run on SmolLM2 is in docs/selfplay.md."""
@@ -675,7 +675,7 @@ def test_absolute_zero_code_task_runs_through_the_trainer(tmp_path, engine, tiny
 
 
 def test_the_absolute_zero_code_recipe_runs_on_smollm2(tmp_path, engine):
-    """Issue 32: examples/scripts/train_absolute_zero_code.sh end to end on a real model at a tiny budget (one
+    """Examples/scripts/train_absolute_zero_code.sh end to end on a real model at a tiny budget (one
     step of 2 seed prompts, 2 questions each, 2 answers per question, an eager engine), in this session's Ray
     cluster: SmolLM2-135M-Instruct prepared from its package, proposals run in the kernel-confined sandbox,
     the code ladder evaluated before and after the step. The measured run is in docs/selfplay.md."""
@@ -696,7 +696,7 @@ def test_the_absolute_zero_code_recipe_runs_on_smollm2(tmp_path, engine):
     assert rows[1]["unified_filter/num_total"] == 4 and 0.0 <= rows[1]["selfplay/code_output/valid_ratio"] <= 1.0
 
 
-# ------------------------------------------------------------------ running it for real (issue 6)
+# ------------------------------------------------------------------ running it for real
 
 HELD_OUT = "".join(f'{{"input": "{a}+{b}=", "label": "{a + b}"}}\n' for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)])
 
@@ -801,7 +801,7 @@ def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-# ------------------------------------------------------------------ multi-turn agents (issue 7)
+# ------------------------------------------------------------------ multi-turn agents
 
 
 AGENT_ASYNC = {**ASYNC, "async-partial": [*ASYNC["async"], "--partial_rollout", "--partial_rollout_chunk", "2"]}
@@ -945,7 +945,7 @@ def test_training_log_probs_stand_in_for_the_old_forward(tiny_model):
 
 
 def test_two_ranks_log_the_metrics_of_the_whole_batch(tiny_model):
-    """Issue 29: the same mini-batch trained by one rank and by two ranks with shards of different sizes (and
+    """The same mini-batch trained by one rank and by two ranks with shards of different sizes (and
     different token counts) logs the same metrics once every rank's are merged (algos/stats.py), and the
     logged policy/pg_loss is the PolicyLoss of the whole batch recomputed on the driver."""
     from reinforce_pro.algos.losses import PolicyLoss
@@ -976,7 +976,7 @@ def test_two_ranks_log_the_metrics_of_the_whole_batch(tiny_model):
 
 
 def test_adaptive_kl_coefficient_is_the_one_the_kl_loss_uses(tmp_path, engine, tiny_model, digit_reward):
-    """Issue 29: with --use_kl_loss and --kl_target, the coefficient adapts, is logged as kl/coef at the step that
+    """With --use_kl_loss and --kl_target, the coefficient adapts, is logged as kl/coef at the step that
     used it, and is checkpointed; the policy worker's KL term takes the coefficient handed to it each step."""
     from dataclasses import replace
 
@@ -1018,7 +1018,7 @@ def test_adaptive_kl_coefficient_is_the_one_the_kl_loss_uses(tmp_path, engine, t
 
 
 def test_adaptive_lag_moves_with_the_mismatch(tmp_path, engine, tiny_model, digit_reward):
-    """Issue 31: --async_lag_target. A target far below the measured mismatch pulls the producer's lead to 0
+    """--async_lag_target. A target far below the measured mismatch pulls the producer's lead to 0
     (later rows are never stale); one far above lets it grow to --async_queue_size. The trainer runs in
     micro-batches of 1 row (the same gradient, slower) so that the producer is the faster side on any host:
     how far ahead it gets otherwise depends on the host and on what else runs (is_study's -mb4 regimes)."""

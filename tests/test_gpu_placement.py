@@ -1,5 +1,5 @@
 """One device per rank on GPU nodes, proven on simulated ones: Ray gives a CPU machine GPUs to schedule
-(`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware (issue 26).
+(`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware.
 
 Each case parses a real command line and runs the run's own placement code, run/wiring.py `build_groups` (and
 `reward_function` for the reward model), with every worker class swapped for a probe: an actor that takes
@@ -29,7 +29,7 @@ PROBE = textwrap.dedent(
     import reinforce_pro  # loopback settings before ray
     import ray
     import reinforce_pro.run.wiring as wiring
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
     nodes, per_node, argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])

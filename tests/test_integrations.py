@@ -1,4 +1,4 @@
-"""reinforce_pro inside OpenRLHF and TRL, tested against their own code at the supported releases (issue 27).
+"""reinforce_pro inside OpenRLHF and TRL, tested against their own code at the supported releases.
 
 The releases are installed by `INTEGRATIONS=1 scripts/setup_env.sh` (scripts/test.sh sets it) into
 .venv/integrations/<name>-<version>, each put on the PYTHONPATH of a subprocess: the trainer's code never enters
@@ -217,7 +217,7 @@ def test_after_import_runs_on_first_import_and_on_an_imported_module(tmp_path, m
 
 def test_core_installs_without_ray_vllm_or_deepspeed():
     # What `pip install reinforce-pro` gives a user of another trainer: the correction needs torch and nothing
-    # of this project's distributed stack (issue 27); the dependencies of the package say so too.
+    # of this project's distributed stack; the dependencies of the package say so too.
     import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]

@@ -333,7 +333,7 @@ def correction(inp):
 
 
 def test_a_users_correction_from_a_file_is_applied_like_a_builtin(tmp_path):
-    """Issue 29: `--vllm_is_correction_path` (slime's custom-function pattern) takes the built-ins' signature; a
+    """`--vllm_is_correction_path` (slime's custom-function pattern) takes the built-ins' signature; a
     user's icepop gives the built-in icepop's weights and metrics, plus its own."""
     from reinforce_pro.algos.is_correction import load_user_correction
     from reinforce_pro.algos.losses import PolicyLoss

@@ -1,4 +1,4 @@
-"""OpenRLHF's own example scripts, in both flag eras, through reinforce_pro's parser (issue 14).
+"""OpenRLHF's own example scripts, in both flag eras, through reinforce_pro's parser.
 
 The scripts under tests/data/openrlhf are OpenRLHF's, copied unchanged (SOURCE.md there): flat/ from the
 stored index (each flag-era test rewrites them into the dotted spelling), v0.9.10/ and v0.11.0/ every example
@@ -111,7 +111,7 @@ def test_the_copies_are_there():
 @pytest.mark.filterwarnings("ignore:IS correction with --top_p")
 @pytest.mark.parametrize("script", RELEASE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_release_script_is_accepted_with_only_its_paths_replaced(script, tmp_path, capsys):
-    """Issue 26, strict: each example script of OpenRLHF v0.9.10 and v0.11.0 (= main of 2026-08) that calls
+    """Strict: each example script of OpenRLHF v0.9.10 and v0.11.0 (= main of 2026-08) that calls
     train_ppo_ray parses with nothing dropped: hybrid engine with TP-2 engines, ring attention, the async agent
     run with partial rollouts, Slurm. Only the vision-language one stops, on its image flags."""
     argv = script_argv(script, tmp_path)
@@ -225,7 +225,7 @@ def test_a_refusal_names_both_spellings(capsys):
 
 
 def test_critic_optimizer_follows_the_policy_unless_given():
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.flags_to_config import run_config
 
     args = parse_args(["--actor.adam.betas", "0.9", "0.99", "--actor.adam.weight_decay", "0.1", "--critic.max_norm",
                        "0.5", "--actor.min_lr_ratio", "0.2"])  # fmt: skip

@@ -1,9 +1,9 @@
-"""models/prepare.py: the errors a user meets before any model is read (the full SmolLM2 conversion is a
+"""models/packaged.py: the errors a user meets before any model is read (the full SmolLM2 conversion is a
 benchmark step, benchmarks/bench_smollm2.py: it needs the `models` extra and ~40 s)."""
 
 import pytest
 
-from reinforce_pro.models.prepare import PackagedModel, PrepareError, main, packaged_file
+from reinforce_pro.models.packaged import PackagedModel, PrepareError, main, packaged_file
 
 
 def test_a_missing_package_names_the_extra_to_install():

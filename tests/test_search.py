@@ -1,4 +1,4 @@
-"""Search-augmented multi-turn RL (issue 28): the knowledge base's splits, the retrieval service's contract on
+"""Search-augmented multi-turn RL: the knowledge base's splits, the retrieval service's contract on
 loopback (shape, errors, timeouts, concurrency), the search agent's parsing, and retrieved tokens kept out of the
 loss and the IS correction."""
 

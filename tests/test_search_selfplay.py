@@ -20,7 +20,7 @@ from reinforce_pro.search.retriever import RetrieverClient, RetrieverError
 from reinforce_pro.selfplay.builtin_tasks import load_task
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.selfplay.search_task import MAX_HOPS, SearchTask
-from reinforce_pro.selfplay.source import SelfPlaySource
+from reinforce_pro.selfplay.selfplay_source import SelfPlaySource
 
 pytest.importorskip("bm25s")
 

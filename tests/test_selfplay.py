@@ -97,7 +97,7 @@ def test_arithmetic_task_parse_and_score():
     assert task.proposer_prompt({"input": "3+4="}) == "[3+4]>"
     parsed = task.parse_question(" 12+7 ")
     assert parsed.valid and parsed.question.answer == "19" and task.solver_prompt(parsed.question) == "12+7="
-    # open-ended (issue 32): more terms, more digits, - and * with the usual precedence
+    # open-ended: more terms, more digits, - and * with the usual precedence
     for text, answer in [("1+2+3", "6"), ("123+4", "127"), ("37-8*4+120", "125"), ("3-9", "-6"), ("0*7", "0"),
                          ("9999*9999", "99980001"), ("2*3*4-1", "23")]:  # fmt: skip
         parsed_ok = task.parse_question(text)
@@ -345,10 +345,9 @@ def test_advantages_are_computed_per_segment():
     from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
     from reinforce_pro.algos.kl import build_kl_controller
     from reinforce_pro.experience import Samples
-    from reinforce_pro.rollout.sampler import RolloutConfig
-    from reinforce_pro.trainer.experience_builder import ExperienceBuilder
+    from reinforce_pro.trainer.experience_builder import ExperienceBuilder, ExperienceConfig
 
-    cfg = RolloutConfig(n_samples_per_prompt=4, advantage_estimator="reinforce_baseline", reward_clip_range=None)
+    cfg = ExperienceConfig(n_samples_per_prompt=4, advantage_estimator="reinforce_baseline", reward_clip_range=None)
     builder = ExperienceBuilder([], None, None, None, cfg, build_kl_controller(0.0, None, 1))
     gen = torch.Generator().manual_seed(0)
     b, t = 11, 5
@@ -379,7 +378,7 @@ def _scripted_source(proposals: list[str]):
     from reinforce_pro.models.tiny import build_tokenizer
     from reinforce_pro.rollout.sampler import RolloutConfig, Sampler
     from reinforce_pro.rollout.vllm_engine import Generation
-    from reinforce_pro.selfplay.source import SelfPlaySource
+    from reinforce_pro.selfplay.selfplay_source import SelfPlaySource
 
     class ScriptedSampler(Sampler):
         def sample(self, prompt_ids, sampling=None, engines=None):
@@ -403,7 +402,7 @@ def _scripted_source(proposals: list[str]):
 
 
 def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
-    """Issue 32: the README's --absolute_zero run crashed at step 143 when every proposal of a round was
+    """The README's --absolute_zero run crashed at step 143 when every proposal of a round was
     invalid: no solver prompt, and the tokenizer decoded the empty batch to one empty text."""
     source, sampler = _scripted_source(["oops", "nope"])
     assert source.sampler.decode([]) == [] and source.generate_texts([]) == []
@@ -416,10 +415,10 @@ def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
 
 
 def test_every_rollout_source_keeps_the_trainers_contract():
-    """Issue 29: the trainer sees a source only through RolloutSource (rollout/sampler.py)."""
+    """The trainer sees a source only through RolloutSource (rollout/sampler.py)."""
     pytest.importorskip("ray")
+    from reinforce_pro.agents.agent_source import AgentSource
     from reinforce_pro.agents.runner import AgentConfig
-    from reinforce_pro.agents.source import AgentSource
     from reinforce_pro.rollout.sampler import PartialRollout, PromptSource, RolloutSource
 
     source, sampler = _scripted_source(["1+1"])
@@ -444,7 +443,7 @@ def test_every_rollout_source_keeps_the_trainers_contract():
 
 
 def test_curriculum_metrics_describe_the_proposals():
-    """Issue 32: difficulty of proposed and learnable questions, and the proposals' diversity, over every
+    """Difficulty of proposed and learnable questions, and the proposals' diversity, over every
     round of a step (the scripted run of the repropose test: 13 valid proposals, 7 distinct)."""
     import math
 
@@ -462,7 +461,7 @@ def test_curriculum_metrics_describe_the_proposals():
 
 
 def test_reference_buffer_feeds_learnable_questions_back_as_proposer_prompts():
-    """Issue 32's remedy for a proposer collapsing near its seeds (Absolute Zero's reference examples): with
+    """The remedy for a proposer collapsing near its seeds (Absolute Zero's reference examples): with
     reference_buffer N, proposer prompts show one of the last N learnable questions; the buffer is part of
     the source's resume state."""
     calls = []

@@ -149,7 +149,7 @@ def test_a_sync_sends_a_tied_lm_head_once_and_gathers_nothing_for_it(tmp_path, l
 )
 def test_sync_backend_resolution(argv, use_gpu, want, capsys):
     pytest.importorskip("ray")
-    from reinforce_pro.cli.config import run_config
+    from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
     from reinforce_pro.run.wiring import sync_backend
 

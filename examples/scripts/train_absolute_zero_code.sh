@@ -24,7 +24,7 @@ EVAL_STEPS=${EVAL_STEPS:-5}
 SEED=${SEED:-42}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
-"$PYTHON" -m reinforce_pro.models.prepare smollm2-135m-instruct --out "$MODEL"
+"$PYTHON" -m reinforce_pro.models.packaged smollm2-135m-instruct --out "$MODEL"
 
 MODEL_ARGS=(--pretrain "$MODEL" --param_dtype fp32 --vllm_dtype bfloat16 --zero_stage 2
             --actor_num_gpus_per_node 1 --ref_num_gpus_per_node 1 --vllm_num_engines 1 --vllm_cpu_kvcache_gib 2)

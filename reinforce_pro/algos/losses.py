@@ -59,7 +59,7 @@ POLICY_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 @dataclass
 class LossSettings:
     """What the policy loss is: its one definition of defaults and checks. The CLI builds it from the flags
-    (run/wiring.py), the policy worker hands it to PolicyLoss unchanged."""
+    (cli/flags_to_config.py), the policy worker hands it to PolicyLoss unchanged."""
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2

@@ -5,7 +5,7 @@ A flag is one dataclass field: its name is the flat flag and the argparse dest, 
 `flag(...)` carries the rest: help, OpenRLHF v0.11's dotted name(s), other spellings, choices, bounds, and why a
 flag is refused or has no effect. One section per --help group, in --help's order. `build_parser` makes the
 argparse parser from the fields (like transformers' HfArgumentParser); cli/spellings.py derives the dotted
-table, cli/flags_doc.py renders docs/flags.md, and cli/config.py's section builders name the flags they read.
+table, cli/flags_doc.py renders docs/flags.md, and cli/flags_to_config.py's section builders name the flags they read.
 
 Every flag of OpenRLHF v0.9.10 (tests/data/openrlhf/flat-0.9.10-train_ppo_ray-flags.tsv) is recognised. One that
 reinforce_pro does not implement is `refused=`: giving it a non-default value stops with "`--X` is recognised but

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from reinforce_pro.cli.args import UNSUPPORTED, build_parser
-from reinforce_pro.cli.config import flag_sections
+from reinforce_pro.cli.flags_to_config import flag_sections
 from reinforce_pro.cli.presets import PRESETS
 
 
@@ -35,7 +35,8 @@ def render() -> str:
         "values is an error. `[reinforce_pro]` marks flags this project adds. A flag marked *refused* is",
         "recognised, but giving it a non-default value stops with the reason shown; one marked *no effect* is",
         "accepted (OpenRLHF's scripts pass it) and its help says why it changes nothing. The *config* column names",
-        "the sections of the typed run config (`reinforce_pro/cli/config.py`: `RunConfig`) that read the flag.",
+        "the sections of the typed run config (`RunConfig`, built in `reinforce_pro/cli/flags_to_config.py`) that",
+        "read the flag.",
         "With no `--pretrain` and no `--prompt_data` the embedded default runs: its preset (below, from",
         "`reinforce_pro/cli/presets.py`) replaces the defaults of the flags it names; flags you give win.",
         "",

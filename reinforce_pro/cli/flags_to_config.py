@@ -1,6 +1,6 @@
 """Flags -> the run's typed config (run/config.py: RunConfig), read once.
 
-    flags (cli/args.py) -> run_config(args) -> RunConfig -> prepare (run/prepare.py) -> build_and_fit (run/wiring.py)
+    flags (cli/args.py) -> run_config(args) -> RunConfig -> train (run/driver.py)
 
 Each RunConfig section is built by one function of `SECTIONS` whose parameters are named after the flags it
 reads (their argparse dests). The table "flag -> section" is therefore the builders' signatures:
@@ -32,6 +32,7 @@ from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.run import config as sections
 from reinforce_pro.selfplay.controller import SelfPlayConfig
+from reinforce_pro.trainer.experience_builder import ExperienceConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
 from reinforce_pro.workers.base import ForwardConfig, OptimConfig
@@ -209,18 +210,29 @@ def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLSettings:
     return sections.KLSettings(init_kl_coef, kl_target, kl_horizon)
 
 
-def rollout(
-    n_samples_per_prompt, prompt_max_len, max_new_tokens, max_len, temperature, top_p, top_k, advantage_estimator,
-    gamma, lambd, no_advantage_std_norm, reward_clip_range, reward_nan_policy, overlong_buffer_len,
-    overlong_penalty_factor, stop_properly_penalty_coef, normalize_reward, kl_estimator, use_kl_loss,
-) -> RolloutConfig:  # fmt: skip
+def response_budget(max_new_tokens, max_len) -> int:
+    return min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1)
+
+
+def rollout(n_samples_per_prompt, prompt_max_len, max_new_tokens, max_len, temperature, top_p, top_k) -> RolloutConfig:
     return RolloutConfig(
         n_samples_per_prompt=n_samples_per_prompt,
         prompt_max_len=prompt_max_len,
-        max_new_tokens=min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1),
+        max_new_tokens=response_budget(max_new_tokens, max_len),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+    )
+
+
+def experience(
+    n_samples_per_prompt, max_new_tokens, max_len, advantage_estimator, gamma, lambd, no_advantage_std_norm,
+    reward_clip_range, reward_nan_policy, overlong_buffer_len, overlong_penalty_factor, stop_properly_penalty_coef,
+    normalize_reward, kl_estimator, use_kl_loss,
+) -> ExperienceConfig:  # fmt: skip
+    return ExperienceConfig(
+        n_samples_per_prompt=n_samples_per_prompt,
+        max_new_tokens=response_budget(max_new_tokens, max_len),
         advantage_estimator=advantage_estimator,
         gamma=gamma,
         lambd=lambd,
@@ -358,6 +370,7 @@ SECTIONS = {
     "loss": loss,
     "kl": kl,
     "rollout": rollout,
+    "experience": experience,
     "loop": loop,
     "models": models,
     "data": sections.Data,  # its fields are flags: the dataclass is its own builder

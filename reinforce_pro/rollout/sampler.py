@@ -25,24 +25,14 @@ from reinforce_pro.rollout.vllm_engine import Generation
 
 @dataclass
 class RolloutConfig:
+    """How responses are sampled; what is made of them is ExperienceConfig's (trainer/experience_builder.py)."""
+
     n_samples_per_prompt: int = 1
     prompt_max_len: int = 1024
     max_new_tokens: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    advantage_estimator: str = "gae"
-    gamma: float = 1.0
-    lambd: float = 1.0
-    std_norm: bool = True
-    reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
-    reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
-    overlong_buffer_len: float | None = None  # DAPO overlong penalty (algos/length_penalty.py)
-    overlong_penalty_factor: float = 1.0
-    stop_properly_penalty_coef: float | None = None  # ProRL: truncated responses' rewards scaled / replaced
-    normalize_reward: bool = False
-    kl_estimator: str = "k1"
-    use_kl_loss: bool = False
 
 
 def sampling_params(cfg: RolloutConfig) -> dict:
@@ -169,7 +159,7 @@ class Sampler:
 @runtime_checkable
 class RolloutSource(Protocol):
     """What the trainer needs from where a step's samples come from: PromptSource (plain prompts),
-    selfplay.source.SelfPlaySource (--absolute_zero), agents.source.AgentSource (--agent_func_path)."""
+    selfplay.selfplay_source.SelfPlaySource (--absolute_zero), agents.agent_source.AgentSource (--agent_func_path)."""
 
     sampler: Sampler  # the engines' sampler: held-out evaluation samples through it
 

@@ -1,2 +1,3 @@
-"""A run: its typed config (config.py), its inputs checked and its directory made (prepare.py), its actors
-built and fitted (wiring.py). The command line (cli/) builds the config from flags; benchmarks build it directly."""
+"""A run: its typed config (config.py), read top to bottom in driver.py: its inputs checked and its directory
+made (prepare.py), its actors built (wiring.py), then fitted. The command line (cli/) builds the config from
+flags; benchmarks build it directly."""

@@ -1,8 +1,8 @@
 """A run's typed config: one section per concern, each the dataclass its consumer takes.
 
-    RunConfig -> prepare (run/prepare.py) -> build_and_fit (run/wiring.py)
+    RunConfig -> prepare (run/prepare.py) -> RunPlan -> build_and_fit (run/driver.py)
 
-The command line builds it from the flags (cli/config.py: run_config), the benchmarks build or vary it
+The command line builds it from the flags (cli/flags_to_config.py: run_config), the benchmarks build or vary it
 directly. A section carries its own defaults and checks (`KLSettings` of the adaptive KL pair, `Engines` of
 the engine count and quantization, ...); a check's ValueError starts with the flag's name, so the command line
 reports it in one line. The sections have no defaults of their own: every value comes from a flag (whose
@@ -12,12 +12,14 @@ field in cli/args.py holds the one default) or is given by whoever builds the co
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.models.lora import LoraSettings
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.selfplay.controller import SelfPlayConfig
+from reinforce_pro.trainer.experience_builder import ExperienceConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import LoopConfig
 from reinforce_pro.workers.base import ForwardConfig, OptimConfig
@@ -150,7 +152,8 @@ class RunConfig:
     critic_optim: OptimConfig
     loss: PolicyLossConfig
     kl: KLSettings
-    rollout: RolloutConfig
+    rollout: RolloutConfig  # sampling
+    experience: ExperienceConfig  # rewards, KL, advantages
     loop: LoopConfig
     models: Models
     data: Data
@@ -165,7 +168,7 @@ class RunConfig:
 
     @property
     def needs_critic(self) -> bool:
-        return self.rollout.advantage_estimator == "gae"
+        return self.experience.advantage_estimator == "gae"
 
     def as_dict(self) -> dict:
         """JSON-ready (config.json, wandb), never the wandb key."""
@@ -173,3 +176,20 @@ class RunConfig:
         if out["output"]["wandb"]:
             out["output"]["wandb"] = {k: v for k, v in out["output"]["wandb"].items() if k not in ("key", "config")}
         return out
+
+
+@dataclass
+class RunPlan:
+    """What prepare (run/prepare.py) made of a RunConfig before any actor starts: the run's directory, the
+    starting weights, the prompts, where rewards come from, and the loaded task or agent."""
+
+    run_dir: Path
+    pretrain: str  # the policy's starting weights (after the warm start for the embedded default)
+    prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
+    # "builtin:exact_match" (prompt data, no reward given) | "builtin:<embedded task>" | path of a reward file |
+    # "model:<dir>" | "selfplay:<task>"
+    reward_source: str
+    summary: dict
+    task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
+    agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
+    log_dir: Path | None = None  # where actors write their output (run_dir/logs); None with --verbose

@@ -1,36 +1,21 @@
-"""What `train_ppo_ray.main` does after the flags are valid: check inputs, build the run, start Ray, fit."""
+"""Everything a run needs before Ray starts: check the inputs, make the run directory, warm-start the embedded
+model, load the prompts, the reward source and the task or agent; the result is a RunPlan (run/config.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import sys
 import tempfile
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
-from reinforce_pro.run.config import Data, RunConfig
+from reinforce_pro.run.config import Data, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 
 WARM_START_BASES = 20  # other generated knowledge bases whose questions demonstrate an episode task's formats
-
-
-@dataclass
-class RunPlan:
-    run_dir: Path
-    pretrain: str  # the policy's starting weights (after the warm start for the embedded default)
-    prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
-    # "builtin:exact_match" (prompt data, no reward given) | "builtin:<embedded task>" | path of a reward file |
-    # "model:<dir>" | "selfplay:<task>"
-    reward_source: str
-    summary: dict
-    task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
-    agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
-    log_dir: Path | None = None  # where actors write their output (run_dir/logs); None with --verbose
 
 
 def _check_model_dir(flag: str, path: str | None) -> None:
@@ -262,66 +247,6 @@ def _seed_records(cfg: RunConfig, task, records: list[dict] | None) -> list[dict
     if cfg.data.prompt_data is None:
         return task.seed_records(min(cfg.data.max_samples, 100_000), seed=cfg.seed)
     return records
-
-
-def run(cfg: RunConfig, plan: RunPlan) -> int:
-    from reinforce_pro.run.wiring import build_and_fit
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        history = build_and_fit(cfg, plan)
-    except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
-        url = cfg.models.remote_rm_url
-        where = f"--remote_rm_url {url}: " if url else ""
-        print(f"train_ppo_ray: error: {where}{e}", file=sys.stderr)
-        return 2
-    except UserInputError as e:  # known only once Ray says what the machine has (e.g. GPU-only flags)
-        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
-        return 2
-    return _summarise(history, plan)
-
-
-def _summarise(history: list[dict], plan: RunPlan) -> int:
-    rewards = [h["rollout/reward_mean"] for h in history]
-    if not rewards:
-        print(f"\n[done] no steps left to run. Run directory: {plan.run_dir}", flush=True)
-        return 0
-    k = min(5, len(rewards))
-    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-    summary = {
-        **plan.summary,
-        "steps": len(rewards),
-        "reward_first5": first,
-        "reward_last5": last,
-        "reward_gain": last - first,
-        "wall_s": sum(h["time/step"] for h in history),
-        "final_model": str(plan.run_dir / "final_model"),
-        **_selfplay_halves(history),
-    }
-    (plan.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts"):
-        if f"{key}:first_half" in summary:
-            print(f"[self-play] {key}: first half {summary[f'{key}:first_half']:.3f}, "
-                  f"second half {summary[f'{key}:second_half']:.3f}", flush=True)  # fmt: skip
-    print(
-        f"\n[done] {len(rewards)} steps; mean reward of the first {k} steps {first:.3f}, of the last {k} "
-        f"{last:.3f} (gain {last - first:+.3f}). Run directory: {plan.run_dir}",
-        file=sys.stdout,
-        flush=True,
-    )
-    return 0
-
-
-def _selfplay_halves(history: list[dict]) -> dict:
-    """Means of the self-play curves over the first and second half of the run (the demo's yardstick)."""
-    out = {}
-    half = len(history) // 2
-    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean"):
-        if half and key in history[0]:
-            values = [h[key] for h in history]
-            out[f"{key}:first_half"] = sum(values[:half]) / half
-            out[f"{key}:second_half"] = sum(values[half:]) / (len(values) - half)
-    return out
 
 
 def _overrides(task, method: str) -> bool:

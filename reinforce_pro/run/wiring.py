@@ -1,4 +1,5 @@
-"""RunConfig (run/config.py) -> actor groups -> rollout source + experience builder -> trainer."""
+"""The parts run/driver.py assembles: actor groups on their placement groups, the reward function, the rollout
+source, the evaluation set, the resume point, the engines' start-up settings."""
 
 from __future__ import annotations
 
@@ -11,20 +12,16 @@ from pathlib import Path
 
 import ray
 
-from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.data import embedded_reward
 from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
-from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
 from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine, uses_aot_cache
-from reinforce_pro.run.config import VLLM_DTYPES, RunConfig
+from reinforce_pro.run.config import VLLM_DTYPES, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
-from reinforce_pro.trainer.experience_builder import ExperienceBuilder
-from reinforce_pro.trainer.logger import MetricsLogger
-from reinforce_pro.trainer.ppo_trainer import EvalSet, PPOTrainer
+from reinforce_pro.trainer.ppo_trainer import EvalSet
 from reinforce_pro.workers.base import KEEP_FREED_MEMORY, LOG_DIR_ENV
 from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.group import ActorGroup
@@ -34,10 +31,8 @@ from reinforce_pro.workers.launcher import (
     bundle_of,
     create_group,
     env_options,
-    gpus_available,
     make_placement_group,
     node_of,
-    start_ray,
 )
 from reinforce_pro.workers.policy import PolicyWorker, ReferenceWorker
 from reinforce_pro.workers.reward_model import RewardModelWorker
@@ -122,7 +117,7 @@ def cpu_threads(cfg: RunConfig, use_gpu: bool) -> tuple[dict | None, dict | None
                                                              **KEEP_FREED_MEMORY}  # fmt: skip
 
 
-def with_log_dir(env: dict | None, plan) -> dict | None:
+def with_log_dir(env: dict | None, plan: RunPlan) -> dict | None:
     """`env` plus where the actors write their output (workers/base.py: capture_output): the run's logs/
     directory, or nothing with --verbose (plan.log_dir None), which leaves it on the console."""
     if plan.log_dir is None:
@@ -166,7 +161,7 @@ class RunActors:
             remove_placement_group(pg)
 
 
-def build_groups(cfg: RunConfig, plan, use_gpu: bool, engines=None) -> RunActors:
+def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> RunActors:
     """Placement groups and actors for every role the config asks for; `engines` reuses existing engines."""
     run = RunActors(owned_engines=engines is None)
 
@@ -265,7 +260,7 @@ def record_placement(run: RunActors, run_dir: Path) -> dict:
     return placement
 
 
-def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: RunActors):
+def reward_function(cfg: RunConfig, plan: RunPlan, use_gpu: bool, groups: RunActors):
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("builtin:"):  # an embedded task's verifier
@@ -285,9 +280,9 @@ def reward_function(cfg: RunConfig, plan, use_gpu: bool, groups: RunActors):
     return load_reward_func(plan.reward_source)
 
 
-def selfplay_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, use_gpu: bool):
+def selfplay_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: Sampler, use_gpu: bool):
     """The Absolute-Zero rollout source, with its task, weights and (optionally) a judge engine."""
-    from reinforce_pro.selfplay.source import SelfPlaySource
+    from reinforce_pro.selfplay.selfplay_source import SelfPlaySource
 
     selfplay = cfg.selfplay
     flag_weights = selfplay.config.weights  # the flags set the safety / completion weights of any task
@@ -306,7 +301,7 @@ def selfplay_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, u
     return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len)
 
 
-def eval_set(cfg: RunConfig, plan, tokenizer) -> EvalSet | None:
+def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer) -> EvalSet | None:
     """--eval_dataset read like --prompt_data (same keys and template); self-play evaluates its task's
     held-out ladder instead, when --eval_steps or --eval_before_training asks for evaluations."""
     ev, data = cfg.evaluation, cfg.data
@@ -324,7 +319,7 @@ def eval_set(cfg: RunConfig, plan, tokenizer) -> EvalSet | None:
     return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples_per_prompt, ev.temperature)
 
 
-def resume_checkpoint(cfg: RunConfig, plan) -> Path | None:
+def resume_checkpoint(cfg: RunConfig, plan: RunPlan) -> Path | None:
     """With --load_checkpoint: the latest complete checkpoint (None: start from scratch). The run's jsonl
     files are cut back to its step, so the resumed run appends to them without duplicates."""
     checkpoints = cfg.loop.checkpoints
@@ -353,7 +348,7 @@ def check_sleep_flags(cfg: RunConfig, use_gpu: bool) -> None:
         print(f"[notice] --{flag}: a CPU run has no device memory to free; accepted, training unchanged", flush=True)
 
 
-def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
+def start_config(cfg: RunConfig, plan: RunPlan, use_gpu: bool) -> RunConfig:
     """`cfg` with what is known once the run starts: the policy's starting weights, the optimizers' step
     count (from the number of prompts), the weight-sync backend this machine allows, the attention kernel
     installed, the run directory."""
@@ -381,7 +376,7 @@ def start_config(cfg: RunConfig, plan, use_gpu: bool) -> RunConfig:
     return cfg
 
 
-def engine_config(engine: EngineConfig, plan) -> EngineConfig:
+def engine_config(engine: EngineConfig, plan: RunPlan) -> EngineConfig:
     """The engines load the policy's starting weights. A model directory the user named outlives the run, so a
     later run from it loads vLLM's ahead-of-time compiled model (keyed by the path, so its warm-up skips the
     trace); one the run made itself (the built-in model, a warm start, under the run directory) is new every
@@ -390,12 +385,12 @@ def engine_config(engine: EngineConfig, plan) -> EngineConfig:
     return replace(engine, model_path=plan.pretrain, aot_compile=not made_by_run)
 
 
-def rollout_source(cfg: RunConfig, plan, groups: RunActors, sampler: Sampler, use_gpu: bool):
+def rollout_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: Sampler, use_gpu: bool):
     """Where a step's samples come from: self-play, the user's agent, or the prompts."""
     if plan.task is not None:
         return selfplay_source(cfg, plan, groups, sampler, use_gpu)
     if plan.agent_cls is not None:
-        from reinforce_pro.agents.source import AgentSource
+        from reinforce_pro.agents.agent_source import AgentSource
 
         return AgentSource(sampler, plan.agent_cls, cfg.agent.config)
     return PromptSource(sampler)
@@ -434,55 +429,3 @@ def engines_load_policy_weights(cfg: RunConfig) -> bool:
     optim, engine = cfg.actor_optim, cfg.engines.config
     same_dtype = optim.param_dtype == "fp32" or VLLM_DTYPES[optim.param_dtype] == engine.dtype
     return same_dtype and engine.quantization is None
-
-
-def build_and_fit(cfg: RunConfig, plan, engines=None) -> list[dict]:
-    """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
-    (the end-to-end tests) share already-started rollout engines."""
-    from transformers import AutoTokenizer
-
-    start_ray(logical_cpus(cfg), quiet=not cfg.output.verbose)
-    use_gpu = gpus_available()
-    check_sleep_flags(cfg, use_gpu)
-    cfg = start_config(cfg, plan, use_gpu)
-    (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
-    if plan.log_dir is not None:
-        print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
-    if engines is None:
-        announce_engines(cfg, use_gpu)
-    groups = build_groups(cfg, plan, use_gpu, engines)
-    if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
-        summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
-        print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
-    kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
-    # self-play tasks and agent environments score their own rollouts: no reward function
-    reward_fn = None if plan.task or plan.agent_cls else reward_function(cfg, plan, use_gpu, groups)
-    builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.rollout, kl_ctl)
-    source = rollout_source(cfg, plan, groups, Sampler(groups.engines, tokenizer, cfg.rollout), use_gpu)
-    logger = None
-    try:
-        resume_from = resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
-        record_placement(groups, plan.run_dir)
-        logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
-        trainer = PPOTrainer(
-            source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger,
-            cfg.loop, eval_set(cfg, plan, tokenizer),
-        )  # fmt: skip
-        trainer.engines_hold_start_weights = groups.owned_engines and engines_load_policy_weights(cfg)
-        if resume_from is not None:
-            trainer.restore(resume_from)
-            print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
-        history = trainer.fit()
-        ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups.policy])
-        if cfg.models.lora_save_merged:
-            ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups.policy])
-        if cfg.models.save_value_network and groups.critic:
-            ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups.critic])
-    finally:
-        if logger is not None:
-            logger.close()
-        if plan.task is not None:
-            getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
-        groups.release()
-    return history

@@ -13,8 +13,8 @@ import random
 
 import torch
 
+from reinforce_pro.agents.agent_source import agent_metrics
 from reinforce_pro.agents.episode import Episode
-from reinforce_pro.agents.source import agent_metrics
 from reinforce_pro.experience import Samples, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput
 from reinforce_pro.rollout.sampler import Sampler, pad_token_id, sampling_params

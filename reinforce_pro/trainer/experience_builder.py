@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -15,8 +16,27 @@ from reinforce_pro.algos.length_penalty import apply_length_penalties
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples
 from reinforce_pro.rewards.loader import NONFINITE_KEY, RewardFileError, RewardOutput, normalize_reward_output
-from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.workers.group import ActorGroup
+
+
+@dataclass
+class ExperienceConfig:
+    """What a batch of samples is turned into: rewards shaped and checked, KL, advantages."""
+
+    n_samples_per_prompt: int = 1  # the group of a group-relative estimator
+    max_new_tokens: int = 1024  # the length the overlong and stop-properly penalties measure against
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambd: float = 1.0
+    std_norm: bool = True
+    reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
+    reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
+    overlong_buffer_len: float | None = None  # DAPO overlong penalty (algos/length_penalty.py)
+    overlong_penalty_factor: float = 1.0
+    stop_properly_penalty_coef: float | None = None  # ProRL: truncated responses' rewards scaled / replaced
+    normalize_reward: bool = False
+    kl_estimator: str = "k1"
+    use_kl_loss: bool = False  # KL in the loss (the policy's), not in the reward
 
 
 class RunningMoments:
@@ -40,7 +60,7 @@ class ExperienceBuilder:
     advantages. Owns the state that must survive a resume (the adaptive KL coefficient, the running reward
     statistics of --normalize_reward) and hands it out as state_dict / load_state_dict."""
 
-    def __init__(self, policy, reference, critic, reward_fn: Callable | None, cfg: RolloutConfig, kl_ctl):
+    def __init__(self, policy, reference, critic, reward_fn: Callable | None, cfg: ExperienceConfig, kl_ctl):
         self.policy, self.reference, self.critic = policy, reference, critic
         self.reward_fn, self.cfg, self.kl_ctl = reward_fn, cfg, kl_ctl
         self.reward_moments = RunningMoments()
@@ -66,7 +86,7 @@ class ExperienceBuilder:
         queries = [p + r for p, r in zip(prompts, responses, strict=True)]
         try:
             out = self.reward_fn(queries, prompts, labels)
-        except Exception as e:  # user code: reported as a one-line error by the CLI (run/prepare.py)
+        except Exception as e:  # user code: reported as a one-line error by the CLI (run/driver.py)
             raise RewardFileError(f"reward_func raised {type(e).__name__}: {e}") from e
         return normalize_reward_output(out, len(queries), self.cfg.reward_nan_policy)
 

@@ -106,9 +106,11 @@ def timed(timings: dict[str, float], phase: str):
 class PPOTrainer:
     def __init__(
         self, source: RolloutSource, builder: ExperienceBuilder, policy, critic, engines, prompts,
-        logger: MetricsLogger, cfg: LoopConfig, eval_set: EvalSet | None = None,
+        logger: MetricsLogger, cfg: LoopConfig, eval_set: EvalSet | None = None, engines_hold_start_weights=False,
     ):  # fmt: skip
-        """source: a RolloutSource (rollout/sampler.py: PromptSource, SelfPlaySource, AgentSource)."""
+        """source: a RolloutSource (rollout/sampler.py: PromptSource, SelfPlaySource, AgentSource).
+        engines_hold_start_weights: the engines were started by this run from the policy's own starting weights,
+        so the weight sync before the first step has nothing to send (a few seconds of a real model's start)."""
         self.source, self.builder = source, builder
         self.policy, self.critic, self.engines = policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
@@ -125,9 +127,7 @@ class PPOTrainer:
         if cfg.async_train and cfg.async_lag_target is not None:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
-        # True when the engines were started by this run from the policy's own starting weights: then the
-        # weight sync before the first step has nothing to send (a few seconds of a real model's start)
-        self.engines_hold_start_weights = False
+        self.engines_hold_start_weights = engines_hold_start_weights
         if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in()))
 

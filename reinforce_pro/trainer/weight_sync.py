@@ -1,7 +1,7 @@
 """How the driver moves the policy's weights into the rollout engines (--vllm_sync_backend).
 
 - `ObjectStoreSync` ("object_store"): rank 0 serialises the state dict as safetensors bytes, Ray's object
-  store carries them to every engine (rollout/weight_sync.py loads them). It can hold older versions, which
+  store carries them to every engine (rollout/weight_receiver.py loads them). It can hold older versions, which
   --rollout_staleness needs.
 - `BroadcastSync` ("gloo" | "nccl"): policy rank 0 and every engine worker form one process group at the
   start of the run and every sync is a bucketed broadcast (rollout/collective.py). Only the current weights.

@@ -1,0 +1,146 @@
+"""One run, top to bottom: from a RunConfig to a trained model, its metrics and its summary.
+
+    cli/train_ppo_ray.main   flags -> RunConfig (cli/flags_to_config.py)
+    train(cfg)               prepare (run/prepare.py) -> RunPlan -> build_and_fit -> summarise; errors -> exit 2
+    build_and_fit(cfg, plan) Ray -> actor groups (run/wiring.py) -> experience builder, rollout source ->
+                             PPOTrainer.fit (trainer/ppo_trainer.py) -> the final model saved
+
+The benchmarks and end-to-end tests call build_and_fit directly, with engines they share between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import ray
+
+from reinforce_pro.algos.kl import build_kl_controller
+from reinforce_pro.models.lora import trainable_summary
+from reinforce_pro.rewards.loader import RewardFileError
+from reinforce_pro.rollout.sampler import Sampler
+from reinforce_pro.run import wiring
+from reinforce_pro.run.config import RunConfig, RunPlan
+from reinforce_pro.run.errors import UserInputError
+from reinforce_pro.trainer.experience_builder import ExperienceBuilder
+from reinforce_pro.trainer.logger import MetricsLogger
+from reinforce_pro.trainer.ppo_trainer import PPOTrainer
+from reinforce_pro.workers.launcher import gpus_available, start_ray
+
+
+def train(cfg: RunConfig) -> int:
+    """The command line's run: 0 when it finished, 2 with one line on stderr for a user's mistake (a bad
+    input found before Ray starts, a reward function that fails mid-run, a flag this machine cannot honour)."""
+    from reinforce_pro.run.prepare import prepare
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        plan = prepare(cfg)
+        history = build_and_fit(cfg, plan)
+    except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
+        url = cfg.models.remote_rm_url
+        print(f"train_ppo_ray: error: {f'--remote_rm_url {url}: ' if url else ''}{e}", file=sys.stderr)
+        return 2
+    except UserInputError as e:
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
+        return 2
+    return summarise(history, plan)
+
+
+def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
+    """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
+    (benchmarks, end-to-end tests) share already-started rollout engines."""
+    from transformers import AutoTokenizer
+
+    start_ray(wiring.logical_cpus(cfg), quiet=not cfg.output.verbose)
+    use_gpu = gpus_available()
+    wiring.check_sleep_flags(cfg, use_gpu)
+    cfg = wiring.start_config(cfg, plan, use_gpu)
+    (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
+    if plan.log_dir is not None:
+        print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
+    if engines is None:
+        wiring.announce_engines(cfg, use_gpu)
+    groups = wiring.build_groups(cfg, plan, use_gpu, engines)
+    if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
+        summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
+        print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
+    kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
+    # self-play tasks and agent environments score their own rollouts: no reward function
+    reward_fn = None if plan.task or plan.agent_cls else wiring.reward_function(cfg, plan, use_gpu, groups)
+    builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
+    sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
+    source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
+    logger = None
+    try:
+        resume_from = wiring.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
+        wiring.record_placement(groups, plan.run_dir)
+        logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
+        trainer = PPOTrainer(
+            source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
+            wiring.eval_set(cfg, plan, tokenizer),
+            engines_hold_start_weights=groups.owned_engines and wiring.engines_load_policy_weights(cfg),
+        )  # fmt: skip
+        if resume_from is not None:
+            trainer.restore(resume_from)
+            print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
+        history = trainer.fit()
+        ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups.policy])
+        if cfg.models.lora_save_merged:
+            ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups.policy])
+        if cfg.models.save_value_network and groups.critic:
+            ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups.critic])
+    finally:
+        if logger is not None:
+            logger.close()
+        if plan.task is not None:
+            getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
+        groups.release()
+    return history
+
+
+def summarise(history: list[dict], plan: RunPlan) -> int:
+    """summary.json in the run directory (first and last rewards, wall time, self-play halves) and the closing
+    lines on the console."""
+    rewards = [h["rollout/reward_mean"] for h in history]
+    if not rewards:
+        print(f"\n[done] no steps left to run. Run directory: {plan.run_dir}", flush=True)
+        return 0
+    k = min(5, len(rewards))
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    summary = {
+        **plan.summary,
+        "steps": len(rewards),
+        "reward_first5": first,
+        "reward_last5": last,
+        "reward_gain": last - first,
+        "wall_s": sum(h["time/step"] for h in history),
+        "final_model": str(plan.run_dir / "final_model"),
+        **_selfplay_halves(history),
+    }
+    (plan.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts"):
+        if f"{key}:first_half" in summary:
+            print(f"[self-play] {key}: first half {summary[f'{key}:first_half']:.3f}, "
+                  f"second half {summary[f'{key}:second_half']:.3f}", flush=True)  # fmt: skip
+    print(
+        f"\n[done] {len(rewards)} steps; mean reward of the first {k} steps {first:.3f}, of the last {k} "
+        f"{last:.3f} (gain {last - first:+.3f}). Run directory: {plan.run_dir}",
+        file=sys.stdout,
+        flush=True,
+    )
+    return 0
+
+
+def _selfplay_halves(history: list[dict]) -> dict:
+    """Means of the self-play curves over the first and second half of the run (the demo's yardstick)."""
+    out = {}
+    half = len(history) // 2
+    for key in ("unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean"):
+        if half and key in history[0]:
+            values = [h[key] for h in history]
+            out[f"{key}:first_half"] = sum(values[:half]) / half
+            out[f"{key}:second_half"] = sum(values[half:]) / (len(values) - half)
+    return out
