@@ -199,8 +199,9 @@ def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int, tar
     if hasattr(task, "warm_start_sequences"):
         tokenizer = AutoTokenizer.from_pretrained(base)
         sequences = task.warm_start_sequences(tokenizer, WARM_START_BASES, seed=seed + 1)
-        stop = task.warm_start_stop(target, seed + 2) if target > 0 and hasattr(task, "warm_start_stop") else None
         if sequences:
+            measured = target > 0 and hasattr(task, "warm_start_stop")
+            stop = task.warm_start_stop(target, seed + 2) if measured else None
             return sft_on_sequences(base, out, sequences, steps=steps, seed=seed, stop=stop)
     examples = task.warm_start_examples(2048, seed=seed + 1)
     return sft_warm_start(base, out, examples, steps=steps, seed=seed) if examples else None

@@ -59,14 +59,9 @@ def greedy_accuracy(model, tok, records: list[dict], score: Callable[[str, str],
     trains (<bos> then the prompt); the model is left in train mode."""
     model.eval()
     prompts = [[tok.bos_token_id] + tok(r["input"], add_special_tokens=False)["input_ids"] for r in records]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])  # left-padded
-    with torch.no_grad():
-        mask = (ids != tok.pad_token_id).long()
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    generations = greedy_sampler(model, tok)(prompts, {"max_tokens": max_new_tokens})
     model.train()
-    answers = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    answers = tok.batch_decode([g.token_ids for g in generations], skip_special_tokens=True)
     return sum(score(a, r["label"]) for a, r in zip(answers, records, strict=True)) / len(records)
 
 
