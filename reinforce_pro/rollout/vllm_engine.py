@@ -166,10 +166,11 @@ class VLLMEngine:
         self.device = "cuda" if on_gpu else "cpu"
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> list[Generation]:
-        """One response per prompt (repeat a prompt to sample it several times), in order."""
+        """One response per prompt (repeat a prompt to sample it several times), in order. Only ids and log-probs
+        come back, so the engine makes no text unless stop strings need it (`sampling` may ask for it)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(**sampling, logprobs=0)
+        params = SamplingParams(**{"detokenize": bool(sampling.get("stop")), **sampling}, logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
         result = []
         for out in outputs:
