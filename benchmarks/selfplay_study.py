@@ -1,6 +1,6 @@
 """Self-play curriculum study: the README's `--absolute_zero` command at several seeds, to its end.
 
-    python benchmarks/selfplay_study.py --seeds 1-5                 # 5 runs of 300 steps (~6 min each on 2 cores)
+    python benchmarks/selfplay_study.py --seeds 1-5                 # 5 runs of 300 steps (~6-10 min each on 2 cores)
     python benchmarks/selfplay_study.py --seeds 1-5 --arm no-repetition-penalty   # the same without the remedy
     python benchmarks/selfplay_study.py --seeds 6-8                 # more seeds: appended to the same JSON
     python benchmarks/selfplay_study.py --render benchmarks/results/selfplay_study.json
