@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from reinforce_pro.algos.losses import LossSettings
+from reinforce_pro.algos.losses import SurrogateConfig
 from reinforce_pro.cli.args import NO_EFFECT, UNSUPPORTED, build_parser
 from reinforce_pro.cli.flags_to_config import SECTIONS, flag_sections, run_config
 from reinforce_pro.cli.presets import EMBEDDED
 from reinforce_pro.cli.train_ppo_ray import parse, parse_args
 from reinforce_pro.rollout.sampler import RolloutConfig
-from reinforce_pro.run.config import KLSettings, RunConfig
+from reinforce_pro.run.config import KLPenalty, RunConfig
 from reinforce_pro.trainer.experience_builder import ExperienceConfig
 from reinforce_pro.workers.base import OptimConfig
 
@@ -86,8 +86,8 @@ def test_section_defaults_are_the_flag_defaults():
     """A run with no presets (--pretrain given) gets exactly the dataclasses' own defaults for the loss, KL and
     rollout, the experience, and the optimizer's but for the accumulation (which follows the 8 default ranks)."""
     cfg = run_config(parse_args(["--pretrain", "m"]))
-    assert cfg.loss.surrogate == LossSettings()
-    assert cfg.kl == KLSettings(init_coef=0.01, target=None, horizon=10000)  # has no defaults of its own
+    assert cfg.loss.surrogate == SurrogateConfig()
+    assert cfg.kl == KLPenalty(init_coef=0.01, target=None, horizon=10000)  # has no defaults of its own
     assert cfg.rollout == RolloutConfig()
     assert cfg.experience == ExperienceConfig()
     assert cfg.actor_optim == replace(OptimConfig(learning_rate=1e-6), grad_accum_steps=128 // (4 * 8))

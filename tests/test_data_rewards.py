@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reinforce_pro.data.arithmetic import arithmetic_records
-from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_records
+from reinforce_pro.data.prompts import DataError, PromptConfig, build_prompts, load_records
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func, normalize_reward_output
 
@@ -41,19 +41,19 @@ def test_hf_save_to_disk_directory(tmp_path):
 
 def test_build_prompts_template_label_and_errors():
     records = [{"q": "1+1=", "a": 2}]
-    out = build_prompts(records, PromptSpec("q", "a", "Question: {} Answer:"))
+    out = build_prompts(records, PromptConfig("q", "a", "Question: {} Answer:"))
     assert out == [{"prompt": "Question: 1+1= Answer:", "label": 2}]
     with pytest.raises(DataError, match="record 0 has no input key 'input'"):
-        build_prompts(records, PromptSpec())
+        build_prompts(records, PromptConfig())
     with pytest.raises(DataError, match="no label key 'label'"):
-        build_prompts(records, PromptSpec("q", "label"))
+        build_prompts(records, PromptConfig("q", "label"))
 
 
 def test_chat_template_with_the_built_in_tokenizer():
     pytest.importorskip("transformers")
     from reinforce_pro.models.tiny import build_tokenizer
 
-    out = build_prompts([{"input": "3+4="}], PromptSpec(apply_chat_template=True), build_tokenizer())
+    out = build_prompts([{"input": "3+4="}], PromptConfig(apply_chat_template=True), build_tokenizer())
     assert out[0]["prompt"] == "<bos>user: 3+4=\nassistant: "
 
 

@@ -383,12 +383,12 @@ def test_a_users_correction_from_a_file_is_applied_like_a_builtin(tmp_path):
     ],
 )
 def test_a_broken_user_correction_is_one_error_at_start_up(tmp_path, body, message):
-    from reinforce_pro.algos.losses import LossSettings
+    from reinforce_pro.algos.losses import SurrogateConfig
 
     path = tmp_path / "broken.py"
     path.write_text(body)
     with pytest.raises(ValueError, match=re.escape(message)) as e:
-        LossSettings(enable_vllm_is_correction=True, vllm_is_correction_path=str(path))
+        SurrogateConfig(enable_vllm_is_correction=True, vllm_is_correction_path=str(path))
     assert str(e.value).startswith(f"--vllm_is_correction_path {path}") and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="needs --enable_vllm_is_correction"):
-        LossSettings(vllm_is_correction_path=str(path))
+        SurrogateConfig(vllm_is_correction_path=str(path))

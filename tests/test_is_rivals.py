@@ -268,14 +268,14 @@ def test_rollout_anchor_gates_the_current_policy_and_weights_by_the_mask_alone(n
 
 
 def test_an_unknown_anchor_is_refused():
-    from reinforce_pro.algos.losses import LossSettings
+    from reinforce_pro.algos.losses import SurrogateConfig
 
     with pytest.raises(ValueError, match="unknown vllm_is_anchor 'new'; valid: old, rollout"):
-        LossSettings(vllm_is_anchor="new")
+        SurrogateConfig(vllm_is_anchor="new")
 
 
 def test_settings_reach_the_correction_through_the_loss():
-    from reinforce_pro.algos.losses import LossSettings, PolicyLoss
+    from reinforce_pro.algos.losses import PolicyLoss, SurrogateConfig
 
     log_probs, old, rollout, adv, mask = anchor_batch()
     tight = PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="kpop",
@@ -286,7 +286,7 @@ def test_settings_reach_the_correction_through_the_loss():
     _, m_loose = loose(log_probs, old, adv, mask, rollout)
     assert float(m_tight["is/token_masked_frac"]) > 0.5 and float(m_loose["is/token_masked_frac"]) == 0.0
     with pytest.raises(ValueError, match="kpop has no setting delta"):
-        LossSettings(
+        SurrogateConfig(
             enable_vllm_is_correction=True, vllm_is_correction_type="kpop", vllm_is_correction_args={"delta": 1}
         )
 

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from reinforce_pro.models.lora import LoraSettings, apply_lora, merged_state_dict  # noqa: E402
+from reinforce_pro.models.lora import LoraAdapterConfig, apply_lora, merged_state_dict  # noqa: E402
 from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def load(path):
 )
 def test_merged_weights_compute_what_the_adapter_model_computes(tiny, targets, adapted):
     base = {k: v.clone() for k, v in load(tiny).state_dict().items()}
-    model = apply_lora(load(tiny), LoraSettings(rank=4, alpha=8, target_modules=targets))
+    model = apply_lora(load(tiny), LoraAdapterConfig(rank=4, alpha=8, target_modules=targets))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert len(trainable) == 2 * adapted

@@ -418,18 +418,18 @@ def test_value_loss_hand_computed(clip, expected, clip_frac):
 
 
 def test_the_loss_takes_its_settings_as_they_are():
-    """One definition of the loss's defaults and checks (LossSettings): PolicyLoss keeps the object it is
+    """One definition of the loss's defaults and checks (SurrogateConfig): PolicyLoss keeps the object it is
     given, the keyword form builds the same settings, and bad settings fail where they are built."""
-    from reinforce_pro.algos.losses import LossSettings
+    from reinforce_pro.algos.losses import SurrogateConfig
 
-    settings = LossSettings(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
+    settings = SurrogateConfig(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro")
     assert PolicyLoss(settings).settings is settings
     assert PolicyLoss(enable_vllm_is_correction=True, vllm_is_correction_type="reinforce_pro").settings == settings
     assert settings.vllm_is_truncated_threshold == DEFAULT_IS_THRESHOLD
     with pytest.raises(TypeError, match="not both"):
         PolicyLoss(settings, dual_clip=3.0)
     with pytest.raises(ValueError, match="dual_clip"):
-        LossSettings(dual_clip=0.5)
+        SurrogateConfig(dual_clip=0.5)
 
 
 def test_position_metrics_ride_along_with_the_is_metrics():

@@ -10,7 +10,7 @@ pytest.importorskip("ray")
 
 from bpe_model import build_bpe_llama  # noqa: E402
 
-from reinforce_pro.data.prompts import PromptSpec, build_prompts  # noqa: E402
+from reinforce_pro.data.prompts import PromptConfig, build_prompts  # noqa: E402
 from reinforce_pro.rollout.sampler import RolloutConfig, Sampler, pad_token_id  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import Generation  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_eos_ends_a_response_without_truncating_it_and_padding_needs_no_pad_toke
 
 
 def test_chat_template_prompt_is_encoded_as_rendered(tokenizer):
-    prompts = build_prompts([{"q": "What is 3 + 4?", "a": "7"}], PromptSpec("q", "a", None, True), tokenizer, "x")
+    prompts = build_prompts([{"q": "What is 3 + 4?", "a": "7"}], PromptConfig("q", "a", None, True), tokenizer, "x")
     text = prompts[0]["prompt"]
     assert text == "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
     ids = Sampler(None, tokenizer, RolloutConfig(prompt_max_len=64)).encode(text)

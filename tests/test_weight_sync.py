@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reinforce_pro.models.lora import LoraSettings, apply_lora, merged_state_dict, merged_weights, weight_blocks  # noqa: E402
+from reinforce_pro.models.lora import LoraAdapterConfig, apply_lora, merged_state_dict, merged_weights, weight_blocks  # noqa: E402
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, buckets, open_group, receive, send  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def _model(path, lora: bool):
     from reinforce_pro.models.tiny import build_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(path, seed=0), dtype=torch.float32)
-    return apply_lora(model, LoraSettings(rank=2, alpha=4, target_modules=["all-linear"])) if lora else model
+    return apply_lora(model, LoraAdapterConfig(rank=2, alpha=4, target_modules=["all-linear"])) if lora else model
 
 
 def test_weight_blocks_are_layers_and_single_modules():

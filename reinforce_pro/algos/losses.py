@@ -57,7 +57,7 @@ POLICY_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 
 
 @dataclass
-class LossSettings:
+class SurrogateConfig:
     """What the policy loss is: its one definition of defaults and checks. The CLI builds it from the flags
     (cli/flags_to_config.py), the policy worker hands it to PolicyLoss unchanged."""
 
@@ -101,12 +101,13 @@ class LossSettings:
 class PolicyLoss(nn.Module):
     """Clipped policy-gradient loss with optional rollout/training-mismatch IS correction."""
 
-    def __init__(self, settings: LossSettings | None = None, **fields) -> None:
-        """`PolicyLoss(settings)`, or `PolicyLoss(**fields)` as shorthand for `PolicyLoss(LossSettings(**fields))`."""
+    def __init__(self, settings: SurrogateConfig | None = None, **fields) -> None:
+        """`PolicyLoss(settings)`, or `PolicyLoss(**fields)` as shorthand for
+        `PolicyLoss(SurrogateConfig(**fields))`."""
         super().__init__()
         if settings is not None and fields:
-            raise TypeError("give PolicyLoss a LossSettings or its fields, not both")
-        self.settings = s = settings if settings is not None else LossSettings(**fields)
+            raise TypeError("give PolicyLoss a SurrogateConfig or its fields, not both")
+        self.settings = s = settings if settings is not None else SurrogateConfig(**fields)
         self.correction = s.correction() if s.enable_vllm_is_correction else None
         # Rollout anchor: the surrogate's ratio is pi / pi_rollout (ppo only; GSPO under IS always is).
         self.rollout_anchored = s.enable_vllm_is_correction and s.vllm_is_anchor == "rollout"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
-from reinforce_pro.algos.losses import LossSettings
-from reinforce_pro.models.lora import LoraSettings
+from reinforce_pro.algos.losses import SurrogateConfig
+from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.run import config as sections
@@ -166,7 +166,7 @@ def loss(
             raise ValueError(f"--algo.advantage.is_correction_level {is_correction_level} selects {chosen}, and "
                              f"--vllm_is_correction_type / _path {given}: give one of them")  # fmt: skip
         enable, correction = True, chosen
-    surrogate = LossSettings(
+    surrogate = SurrogateConfig(
         clip_eps_low=low,
         clip_eps_high=high,
         dual_clip=dual_clip,
@@ -206,8 +206,8 @@ def _key_values(flag: str, items: list[str] | None) -> dict[str, float]:
     return out
 
 
-def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLSettings:
-    return sections.KLSettings(init_kl_coef, kl_target, kl_horizon)
+def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLPenalty:
+    return sections.KLPenalty(init_kl_coef, kl_target, kl_horizon)
 
 
 def response_budget(max_new_tokens, max_len) -> int:
@@ -304,7 +304,7 @@ def models(
     disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
     save_value_network, sft_warmup_target,
 ) -> sections.Models:  # fmt: skip
-    lora_settings = LoraSettings(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
+    lora_settings = LoraAdapterConfig(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
     return sections.Models(
         pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
         disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network, sft_warmup_target,

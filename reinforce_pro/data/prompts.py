@@ -119,14 +119,14 @@ def load_prompt_records(paths: str, probs: str | None, split: str, max_samples: 
 
 
 @dataclass
-class PromptSpec:
+class PromptConfig:
     input_key: str = "input"
     label_key: str | None = None
     input_template: str | None = None  # e.g. "Question: {}\nAnswer:" (OpenRLHF's --input_template)
     apply_chat_template: bool = False
 
 
-def build_prompts(records: list[dict], spec: PromptSpec, tokenizer=None, source: str = "data") -> list[dict]:
+def build_prompts(records: list[dict], spec: PromptConfig, tokenizer=None, source: str = "data") -> list[dict]:
     """records -> [{"prompt": text, "label": label or None}] following OpenRLHF's --input_key,
     --label_key, --input_template and --apply_chat_template."""
     out = []

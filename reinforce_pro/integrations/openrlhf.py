@@ -44,10 +44,10 @@ PATCHES = Path(__file__).with_name("patches")  # openrlhf-<release>.patch, shipp
 # ------------------------------------------------------------------------------------------ the loss, per release
 def _settings(loss, correction: str, threshold):
     """This project's PolicyLoss with OpenRLHF's loss settings and `correction` on."""
-    from reinforce_pro.algos.losses import LossSettings, PolicyLoss
+    from reinforce_pro.algos.losses import PolicyLoss, SurrogateConfig
 
     return PolicyLoss(
-        LossSettings(
+        SurrogateConfig(
             clip_eps_low=loss.clip_eps_low,
             clip_eps_high=loss.clip_eps_high,
             dual_clip=loss.dual_clip,

@@ -18,14 +18,14 @@ import torch
 
 
 @dataclass
-class LoraSettings:
+class LoraAdapterConfig:
     rank: int  # r; 0 never reaches here (full fine-tuning)
     alpha: int = 16  # the update is scaled by alpha / rank
     target_modules: list[str] | str = "all-linear"  # peft's names, or "all-linear" (not lm_head)
     dropout: float = 0.0
 
 
-def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, lora: LoraAdapterConfig) -> torch.nn.Module:
     """`model` wrapped as a peft model whose only trainable parameters are the LoRA A / B matrices (B starts
     at zero, so the wrapped model computes exactly what `model` did)."""
     from peft import LoraConfig, get_peft_model

@@ -3,7 +3,7 @@
     RunConfig -> prepare (run/prepare.py) -> RunPlan -> build_and_fit (run/driver.py)
 
 The command line builds it from the flags (cli/flags_to_config.py: run_config), the benchmarks build or vary it
-directly. A section carries its own defaults and checks (`KLSettings` of the adaptive KL pair, `Engines` of
+directly. A section carries its own defaults and checks (`KLPenalty` of the adaptive KL pair, `Engines` of
 the engine count and quantization, ...); a check's ValueError starts with the flag's name, so the command line
 reports it in one line. The sections have no defaults of their own: every value comes from a flag (whose
 field in cli/args.py holds the one default) or is given by whoever builds the config.
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
-from reinforce_pro.models.lora import LoraSettings
+from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.selfplay.controller import SelfPlayConfig
@@ -58,7 +58,7 @@ class Engines:
 
 
 @dataclass(frozen=True)
-class KLSettings:
+class KLPenalty:
     init_coef: float
     target: float | None  # None: a fixed coefficient
     horizon: int
@@ -81,7 +81,7 @@ class Models:
     value_clip: float
     sft_warmup_steps: int  # the built-in model's warm start
     disable_fast_tokenizer: bool
-    lora: LoraSettings | None
+    lora: LoraAdapterConfig | None
     lora_save_merged: bool
     save_value_network: bool
     sft_warmup_target: float = 0.0  # stop the warm start at this greedy accuracy (0: run every step)
@@ -151,7 +151,7 @@ class RunConfig:
     actor_optim: OptimConfig
     critic_optim: OptimConfig
     loss: PolicyLossConfig
-    kl: KLSettings
+    kl: KLPenalty
     rollout: RolloutConfig  # sampling
     experience: ExperienceConfig  # rewards, KL, advantages
     loop: LoopConfig

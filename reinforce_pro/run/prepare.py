@@ -10,7 +10,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from reinforce_pro.data.prompts import DataError, PromptSpec, build_prompts, load_prompt_records
+from reinforce_pro.data.prompts import DataError, PromptConfig, build_prompts, load_prompt_records
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 from reinforce_pro.run.config import Data, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
@@ -216,10 +216,10 @@ def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[
     tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
     if data.prompt_data is None:
         records = EMBEDDED_TASKS[data.builtin_task]().records(min(data.max_samples, 100_000), cfg.seed)
-        spec = PromptSpec("input", "label", data.input_template, data.apply_chat_template)
+        spec = PromptConfig("input", "label", data.input_template, data.apply_chat_template)
         source = f"built-in {data.builtin_task}"
     else:
-        spec = PromptSpec(data.input_key, data.label_key, data.input_template, data.apply_chat_template)
+        spec = PromptConfig(data.input_key, data.label_key, data.input_template, data.apply_chat_template)
         source = data.prompt_data
     prompts = build_prompts(records, spec, tokenizer, source)
     _check_prompts_fit(prompts, tokenizer, data)

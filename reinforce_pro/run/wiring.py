@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.data import embedded_reward
-from reinforce_pro.data.prompts import PromptSpec, build_prompts, load_records
+from reinforce_pro.data.prompts import PromptConfig, build_prompts, load_records
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
@@ -314,7 +314,7 @@ def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer) -> EvalSet | None:
         return None
     records = load_records(ev.dataset, ev.split)
     label_key = data.label_key or ("label" if data.prompt_data is None else None)  # built-in data has labels
-    spec = PromptSpec(data.input_key, label_key, data.input_template, data.apply_chat_template)
+    spec = PromptConfig(data.input_key, label_key, data.input_template, data.apply_chat_template)
     prompts = build_prompts(records, spec, tokenizer, ev.dataset)
     return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples_per_prompt, ev.temperature)
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from reinforce_pro.algos.kl import kl_loss
-from reinforce_pro.algos.losses import LossSettings, PolicyLoss
+from reinforce_pro.algos.losses import PolicyLoss, SurrogateConfig
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.algos.stats import Stat, loss_stat
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.models import varlen_attention
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.lora import (
-    LoraSettings,
+    LoraAdapterConfig,
     apply_lora,
     is_lora,
     merged_state_dict,
@@ -47,10 +47,10 @@ from reinforce_pro.workers.base import (
 
 @dataclass
 class PolicyLossConfig:
-    """The policy worker's loss: the surrogate with its IS correction (LossSettings, handed to PolicyLoss as
+    """The policy worker's loss: the surrogate with its IS correction (SurrogateConfig, handed to PolicyLoss as
     is), and the terms the worker adds to it."""
 
-    surrogate: LossSettings = field(default_factory=LossSettings)
+    surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
     use_kl_loss: bool = False  # its coefficient comes with each mini-batch: the trainer's KL controller owns it
     kl_estimator: str = "k1"
     entropy_loss_coef: float | None = None
@@ -63,7 +63,7 @@ class PolicyWorker:
 
     def __init__(
         self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int,
-        forward: ForwardConfig, lora: LoraSettings | None = None,
+        forward: ForwardConfig, lora: LoraAdapterConfig | None = None,
     ):  # fmt: skip
         """forward: the attention kernel and how the forwards that score a rollout are cut; lora: train LoRA
         adapters on the frozen pretrained weights instead of every weight."""
