@@ -9,12 +9,13 @@ Takes:   ~3 minutes on 2 cores with the defaults (one engine start per variant, 
 A step of benchmarks/is_long_study.py samples 32 running-sum prompts x 8 (256 responses of ~62 tokens) from a
 2-layer, 128-wide model in a bf16 engine; generation is most of the step. Here the run's engine class
 (rollout/vllm_engine.VLLMEngine, without Ray) samples such batches with every response exactly `--tokens` long
-(`ignore_eos`, so each variant decodes the same number of tokens), once per variant:
-- the engine as the study's runs built it: prefill in chunks of 512 tokens, every output detokenized;
-- `ids only`: the engine does not turn ids into text (the trainer decodes the ids it keeps itself);
+(`ignore_eos`, so every batch decodes the same number of tokens). Each engine setting starts its own engine:
+- as the study's runs built it: prefill in chunks of 512 tokens;
 - `prefill in one step`: a token budget that holds every prompt (the 256 prompts' ~5,600 tokens in one
   engine step instead of 11 chunks);
-- `prefix caching`: the 8 samples of a prompt share its prefill.
+- with `prefix caching` besides: the 8 samples of a prompt share its prefill.
+Each engine samples its batches in turn detokenized (what the run's engine did for every request) and as ids
+only (what it does now unless stop strings need text), so a drift of the machine's speed falls on both.
 The floor beside them is the same model, in fp32, decoding the same batch with its KV cache in a plain torch
 loop (transformers' generate, sampling, no engine): what the arithmetic and torch's per-op cost allow. Each
 variant's median over the batches after `--warmup`, and the engine steps a batch takes, are reported.
@@ -33,19 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 NAME = "bench_study_generate"
+MODES = {"detokenized": True, "ids only": False}  # SamplingParams.detokenize
 PROMPTS, SAMPLES = 32, 8  # the study's rollout batch: 32 prompts x 8 samples
 ONE_STEP_BUDGET = 8192  # prefill tokens per engine step that hold the whole batch's prompts
-BASELINE = "as the study ran: detokenized, prefill in chunks of 512"
-VARIANTS = {  # name -> (EngineConfig fields, extra sampling keywords); each names every setting it compares
-    BASELINE: ({}, {"detokenize": True}),
-    "ids only": ({}, {"detokenize": False}),
-    "detokenized, prefill in one step": ({"cpu_max_batched_tokens": ONE_STEP_BUDGET}, {"detokenize": True}),
-    "ids only, prefill in one step": ({"cpu_max_batched_tokens": ONE_STEP_BUDGET}, {"detokenize": False}),
-    "ids only, prefill in one step, prefix caching": (
-        {"cpu_max_batched_tokens": ONE_STEP_BUDGET, "enable_prefix_caching": True},
-        {"detokenize": False},
-    ),
+ENGINES = {  # name -> EngineConfig fields
+    "prefill in chunks of 512 (as the study ran)": {},
+    "prefill in one step": {"cpu_max_batched_tokens": ONE_STEP_BUDGET},
+    "prefill in one step, prefix caching": {"cpu_max_batched_tokens": ONE_STEP_BUDGET, "enable_prefix_caching": True},
 }
+BASELINE = ("prefill in chunks of 512 (as the study ran)", "detokenized")
 
 
 def study_model(workdir: Path) -> str:
@@ -70,22 +67,28 @@ def batches(model: str, count: int) -> list[list[list[int]]]:
     return [[p for p in ids[b * PROMPTS : (b + 1) * PROMPTS] for _ in range(SAMPLES)] for b in range(count)]
 
 
-def time_variant(model: str, work: list, fields: dict, extra: dict, tokens: int, warmup: int) -> dict:
+def time_engine(model: str, work: list, fields: dict, tokens: int, warmup: int) -> dict:
+    """One engine, its batches sampled detokenized and as ids only in turn (ABAB...), so a drift of the machine's
+    speed during the run falls on both alike."""
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
 
     engine = VLLMEngine(EngineConfig(model, dtype="bfloat16", max_model_len=96, **fields))
-    sampling = {"temperature": 1.0, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, **extra}
-    seconds, steps, counter = [], [], count_engine_steps(engine)
+    sampling = {"temperature": 1.0, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
+    runs = {mode: {"batch_s": [], "steps": []} for mode in MODES}
+    counter = count_engine_steps(engine)
     for batch in work:
-        before, start = counter[0], time.perf_counter()
-        out = engine.generate(batch, sampling)
-        seconds.append(time.perf_counter() - start)
-        steps.append(counter[0] - before)
-        assert all(len(g.token_ids) == tokens for g in out), "every response decodes exactly `tokens` tokens"
+        for mode, detokenize in MODES.items():
+            before, start = counter[0], time.perf_counter()
+            out = engine.generate(batch, {**sampling, "detokenize": detokenize})
+            runs[mode]["batch_s"].append(time.perf_counter() - start)
+            runs[mode]["steps"].append(counter[0] - before)
+            assert all(len(g.token_ids) == tokens for g in out), "every response decodes exactly `tokens` tokens"
     del engine
-    kept = seconds[warmup:]
-    return {"batch_s": seconds, "median_s": statistics.median(kept), "engine_steps": steps[-1],
-            "ms_per_engine_step": 1000 * statistics.median(kept) / max(steps[-1], 1)}  # fmt: skip
+    for run in runs.values():
+        kept = run["batch_s"][warmup:]
+        run.update(median_s=statistics.median(kept), engine_steps=run.pop("steps")[-1])
+        run["ms_per_engine_step"] = 1000 * run["median_s"] / max(run["engine_steps"], 1)
+    return runs
 
 
 def count_engine_steps(engine) -> list[int]:
@@ -128,33 +131,37 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model = study_model(Path(tmp))
         work = batches(model, args.batches)
-        runs = {name: time_variant(model, work, fields, extra, args.tokens, args.warmup)
-                for name, (fields, extra) in VARIANTS.items()}  # fmt: skip
+        runs = {name: time_engine(model, work, fields, args.tokens, args.warmup) for name, fields in ENGINES.items()}
         floor = time_floor(model, work, args.tokens, args.warmup)
     return {"runs": runs, "floor": floor, "prompt_tokens": len(work[0][0]), "rows": len(work[0])}
 
 
 def render(payload: dict, out_dir: Path) -> str:
     r, c, m = payload["results"], payload["config"], payload["machine"]
-    base = r["runs"][BASELINE]["median_s"]
+    base = r["runs"][BASELINE[0]][BASELINE[1]]["median_s"]
     lines = [
         f"The long-response study's generate phase on a bare engine: {r['rows']} responses of exactly {c['tokens']} "
         f"tokens from {r['rows']} prompts of {r['prompt_tokens']} tokens ({PROMPTS} x {SAMPLES}), the 2-layer "
-        f"running-sum model in bf16; median of {c['batches'] - c['warmup']} batches after {c['warmup']}; "
-        f"{m['cpu']} ({m['cpu_count']} cores), commit {payload['commit'][:12]}",
+        f"running-sum model in bf16; each engine's batches detokenized and as ids only in turn, median of "
+        f"{c['batches'] - c['warmup']} batches after {c['warmup']}; {m['cpu']} ({m['cpu_count']} cores), commit "
+        f"{payload['commit'][:12]}",
         "",
-        "| engine | median s / batch | against the first | engine steps / batch | ms / engine step | batches (s) |",
-        "|---|---|---|---|---|---|",
+        "| engine | output | median s / batch | against the first | engine steps / batch | ms / engine step "
+        "| batches (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name, run in r["runs"].items():
-        lines.append(
-            f"| {name} | {run['median_s']:.2f} | {run['median_s'] / base - 1:+.0%} | {run['engine_steps']} | "
-            f"{run['ms_per_engine_step']:.1f} | " + ", ".join(f"{s:.2f}" for s in run["batch_s"]) + " |"
-        )
+    for name, modes in r["runs"].items():
+        for mode, run in modes.items():
+            lines.append(
+                f"| {name} | {mode} | {run['median_s']:.2f} | {run['median_s'] / base - 1:+.0%} | "
+                f"{run['engine_steps']} | {run['ms_per_engine_step']:.1f} | "
+                + ", ".join(f"{s:.2f}" for s in run["batch_s"])
+                + " |"
+            )
     floor = r["floor"]
     batches = ", ".join(f"{s:.2f}" for s in floor["batch_s"])
     lines.append(
-        f"| floor: the model alone (transformers' generate, fp32, KV cache) | {floor['median_s']:.2f} | "
+        f"| floor: the model alone (transformers' generate, fp32, KV cache) | ids | {floor['median_s']:.2f} | "
         f"{floor['median_s'] / base - 1:+.0%} | - | {1000 * floor['median_s'] / c['tokens']:.1f} per token | "
         f"{batches} |"
     )

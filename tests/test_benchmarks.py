@@ -252,18 +252,20 @@ def test_bench_generate_ceiling_renders_its_table(tmp_path):
     assert "= 4.31 s a batch" in table and (tmp_path / "bench_generate_ceiling.md").read_text() == table
 
 
-def test_bench_study_generate_renders_each_engine_setting_against_the_first(tmp_path):
-    from benchmarks.bench_study_generate import BASELINE, VARIANTS, render
+def test_bench_study_generate_renders_each_engine_and_output_against_the_first(tmp_path):
+    from benchmarks.bench_study_generate import BASELINE, ENGINES, MODES, render
 
-    runs = {name: {"batch_s": [2.0, 1.5, 1.6], "median_s": 1.5 - 0.1 * i, "engine_steps": 73 - i,
-                   "ms_per_engine_step": 20.0} for i, name in enumerate(VARIANTS)}  # fmt: skip
+    runs = {name: {mode: {"batch_s": [2.0, 1.5, 1.6], "median_s": 1.5 - 0.1 * i - 0.5 * j, "engine_steps": 73 - i,
+                          "ms_per_engine_step": 20.0} for j, mode in enumerate(MODES)}
+            for i, name in enumerate(ENGINES)}  # fmt: skip
     payload = {"benchmark": "bench_study_generate", "commit": "0" * 40,
                "config": {"batches": 3, "warmup": 1, "tokens": 62}, "machine": {"cpu": "test cpu", "cpu_count": 2},
                "results": {"runs": runs, "floor": {"batch_s": [0.4, 0.3, 0.3], "median_s": 0.3},
                            "prompt_tokens": 22, "rows": 256}}  # fmt: skip
     table = render(payload, tmp_path)
-    assert f"| {BASELINE} | 1.50 | +0% | 73 | 20.0 | 2.00, 1.50, 1.60 |" in table
-    assert "| ids only | 1.40 | -7% | 72 |" in table and "| 0.30 | -80% | - | 4.8 per token |" in table
+    assert f"| {BASELINE[0]} | {BASELINE[1]} | 1.50 | +0% | 73 | 20.0 | 2.00, 1.50, 1.60 |" in table
+    assert f"| {BASELINE[0]} | ids only | 1.00 | -33% | 73 |" in table
+    assert "| ids | 0.30 | -80% | - | 4.8 per token |" in table
     assert (tmp_path / "bench_study_generate.md").read_text() == table
 
 
