@@ -7,8 +7,10 @@
 The task is the running sum of ten labelled digits (data/running_sum.py, ~60-token responses whose every step
 the total depends on), on the built-in 2-layer model warm-started per seed. A regime sets the mismatch
 exactly: `staleK` samples every step with the policy of exactly K steps before (`--rollout_staleness K`, a bf16
-engine for an fp32 trainer); `sync` is the undisturbed reference (staleness 0, the same bf16 engine), run with
-no correction. Every correction of the family runs under every stale regime.
+engine for an fp32 trainer); `partial` lets one response span several weight versions (partial rollouts in
+chunks of 16 tokens); `fp8` samples from an FP8 engine, synchronously. `sync` is the undisturbed reference
+(staleness 0, the same bf16 engine), run with no correction. Every correction of the family runs under every
+other regime.
 
 Pairing: per seed one warm start, one prompt order and one sampling seed shared by every arm (the engine is
 reseeded before each run; the first step's rewards of the arms of a seed are equal). Each run evaluates the
@@ -43,8 +45,14 @@ from benchmarks.study_stats import collapse_kinds, holm, paired_test, parse_seed
 NAME = "is_long_screening"
 TASK = "running_sum"
 HELD_OUT = 200  # held-out questions evaluated greedily before training and at the last step
-STALE = {"stale2": 2, "stale4": 4, "stale8": 8}
-REGIMES = {"sync": 0, **STALE}  # regime -> --rollout_staleness
+# regime -> the flags that set its mismatch (on top of the preset's bf16 engine for an fp32 trainer)
+REGIMES = {
+    "sync": {"rollout_staleness": 0},  # the undisturbed reference
+    **{f"stale{k}": {"rollout_staleness": k} for k in (2, 4, 8)},  # every step samples with the policy of k before
+    # one response spans several weight versions: a sync between chunks of 16 tokens, the producer up to 2 ahead
+    "partial": {"async_train": True, "async_queue_size": 2, "partial_rollout": True, "partial_rollout_chunk": 16},
+    "fp8": {"vllm_quantization": "fp8_per_channel"},  # synchronous, an FP8 engine (its own engine per seed)
+}
 CORRECTIONS = [
     "none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis", "minpro", "ctpo", "cppo",
     "dppo-tv", "kpop", "trm", "opsm", "geo-seq-mask", "token-tv", "token-binary-kl", "seq-tv", "seq-binary-kl",
@@ -57,7 +65,7 @@ STUDY_FLAGS = {"is_position_metrics": True, "eval_temperature": 0.0, "eval_n_sam
 
 
 def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
-    """(regime, correction) of every run a seed needs: `sync` with `none` only, each stale regime with all."""
+    """(regime, correction) of every run a seed needs: `sync` with `none` only, every other regime with all."""
     out = [("sync", "none")] if "sync" in regimes else []
     return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
 
@@ -98,16 +106,16 @@ def held_out_file(workdir: Path) -> Path:
     return path
 
 
-def run_config(model: str, seed: int, steps: int, staleness: int, eval_path: Path):
-    """The embedded-running-sum preset for `model`, with the regime's staleness and the held-out evaluations."""
+def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path):
+    """The embedded-running-sum preset for `model`, with the regime's flags and the held-out evaluations."""
     from reinforce_pro.cli.flags_to_config import run_config as build
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
     args = parse_args(["--pretrain", model])
     vars(args).update({k: v for k, v in EMBEDDED_RUNNING_SUM.items() if k != "vllm_is_correction_type"})
-    vars(args).update(STUDY_FLAGS, seed=seed, max_samples=32 * steps, builtin_task=TASK, rollout_staleness=staleness,
-                      eval_dataset=str(eval_path), eval_steps=steps)  # fmt: skip
+    vars(args).update(STUDY_FLAGS, seed=seed, max_samples=32 * steps, builtin_task=TASK, eval_dataset=str(eval_path),
+                      eval_steps=steps, **regime)  # fmt: skip
     cfg = build(args)  # the engine is started before the run, so its settings name the model here
     return replace(cfg, engines=replace(cfg.engines, config=replace(cfg.engines.config, model_path=model)))
 
@@ -134,21 +142,26 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     for seed, pending in ((s, p) for s, p in todo.items() if p):
         model, warm = warm_start(seed, workdir)
         configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
-        engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(next(iter(configs.values())).engines.config)
+        engines = {}  # one per engine setting (the FP8 regime's quantizes its weights), shared by the seed's runs
         for regime, correction in pending:
             count += 1
             print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+            setting = configs[regime].engines.config
+            if setting not in engines.values():
+                engines[ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)] = setting
+            engine = next(e for e, c in engines.items() if c == setting)
             ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
             provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
             plan = prepare(cfg)
             history = build_and_fit(cfg, plan, engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
-                      "staleness": REGIMES[regime], "warm_start_steps": warm["sft/steps"], **provenance}  # fmt: skip
+                      "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"], **provenance}  # fmt: skip
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)
-        ray.kill(engine)
+        for engine in engines:
+            ray.kill(engine)
     return runs
 
 
@@ -192,7 +205,7 @@ def analyse(runs: list[dict]) -> list[dict]:
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
                    "collapses": {k: kinds.count(k) for k in ("reward", "grad_norm")}}  # fmt: skip
             for key in ("final_eval", "start_eval", "final_reward", "masked_frac", "response_length",
-                        "staleness_trained", "mean_abs_log_ratio", "wall_s"):  # fmt: skip
+                        "staleness_trained", "versions_per_row", "mean_abs_log_ratio", "wall_s"):  # fmt: skip
                 found = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = statistics.fmean(found) if found else None
             for key in ENDPOINTS:
@@ -222,8 +235,8 @@ def render(payload: dict, out_dir: Path) -> str:
     rows = analyse(runs)
     lines = [
         "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
-        f"(±{MARGIN}) | reward | masked | length | staleness | collapses (reward / grad) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"(±{MARGIN}) | reward | masked | length | staleness | versions / row | collapses (reward / grad) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         eq = (r["final_eval_vs_none"] or {}).get("p_tost")
@@ -232,7 +245,8 @@ def render(payload: dict, out_dir: Path) -> str:
             f"{_fmt(r['final_eval'], '.3f')} | {_cell(r['final_eval_vs_none'])} | {_cell(r['final_eval_vs_tis'])} | "
             f"{_cell(r['final_eval_vs_sync'])} | {_fmt(eq, '.2f')} | {_fmt(r['final_reward'], '.3f')} | "
             f"{_fmt(r['masked_frac'], '.2%')} | {_fmt(r['response_length'], '.1f')} | "
-            f"{_fmt(r['staleness_trained'], '.2f')} | {r['collapses']['reward']} / {r['collapses']['grad_norm']} |"
+            f"{_fmt(r['staleness_trained'], '.2f')} | {_fmt(r['versions_per_row'], '.2f')} | "
+            f"{r['collapses']['reward']} / {r['collapses']['grad_norm']} |"
         )
     lines += ["", "Differences of the held-out accuracy, paired over seeds: mean [95% t-interval] and the t-test's "
               "p-value Holm-adjusted over every comparison of the endpoint (bold: below 0.05). TOST: the p-value "

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import is_long_study as study
 
 
-def test_arms_run_sync_with_none_alone_and_every_correction_under_each_stale_regime():
+def test_arms_run_sync_with_none_alone_and_every_correction_under_each_other_regime():
     arms = study.arms(["sync", "stale4"], ["none", "tis", "reinforce_pro"])
     assert arms == [("sync", "none"), ("stale4", "none"), ("stale4", "tis"), ("stale4", "reinforce_pro")]
     assert study.arms(["stale2"], ["none"]) == [("stale2", "none")]
@@ -23,7 +23,7 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     records = [json.loads(line) for line in eval_path.read_text().splitlines()]
     assert len(records) == study.HELD_OUT and all({"input", "label"} <= set(r) for r in records)
 
-    cfg = study.run_config(model, seed=3, steps=20, staleness=4, eval_path=eval_path)
+    cfg = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["stale4"], eval_path=eval_path)
     assert cfg.loop.rollout_staleness == 4 and cfg.data.builtin_task == "running_sum" and cfg.seed == 3
     assert cfg.rollout.max_new_tokens == 64 and cfg.evaluation.dataset == str(eval_path)
     assert cfg.engines.config.model_path == model  # the study starts the engine itself
@@ -32,6 +32,11 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     ratio = study.with_correction(cfg, "reinforce_pro", tmp_path / "b").loss.surrogate
     assert ratio.enable_vllm_is_correction and ratio.vllm_is_truncated_threshold == (0.5, 5.0)
     assert not study.with_correction(cfg, "none", tmp_path / "c").loss.surrogate.enable_vllm_is_correction
+    partial = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["partial"], eval_path=eval_path)
+    assert partial.loop.async_train and partial.loop.partial_rollout_chunk == 16 and partial.loop.rollout_staleness == 0
+    fp8 = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["fp8"], eval_path=eval_path)
+    assert fp8.engines.config.quantization == "fp8_per_channel" and cfg.engines.config.quantization is None
+    assert fp8.engines.config != cfg.engines.config  # its own engine; the bf16 regimes share one
 
 
 def _run(seed, regime, correction, final_eval, reward=0.3):
