@@ -27,6 +27,7 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     assert cfg.loop.rollout_staleness == 4 and cfg.data.builtin_task == "running_sum" and cfg.seed == 3
     assert cfg.rollout.max_new_tokens == 64 and cfg.evaluation.dataset == str(eval_path)
     assert cfg.engines.config.model_path == model  # the study starts the engine itself
+    assert cfg.engines.config.cpu_max_batched_tokens == study.PREFILL_BUDGET >= 256 * 22  # the prompts in one step
     gate = study.with_correction(cfg, "token-tv", tmp_path / "a").loss.surrogate
     assert gate.vllm_is_correction_type == "token-tv" and gate.vllm_is_truncated_threshold == (0.0, 0.2)
     ratio = study.with_correction(cfg, "reinforce_pro", tmp_path / "b").loss.surrogate
