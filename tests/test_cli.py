@@ -87,6 +87,11 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
     args = parse_args(["--actor_learning_rate", "1e-6", "--n_samples_per_prompt", "4", "--train_batch_size", "128"])
     assert args.actor_learning_rate == 1e-6 and args.n_samples_per_prompt == 4
     assert args.vllm_is_correction_type == "reinforce_pro"  # still preset
+    # the main job's warm start stops at a greedy accuracy, not a step count (its jump moves with seed and host);
+    # self-play's and the scratchpad's run their steps
+    assert (parse_args([]).sft_warmup_target, parse_args([]).sft_warmup_steps) == (0.2, 600)
+    assert parse_args(["--absolute_zero"]).sft_warmup_target == 0.0
+    assert parse_args(["--builtin_task", "scratchpad"]).sft_warmup_target == 0.0
     dotted = parse_args(["--actor.adam.lr", "1e-6", "--rollout.n_samples_per_prompt", "4", "--train_batch_size", "128"])
     assert (dotted.actor_learning_rate, dotted.n_samples_per_prompt) == (1e-6, 4)  # given wins in either spelling
     assert parse_args(["--pretrain", "some/model", "--remote_rm_url", "r.py"]).preset is None

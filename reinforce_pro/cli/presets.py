@@ -16,6 +16,10 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 # The running-sum task's warm start: its greedy accuracy jumps from ~0.1 to ~0.8 within ~150 steps, at a step
 # count that differs by seed, so it stops at a target accuracy rather than after a fixed number of steps.
 RUNNING_SUM_WARMUP = {"sft_warmup_steps": 2000, "sft_warmup_target": 0.5}
+# The main job's warm start on additions: its greedy accuracy jumps from ~0.05 to ~0.2 at a step that differs by
+# seed (150, 225 and 325 at three seeds) and, through float rounding, by host. A fixed 200 steps stopped before the
+# jump on one host and after it on another, and the same seeded command then learned half as much on the first.
+ARITHMETIC_WARMUP = {"sft_warmup_steps": 600, "sft_warmup_target": 0.2}
 
 EMBEDDED = {
     "advantage_estimator": "reinforce_baseline",
@@ -43,6 +47,7 @@ EMBEDDED = {
     "critic_num_gpus_per_node": 1,
     "ref_num_gpus_per_node": 1,
     "reward_num_gpus_per_node": 1,
+    **ARITHMETIC_WARMUP,
     "max_samples": 32 * 700,  # 700 RL steps, ~5 minutes on 2 cores
 }
 # With --absolute_zero the embedded default trains self-play on the arithmetic task: 16 seed prompts x 4
@@ -57,6 +62,7 @@ EMBEDDED_SELFPLAY = {
     "proposer_train_scope": "group",
     "proposer_repetition_penalty": 8.0,  # without it the proposer collapses onto a few questions
     "sft_warmup_steps": 1000,
+    "sft_warmup_target": 0.0,  # both roles' warm start runs its steps: no single accuracy says when it is done
     "max_new_tokens": 20,  # the longest question the task accepts (4 operands of 4 digits) and its end token
     "eval_steps": 25,  # the solver's greedy accuracy on the task's held-out ladder (eval/ladder/*)
     "eval_before_training": True,  # ... and on the warm start's policy, as step 0
@@ -84,6 +90,7 @@ EMBEDDED_SCRATCHPAD = {
     "max_len": 96,
     "prompt_max_len": 16,
     "sft_warmup_steps": 1200,
+    "sft_warmup_target": 0.0,
     "max_samples": 32 * 200,  # 200 RL steps
 }
 
