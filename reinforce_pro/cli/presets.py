@@ -16,9 +16,9 @@ from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 # The running-sum task's warm start: its greedy accuracy jumps from ~0.1 to ~0.8 within ~150 steps, at a step
 # count that differs by seed, so it stops at a target accuracy rather than after a fixed number of steps.
 RUNNING_SUM_WARMUP = {"sft_warmup_steps": 2000, "sft_warmup_target": 0.5}
-# The main job's warm start on additions: its greedy accuracy jumps from ~0.05 to ~0.2 at a step that differs by
-# seed (150, 225 and 325 at three seeds) and, through float rounding, by host. A fixed 200 steps stopped before the
-# jump on one host and after it on another, and the same seeded command then learned half as much on the first.
+# The main job's warm start on additions: its greedy accuracy jumps from ~0.05 to ~0.2 within a few dozen steps,
+# at a step that differs by seed and, through float rounding, by host. A fixed step count stops before the jump on
+# some hosts and after it on others, and RL from before the jump learns about half as much (docs/running.md).
 ARITHMETIC_WARMUP = {"sft_warmup_steps": 600, "sft_warmup_target": 0.2}
 
 EMBEDDED = {
