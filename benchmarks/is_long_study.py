@@ -146,15 +146,15 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     for seed, pending in ((s, p) for s, p in todo.items() if p):
         model, warm = warm_start(seed, workdir)
         configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
-        engines = {}  # one per engine setting (the FP8 regime's quantizes its weights), shared by the seed's runs
+        engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
         for regime, correction in pending:
             count += 1
             print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
             cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
-            setting = configs[regime].engines.config
-            if setting not in engines.values():
-                engines[ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)] = setting
-            engine = next(e for e, c in engines.items() if c == setting)
+            setting = cfg.engines.config
+            if setting.quantization not in engines:
+                engines[setting.quantization] = ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)
+            engine = engines[setting.quantization]
             ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
             provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
             plan = prepare(cfg)
@@ -164,7 +164,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)
-        for engine in engines:
+        for engine in engines.values():
             ray.kill(engine)
     return runs
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -37,7 +38,10 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     assert partial.loop.async_train and partial.loop.partial_rollout_chunk == 16 and partial.loop.rollout_staleness == 0
     fp8 = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["fp8"], eval_path=eval_path)
     assert fp8.engines.config.quantization == "fp8_per_channel" and cfg.engines.config.quantization is None
-    assert fp8.engines.config != cfg.engines.config  # its own engine; the bf16 regimes share one
+    # the study keys its engines by quantization: the regimes' engine settings differ in nothing else
+    settings = [study.run_config(model, 3, 20, flags, eval_path).engines.config for flags in study.REGIMES.values()]
+    assert all(replace(s, quantization=None) == cfg.engines.config for s in settings)
+    assert {s.quantization for s in settings} == {None, "fp8_per_channel"}
 
 
 def _run(seed, regime, correction, final_eval, reward=0.3):
