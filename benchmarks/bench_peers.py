@@ -68,6 +68,9 @@ class Workload:
     learning_rate: float = 1e-4
     seed: int = 42
     packing_samples: bool = False  # our side passes --packing_samples (padding-free forwards); TRL's is unchanged
+    # every response runs to max_new_tokens on both sides (our --min_new_tokens, HF's min_new_tokens): left free,
+    # the two trainers' lengths drift apart as each learns, and a step of one does more work than the other's
+    equal_lengths: bool = True
 
 
 WORKLOADS = {
@@ -191,6 +194,7 @@ def ours_command(spec: dict, run_dir: Path) -> list[str]:
         "--num_episodes", str(-(-total // per_episode)), "--max_samples", str(prompts),
         "--seed", str(spec["seed"]), "--save_path", str(run_dir),
         *(["--packing_samples"] if spec.get("packing_samples") else []),
+        *(["--min_new_tokens", str(spec["max_new_tokens"])] if spec.get("equal_lengths") else []),
     ]  # fmt: skip
 
 
@@ -280,19 +284,24 @@ def measure(names: list[str], warmup_steps: int, trl_python: str) -> dict:
 def render(payload: dict, out_dir: Path) -> str:
     r, m = payload["results"], payload["machine"]
     lines = [
-        "| workload | system | median s / step | response tokens / s | tokens / step | start-up s | "
-        "process wall s | ours / TRL |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | system | mean response tokens | median s / step | response tokens / s | start-up s | "
+        "process wall s | ours / TRL: step time | ours / TRL: tokens / s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, res in r.items():
+        w = res["workload"]
         for side, label in (("trl", "TRL GRPOTrainer"), ("ours", "train_ppo_ray")):
             s = res[side]
-            ratio = f"**{res['throughput_ratio']:.2f}x**" if side == "ours" else ""
+            ratios = " | "
+            if side == "ours":  # step time: TRL's over ours (above 1: ours is faster), like tokens / s
+                speedup = res["trl"]["median_step_s"] / s["median_step_s"]
+                ratios = f"{speedup:.2f}x | **{res['throughput_ratio']:.2f}x**"
             first = "-" if s.get("startup_s") is None else f"{s['startup_s']:.0f}"
             if s.get("startup_first_run_s") is not None:
                 first = f"{s['startup_first_run_s']:.0f} / {first}"
-            lines.append(f"| {name} | {label} | {s['median_step_s']:.2f} | {s['tokens_per_s']:.0f} | "
-                         f"{s['tokens_per_step']:.0f} | {first} | {s['process_wall_s']:.0f} | {ratio} |")  # fmt: skip
+            length = s["tokens_per_step"] / (w["prompts_per_step"] * w["n_samples_per_prompt"])
+            lines.append(f"| {name} | {label} | {length:.1f} | {s['median_step_s']:.2f} | {s['tokens_per_s']:.0f} | "
+                         f"{first} | {s['process_wall_s']:.0f} | {ratios} |")  # fmt: skip
     lines += ["", "| workload | generate | make_experience | train | weight_sync | train roofline | train / roofline |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, res in r.items():
@@ -305,7 +314,8 @@ def render(payload: dict, out_dir: Path) -> str:
         "",
         f"{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, TRL {versions['trl']}, "
         f"transformers {versions['transformers']}, commit {payload['commit'][:12]}; "
-        f"{payload['config']['warmup_steps']} warm-up steps left out per side. Phases: train_ppo_ray's median "
+        f"{payload['config']['warmup_steps']} warm-up steps left out per side; responses "
+        f"{equal_lengths(r)}. Phases: train_ppo_ray's median "
         "seconds per step. Train roofline: 6 x matmul parameters x trained tokens (prompt + response) / the "
         f"machine's fp32 GEMM rate (GFLOP/s, measured before each workload: {peaks or 'not measured'}). "
         "Start-up: seconds from the command to the start of the first step (its end, less its own duration); for "
@@ -315,6 +325,14 @@ def render(payload: dict, out_dir: Path) -> str:
     (out_dir / "bench_peers.md").write_text(table + "\n")
     _plot(r, out_dir / "bench_peers.png")
     return table
+
+
+def equal_lengths(results: dict) -> str:
+    """How the table's responses were cut, for its footnote."""
+    equal = {res["workload"].get("equal_lengths", False) for res in results.values()}
+    if equal == {True}:
+        return "all max_new_tokens long on both sides (--min_new_tokens, HF min_new_tokens)"
+    return "free to end early (lengths differ between the sides)" if equal == {False} else "equal in some workloads"
 
 
 def _plot(results: dict, path: Path) -> None:

@@ -41,6 +41,7 @@ def test_bench_peers_our_command_parses_and_means_the_same_work(tmp_path, name):
         w.prompts_per_step, 8, per_step
     )  # fmt: skip
     assert (args.max_new_tokens, args.micro_train_batch_size, args.zero_stage) == (w.max_new_tokens, 16, 0)
+    assert args.min_new_tokens == w.max_new_tokens  # equal-length work: every response max_new_tokens long
     assert (args.init_kl_coef, args.param_dtype, args.vllm_dtype, args.advantage_estimator) == (
         0.0, "fp32", "float32", "group_norm"
     )  # fmt: skip
@@ -82,15 +83,18 @@ def test_bench_peers_summary_and_render(tmp_path):
     assert s_ours["median_phase_s"]["train"] == 0.4
     assert s_ours["train_roofline_s"] == 6 * 1000 * (4 * 25 + 100) / 2e9  # 6 x params x tokens / peak
     assert s_trl["tokens_per_s"] == 300 / 6.0 and "median_phase_s" not in s_trl and s_trl["first_step_s"] == 7.5
+    workload = {"prompts_per_step": 2, "n_samples_per_prompt": 4, "equal_lengths": True}  # 8 responses a step
     results = {"W1": {"trl": s_trl, "ours": s_ours, "throughput_ratio": 1.5, "gemm_peak_gflops": 2.0,
-                      "raw": {"trl": trl, "ours": ours}}}  # fmt: skip
+                      "workload": workload, "raw": {"trl": trl, "ours": ours}}}  # fmt: skip
     payload = {"results": results, "machine": {"cpu": "cpu", "cpu_count": 2, "torch": "2.13.0+cpu"}, "commit": "abc",
                "config": {"warmup_steps": 1}}  # fmt: skip
     table = bench_peers.render(payload, tmp_path)
     assert s_ours["startup_s"] == 12.0 - 9.0 and s_trl["startup_s"] == 7.5 - 5.0  # first step's end less its time
     assert s_ours["startup_first_run_s"] == 48.0 and "startup_first_run_s" not in s_trl
-    assert "| W1 | train_ppo_ray | 1.00 | 75 | 100 | 48 / 3 | 30 | **1.50x** |" in table
-    assert "| W1 | TRL GRPOTrainer | 2.00 | 50 | 100 | 2 | 20 |  |" in table
+    # mean length: 100 tokens / 8 responses; step time TRL's over ours (2.0 / 1.0) beside tokens / s
+    assert "| W1 | train_ppo_ray | 12.5 | 1.00 | 75 | 48 / 3 | 30 | 2.00x | **1.50x** |" in table
+    assert "| W1 | TRL GRPOTrainer | 12.5 | 2.00 | 50 | 2 | 20 |  |  |" in table
+    assert "responses all max_new_tokens long on both sides" in table
     assert f"| 0.400 | 0.100 | {0.0006:.3f} | {0.4 / 0.0006:.2f}x |" in table  # train, weight_sync, roofline
     assert (tmp_path / "bench_peers.png").stat().st_size > 1000
 

@@ -124,6 +124,13 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
             ["--async_train", "--partial_rollout", "--partial_rollout_chunk", "0"], "must be >= 1", id="partial-chunk"
         ),
         pytest.param(["--max_new_tokens", "0"], "--max_new_tokens must be >= 1, got 0", id="new-tokens"),
+        pytest.param(["--min_new_tokens", "-1"], "--min_new_tokens must be >= 0, got -1", id="min-tokens"),
+        pytest.param(
+            ["--max_new_tokens", "8", "--min_new_tokens", "9"], "exceeds the response budget of 8", id="min-above-max"
+        ),
+        pytest.param(
+            ["--async_train", "--partial_rollout", "--min_new_tokens", "4"], "applies to whole prompt", id="min-chunks"
+        ),
         pytest.param(["--actor_learning_rate", "nan"], "--actor_learning_rate must be a finite", id="lr-nan"),
         pytest.param(["--critic_learning_rate", "-1"], "--critic_learning_rate must be a finite", id="lr-neg"),
         pytest.param(["--reward_clip_range", "10", "-10"], "LOW < HIGH, got 10.0 -10.0", id="clip-range"),

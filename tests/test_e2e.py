@@ -1067,3 +1067,21 @@ def test_the_engine_samples_the_same_tokens_without_making_text(engine, tiny_mod
     ray.get(engine.reseed.remote(5))
     stopped = ray.get(engine.generate.remote(prompts, {**sampling, "stop": [stop]}))[row]
     assert stopped.finish_reason == "stop" and len(stopped.token_ids) <= 2
+
+
+def test_min_new_tokens_keeps_every_response_open_until_its_length(engine, tiny_model):
+    """--min_new_tokens (vLLM's min_tokens) is what makes bench_peers' work equal on both sides: with <eos> made
+    near certain, every response ends at once without it and runs to the minimum with it."""
+    from transformers import AutoTokenizer
+
+    from reinforce_pro.rollout.sampler import RolloutConfig, sampling_params
+
+    eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
+    prompts, bias = [[1, 21, 15, 22, 33]] * 8, {"logit_bias": {eos: 100.0}}
+    free = sampling_params(RolloutConfig(max_new_tokens=6))
+    held = sampling_params(RolloutConfig(max_new_tokens=6, min_new_tokens=6))
+    assert "min_tokens" not in free and held["min_tokens"] == 6
+    ended = ray.get(engine.generate.remote(prompts, {**free, **bias}))
+    kept = ray.get(engine.generate.remote(prompts, {**held, **bias}))
+    assert [len(g.token_ids) for g in ended] == [1] * 8
+    assert [len(g.token_ids) for g in kept] == [6] * 8 and {g.finish_reason for g in kept} == {"length"}

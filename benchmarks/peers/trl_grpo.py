@@ -69,6 +69,8 @@ def main(workdir: Path) -> None:
         seed=w["seed"],
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # bench_peers' equal-length work: no response ends before max_completion_length
+        generation_kwargs={"min_new_tokens": w["max_new_tokens"]} if w.get("equal_lengths") else None,
     )
     tokenizer = AutoTokenizer.from_pretrained(w["model"])
     model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=torch.float32)

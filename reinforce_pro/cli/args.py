@@ -335,6 +335,8 @@ class TrainingFlags:
     max_len: int = flag(2048, "max prompt + response tokens (engine context)", dotted="data.max_len", at_least=1)
     max_new_tokens: int | None = flag(None, "max response tokens (--generate_max_len is the older name); unset: 1024",
         also="--generate_max_len", dotted="rollout.max_new_tokens", at_least=1)
+    min_new_tokens: int = flag(0, "[reinforce_pro] tokens every response has before it may end (vLLM's min_tokens); "
+        "for benchmarks that need equal-length work on both sides, not for training", at_least=0)
     prompt_max_len: int = flag(1024, "[reinforce_pro] max prompt tokens (keeps the end)", at_least=1)
     max_samples: int = flag(100_000_000, "use at most this many prompts", dotted="data.max_samples")
     max_norm: float = flag(1.0, "gradient clipping norm", dotted="actor.max_norm")

@@ -214,11 +214,17 @@ def response_budget(max_new_tokens, max_len) -> int:
     return min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1)
 
 
-def rollout(n_samples_per_prompt, prompt_max_len, max_new_tokens, max_len, temperature, top_p, top_k) -> RolloutConfig:
+def rollout(
+    n_samples_per_prompt, prompt_max_len, max_new_tokens, min_new_tokens, max_len, temperature, top_p, top_k
+) -> RolloutConfig:  # fmt: skip
+    budget = response_budget(max_new_tokens, max_len)
+    if min_new_tokens > budget:
+        raise ValueError(f"--min_new_tokens {min_new_tokens} exceeds the response budget of {budget} tokens")
     return RolloutConfig(
         n_samples_per_prompt=n_samples_per_prompt,
         prompt_max_len=prompt_max_len,
-        max_new_tokens=response_budget(max_new_tokens, max_len),
+        max_new_tokens=budget,
+        min_new_tokens=min_new_tokens,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

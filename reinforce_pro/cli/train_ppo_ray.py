@@ -87,7 +87,18 @@ def template_problem(template: str) -> str | None:
 
 def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
-    return invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args)
+    return invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args) or invalid_min_length(args)
+
+
+def invalid_min_length(args) -> str | None:
+    """--min_new_tokens holds for whole prompt rollouts; a rollout that cuts a response's budget (partial chunks,
+    agent turns, self-play roles) would ask the engine for a minimum above its maximum."""
+    if args.min_new_tokens and (args.partial_rollout or args.agent_func_path or args.absolute_zero):
+        return (
+            "--min_new_tokens applies to whole prompt rollouts: drop --partial_rollout / --agent_func_path / "
+            "--absolute_zero, or --min_new_tokens"
+        )
+    return None
 
 
 def invalid_numbers(args) -> str | None:

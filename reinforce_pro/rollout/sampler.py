@@ -30,6 +30,7 @@ class RolloutConfig:
     n_samples_per_prompt: int = 1
     prompt_max_len: int = 1024
     max_new_tokens: int = 1024
+    min_new_tokens: int = 0  # no end of response before this many tokens (equal-length benchmark work)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -37,9 +38,10 @@ class RolloutConfig:
 
 def sampling_params(cfg: RolloutConfig) -> dict:
     """vLLM SamplingParams keywords for the rollout (log-probs are requested by the engine)."""
+    minimum = {"min_tokens": cfg.min_new_tokens} if cfg.min_new_tokens else {}
     return dict(
         temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_new_tokens,
-        skip_special_tokens=False,
+        skip_special_tokens=False, **minimum,
     )  # fmt: skip
 
 
