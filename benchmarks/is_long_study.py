@@ -88,15 +88,38 @@ def warm_start(seed: int, workdir: Path) -> tuple[str, dict]:
     return str(out), stats
 
 
+def correction_arm(text: str) -> str:
+    """A correction of CORRECTIONS at its band, or at another: NAME@LOW,HIGH (e.g. reinforce_pro@0.9,1.1, a
+    strength the screening tries); the argparse type of --corrections."""
+    name, _, band = text.partition("@")
+    if name not in CORRECTIONS or (band and name == "none"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a correction of {', '.join(CORRECTIONS)}, or NAME@LOW,HIGH")
+    if band:
+        try:
+            low, high = (float(v) for v in band.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: the band is LOW,HIGH, e.g. {name}@0.9,1.1") from None
+        if not 0 <= low < high:
+            raise argparse.ArgumentTypeError(f"{text!r}: the band must satisfy 0 <= LOW < HIGH")
+    return text
+
+
+def split_arm(correction: str) -> tuple[str, tuple[float, float] | None]:
+    """NAME@LOW,HIGH -> (NAME, (LOW, HIGH)); a plain name -> (name, None)."""
+    name, _, band = correction.partition("@")
+    return name, (tuple(float(v) for v in band.split(",")) if band else None)
+
+
 def with_correction(cfg, correction: str, save: Path):
-    """`cfg` with one IS correction (`none`: IS off) at its band (a divergence gate's own [0, HIGH]), writing
-    to `save`."""
+    """`cfg` with one IS correction (`none`: IS off) at its band (a divergence gate's own [0, HIGH]) or the
+    arm's own (NAME@LOW,HIGH), writing to `save`."""
     from reinforce_pro.algos.is_correction import default_band
 
-    surrogate = replace(cfg.loss.surrogate, enable_vllm_is_correction=correction != "none")
-    if correction != "none":
-        band = default_band(correction, tuple(surrogate.vllm_is_truncated_threshold))
-        surrogate = replace(surrogate, vllm_is_correction_type=correction, vllm_is_truncated_threshold=band)
+    name, band = split_arm(correction)
+    surrogate = replace(cfg.loss.surrogate, enable_vllm_is_correction=name != "none")
+    if name != "none":
+        band = band or default_band(name, tuple(surrogate.vllm_is_truncated_threshold))
+        surrogate = replace(surrogate, vllm_is_correction_type=name, vllm_is_truncated_threshold=band)
     return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
 
 
@@ -203,7 +226,8 @@ def analyse(runs: list[dict]) -> list[dict]:
     their t-test p-values Holm-adjusted over each endpoint's family (every comparison of that endpoint)."""
     rows = []
     for regime in (g for g in REGIMES if any(r["regime"] == g for r in runs)):
-        for correction in (c for c in CORRECTIONS if values(runs, regime, c, "steps")):
+        present = {r["correction"] for r in runs if r["regime"] == regime}
+        for correction in sorted(present, key=lambda c: (CORRECTIONS.index(split_arm(c)[0]), c)):
             sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction)]
             kinds = [k for r in sel for k in collapse_kinds(r["rewards"], r["grad_norms"])]
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
@@ -270,7 +294,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("101-103"), help="e.g. 101-103 or 1,3,5")
     p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
-    p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
+    p.add_argument("--corrections", nargs="+", type=correction_arm, default=CORRECTIONS,
+                   help=f"of {', '.join(CORRECTIONS)}; NAME@LOW,HIGH runs one at another band")  # fmt: skip
     p.add_argument("--steps", type=int, default=150, help="RL steps per run")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
     p.add_argument("--name", default=NAME, help="the JSON's name: the confirmatory stage keeps its own file")

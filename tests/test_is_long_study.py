@@ -34,6 +34,8 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     ratio = study.with_correction(cfg, "reinforce_pro", tmp_path / "b").loss.surrogate
     assert ratio.enable_vllm_is_correction and ratio.vllm_is_truncated_threshold == (0.5, 5.0)
     assert not study.with_correction(cfg, "none", tmp_path / "c").loss.surrogate.enable_vllm_is_correction
+    tight = study.with_correction(cfg, "reinforce_pro@0.9,1.1", tmp_path / "d").loss.surrogate
+    assert tight.vllm_is_correction_type == "reinforce_pro" and tight.vllm_is_truncated_threshold == (0.9, 1.1)
     partial = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["partial"], eval_path=eval_path)
     assert partial.loop.async_train and partial.loop.partial_rollout_chunk == 16 and partial.loop.rollout_staleness == 0
     fp8 = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["fp8"], eval_path=eval_path)
@@ -72,3 +74,17 @@ def test_analysis_pairs_by_seed_corrects_for_multiplicity_and_tests_equivalence(
     assert rows[("sync", "none")]["final_eval_vs_sync"] is None
     text = study.render({"benchmark": "t", "results": {"runs": runs}}, tmp_path)
     assert (tmp_path / "t.md").read_text().strip() == text and "| stale4 | reinforce_pro | 5 |" in text
+    tight = [_run(s, "stale4", "reinforce_pro@0.9,1.1", 0.3) for s in range(1, 6)]  # an arm at another band
+    rows = [(r["regime"], r["correction"]) for r in study.analyse(runs + tight)]
+    assert rows.index(("stale4", "reinforce_pro")) + 1 == rows.index(("stale4", "reinforce_pro@0.9,1.1"))
+
+
+def test_an_arm_may_run_a_correction_at_another_band():
+    import argparse
+
+    assert study.correction_arm("reinforce_pro@0.9,1.1") == "reinforce_pro@0.9,1.1"
+    for bad in ("reinforce_pr", "none@0.9,1.1", "icepop@0.9", "icepop@1.1,0.9", "icepop@a,b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            study.correction_arm(bad)
+    assert study.split_arm("icepop") == ("icepop", None)
+    assert study.split_arm("reinforce_pro@0.9,1.1") == ("reinforce_pro", (0.9, 1.1))
