@@ -91,16 +91,17 @@ def warm_start(seed: int, workdir: Path) -> tuple[str, dict]:
 def correction_arm(text: str) -> str:
     """A correction of CORRECTIONS at its band, or at another: NAME@LOW,HIGH (e.g. reinforce_pro@0.9,1.1, a
     strength the screening tries); the argparse type of --corrections."""
-    name, _, band = text.partition("@")
-    if name not in CORRECTIONS or (band and name == "none"):
+    name = text.partition("@")[0]
+    try:
+        band = split_arm(text)[1]
+    except ValueError:
+        band = ()  # not numbers: refused below as a malformed band
+    if name not in CORRECTIONS or (band is not None and name == "none"):
         raise argparse.ArgumentTypeError(f"{text!r}: a correction of {', '.join(CORRECTIONS)}, or NAME@LOW,HIGH")
-    if band:
-        try:
-            low, high = (float(v) for v in band.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: the band is LOW,HIGH, e.g. {name}@0.9,1.1") from None
-        if not 0 <= low < high:
-            raise argparse.ArgumentTypeError(f"{text!r}: the band must satisfy 0 <= LOW < HIGH")
+    if band is not None and len(band) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: the band is LOW,HIGH, e.g. {name}@0.9,1.1")
+    if band is not None and not 0 <= band[0] < band[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: the band must satisfy 0 <= LOW < HIGH")
     return text
 
 
