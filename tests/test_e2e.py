@@ -396,6 +396,55 @@ def test_rollout_staleness_lags_the_engine(tmp_path, engine, tiny_model, digit_r
     assert staleness == [(min(i, lag), min(i, lag)) for i in range(len(history))]
 
 
+@ray.remote
+class _NumberedPolicy:
+    """A policy whose n-th serialisation is the text n: what an engine loaded says which version it holds."""
+
+    def __init__(self):
+        self.version = -1
+
+    def state_dict_bytes(self, dtype: str) -> bytes:
+        self.version += 1
+        return str(self.version).encode()
+
+
+@ray.remote
+class _RecordingEngine:
+    def __init__(self):
+        self.held = None
+
+    def update_weights(self, blob: bytes) -> int:
+        self.held = int(blob)
+        return 0
+
+    def holds(self) -> int:
+        return self.held
+
+
+def test_an_evaluation_under_staleness_measures_the_newest_policy(engine):
+    """With --rollout_staleness 2 the engines sample with the weights of 2 versions back, but an evaluation
+    (held-out accuracy, --best_metric_key) measures the policy trained so far: the engines hold the newest
+    weights while it runs, and the stale ones again after it."""
+    from types import SimpleNamespace
+
+    from reinforce_pro.trainer.ppo_trainer import PPOTrainer
+    from reinforce_pro.trainer.rollout_stream import EngineGate
+    from reinforce_pro.trainer.weight_sync import ObjectStoreSync
+
+    fake = _RecordingEngine.remote()
+    trainer = PPOTrainer.__new__(PPOTrainer)  # only what evaluate() and sync_weights() use
+    trainer.gate, trainer.weight_sync = EngineGate(), ObjectStoreSync([_NumberedPolicy.remote()], [fake], "bf16", 2)
+    trainer.source, trainer.builder = SimpleNamespace(sampler=None), SimpleNamespace(score=None)
+    trainer.eval_set = SimpleNamespace(run=lambda sampler, score: {"held": ray.get(fake.holds.remote())})
+    sampled_with, evaluated = [], []
+    for version in range(5):
+        trainer.sync_weights(version)
+        sampled_with.append(ray.get(fake.holds.remote()))
+        evaluated.append(trainer.evaluate()["held"])
+        assert ray.get(fake.holds.remote()) == sampled_with[-1]  # the next batch is sampled stale again
+    assert sampled_with == [0, 0, 0, 1, 2] and evaluated == [0, 1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     "flags",
     [

@@ -181,7 +181,8 @@ class EngineFlags:
         "docs/metrics.md)")
     rollout_staleness: int = flag(0,
         "[reinforce_pro] engines sample with the policy of K steps ago (K weight versions are kept in the object "
-        "store): the off-policy lag of asynchronous RL, reproduced for studying IS correction", at_least=0)
+        "store): the off-policy lag of asynchronous RL, reproduced for studying IS correction; evaluations measure the "
+        "newest policy", at_least=0)
     async_train: bool = flag(False,
         "generate the next rollout batches in a producer thread while the policy trains on this one; rollouts are "
         "then up to --async_queue_size policy versions stale (logged as async/staleness_*)",

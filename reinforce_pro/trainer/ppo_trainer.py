@@ -248,8 +248,9 @@ class PPOTrainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """Between steps, with the engines held: under --async_train no rollout is generated meanwhile."""
-        with self.gate.exclusive():
+        """Between steps, with the engines held: under --async_train no rollout is generated meanwhile; under
+        --rollout_staleness the engines hold the newest weights while it runs (the policy trained so far)."""
+        with self.gate.exclusive(), self.weight_sync.newest():
             return self.eval_set.run(self.source.sampler, self.builder.score)
 
     def keep_best(self, step: int, evaluation: dict[str, float]) -> None:

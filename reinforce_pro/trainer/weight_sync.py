@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from collections import deque
+from contextlib import contextmanager
 
 import ray
 
@@ -37,7 +38,24 @@ class ObjectStoreSync:
         self.versions.append((version, refs[0]))
         engine_version, blob = self.versions[0]
         with gate.syncing(engine_version):
-            ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+            self._load(blob)
+
+    @contextmanager
+    def newest(self):
+        """The engines hold the newest weights while the caller evaluates, then the older ones they sample
+        with again: with staleness K an evaluation measures the policy trained so far, not the one K steps
+        before. Called with the engines held (EngineGate.exclusive)."""
+        if len(self.versions) < 2:
+            yield
+            return
+        self._load(self.versions[-1][1])
+        try:
+            yield
+        finally:
+            self._load(self.versions[0][1])
+
+    def _load(self, blob) -> None:
+        ray.get([engine.update_weights.remote(blob) for engine in self.engines])
 
 
 class BroadcastSync:
@@ -58,6 +76,11 @@ class BroadcastSync:
             refs = [p.broadcast_weights.remote(self.manifest, self.bucket_bytes) for p in self.policy]
             refs += [e.receive_weights.remote(self.manifest, self.bucket_bytes) for e in self.engines]
             ray.get(refs)
+
+    @contextmanager
+    def newest(self):
+        """The engines always hold the newest weights (a broadcast keeps no older ones)."""
+        yield
 
 
 def rendezvous(rank0, engines) -> tuple[str, str]:
