@@ -264,8 +264,9 @@ def render(payload: dict, out_dir: Path) -> str:
     rows = analyse(runs)
     lines = [
         "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
-        f"(±{MARGIN}) | reward | masked | length | staleness | versions / row | collapses (reward / grad) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"(±{MARGIN}) | reward | masked | mean abs log ratio | length | staleness | versions / row | collapses "
+        "(reward / grad) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         eq = (r["final_eval_vs_none"] or {}).get("p_tost")
@@ -273,7 +274,8 @@ def render(payload: dict, out_dir: Path) -> str:
             f"| {r['regime']} | {r['correction']} | {r['seeds']} | {_fmt(r['start_eval'], '.3f')} -> "
             f"{_fmt(r['final_eval'], '.3f')} | {_cell(r['final_eval_vs_none'])} | {_cell(r['final_eval_vs_tis'])} | "
             f"{_cell(r['final_eval_vs_sync'])} | {_fmt(eq, '.2f')} | {_fmt(r['final_reward'], '.3f')} | "
-            f"{_fmt(r['masked_frac'], '.2%')} | {_fmt(r['response_length'], '.1f')} | "
+            f"{_fmt(r['masked_frac'], '.2%')} | {_fmt(r['mean_abs_log_ratio'], '.3f')} | "
+            f"{_fmt(r['response_length'], '.1f')} | "
             f"{_fmt(r['staleness_trained'], '.2f')} | {_fmt(r['versions_per_row'], '.2f')} | "
             f"{r['collapses']['reward']} / {r['collapses']['grad_norm']} |"
         )

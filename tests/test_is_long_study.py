@@ -74,6 +74,7 @@ def test_analysis_pairs_by_seed_corrects_for_multiplicity_and_tests_equivalence(
     assert rows[("sync", "none")]["final_eval_vs_sync"] is None
     text = study.render({"benchmark": "t", "results": {"runs": runs}}, tmp_path)
     assert (tmp_path / "t.md").read_text().strip() == text and "| stale4 | reinforce_pro | 5 |" in text
+    assert "| 2.00% | 0.100 | 60.0 | 4.00 |" in text  # masked, mean abs log ratio, length, staleness
     tight = [_run(s, "stale4", "reinforce_pro@0.9,1.1", 0.3) for s in range(1, 6)]  # an arm at another band
     rows = [(r["regime"], r["correction"]) for r in study.analyse(runs + tight)]
     assert rows.index(("stale4", "reinforce_pro")) + 1 == rows.index(("stale4", "reinforce_pro@0.9,1.1"))
