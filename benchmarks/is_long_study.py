@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,19 +74,31 @@ def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
     return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
 
 
-def warm_start(seed: int, workdir: Path) -> tuple[str, dict]:
-    """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts."""
+def warm_start(seed: int, workdir: Path, cache: Path | None = None) -> tuple[str, dict]:
+    """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts.
+    With `cache`, the warm start an earlier invocation made on this host with the same settings is reused (a
+    study resumed mid-seed saves its 3-5 minutes; the runs record the commit that made it)."""
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM, RUNNING_SUM_WARMUP
     from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
     from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
-    out = workdir / f"warm_{seed}"
-    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=EMBEDDED_TASKS[TASK]().model_layers)
+    layers, max_new = EMBEDDED_TASKS[TASK]().model_layers, EMBEDDED_RUNNING_SUM["max_new_tokens"]
+    code = run_provenance()
+    key = {"task": TASK, "seed": seed, "layers": layers, "max_new_tokens": max_new, "host_id": code["host_id"],
+           **RUNNING_SUM_WARMUP}  # fmt: skip
+    out = (cache or workdir) / f"warm_{seed}"
+    stamp = out / "warm_start.json"  # written last: a warm start cut short has none and is made again
+    if stamp.exists() and (made := json.loads(stamp.read_text()))["key"] == key:
+        print(f"[is_long_study] seed {seed}: the kept warm start ({made['stats']['sft/steps']} steps)", flush=True)
+        return str(out), {**made["stats"], "commit": made["commit"]}
+    shutil.rmtree(out, ignore_errors=True)
+    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=layers)
     steps, target = RUNNING_SUM_WARMUP["sft_warmup_steps"], RUNNING_SUM_WARMUP["sft_warmup_target"]
-    stats = embedded_warm_start(TASK, base, out, steps, seed, target, EMBEDDED_RUNNING_SUM["max_new_tokens"])
+    stats = embedded_warm_start(TASK, base, out, steps, seed, target, max_new)
+    stamp.write_text(json.dumps({"key": key, "stats": stats, "commit": code["commit"]}) + "\n")
     print(f"[is_long_study] seed {seed}: warm start of {stats['sft/steps']} steps", flush=True)
-    return str(out), stats
+    return str(out), {**stats, "commit": code["commit"]}
 
 
 def correction_arm(text: str) -> str:
@@ -148,10 +161,11 @@ def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path)
     return replace(cfg, engines=replace(cfg.engines, config=engine))
 
 
-def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: dict) -> list[dict]:
+def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: dict, cache=None) -> list[dict]:
     """Run every (seed, regime, correction) not yet in `runs`, one Ray cluster and one engine per seed;
     `save(runs)` after each run. `code`: the provenance of the tree when the study started, the code its runs
-    execute (a commit made while it runs changes the tree, not the loaded code)."""
+    execute (a commit made while it runs changes the tree, not the loaded code); `cache`: warm starts kept
+    between invocations."""
     import ray
 
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
@@ -168,7 +182,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     eval_path = held_out_file(workdir)
     start_ray(logical_cpus=8)
     for seed, pending in ((s, p) for s, p in todo.items() if p):
-        model, warm = warm_start(seed, workdir)
+        model, warm = warm_start(seed, workdir, cache)
         configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
         engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
         for regime, correction in pending:
@@ -184,7 +198,8 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
             plan = prepare(cfg)
             history = build_and_fit(cfg, plan, engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
-                      "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"], **provenance}  # fmt: skip
+                      "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"],
+                      "warm_start_commit": warm["commit"], **provenance}  # fmt: skip
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)
@@ -302,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=150, help="RL steps per run")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
     p.add_argument("--name", default=NAME, help="the JSON's name: the confirmatory stage keeps its own file")
+    p.add_argument("--warm-cache", type=Path, default=Path(tempfile.gettempdir()) / "is_long_study_warm",
+                   help="where warm starts are kept between invocations on this host (one per seed)")  # fmt: skip
     p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
     p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
     args = p.parse_args(argv)
@@ -318,7 +335,7 @@ def main(argv=None) -> int:
                   "margin": MARGIN, "held_out": HELD_OUT, "flags": STUDY_FLAGS}  # fmt: skip
         write_result(args.name, config, {"runs": current}, args.output)
 
-    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save, code)
+    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save, code, args.warm_cache)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 

@@ -89,3 +89,32 @@ def test_an_arm_may_run_a_correction_at_another_band():
             study.correction_arm(bad)
     assert study.split_arm("icepop") == ("icepop", None)
     assert study.split_arm("reinforce_pro@0.9,1.1") == ("reinforce_pro", (0.9, 1.1))
+
+
+def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_short(tmp_path, monkeypatch):
+    import reinforce_pro.models.tiny as tiny
+    import reinforce_pro.trainer.sft_warmup as sft
+
+    made = []
+
+    def fake_warm_start(task, base, out, steps, seed, target, max_new_tokens):
+        made.append(seed)
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_text(f"seed {seed}")
+        return {"sft/steps": 100 * seed}
+
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda path, seed, num_layers: path)
+    monkeypatch.setattr(sft, "embedded_warm_start", fake_warm_start)
+    cache = tmp_path / "cache"
+    first = study.warm_start(3, tmp_path / "a", cache)
+    again = study.warm_start(3, tmp_path / "b", cache)  # another invocation: reused
+    assert made == [3] and first == again and first[1]["sft/steps"] == 300 and "commit" in first[1]
+    study.warm_start(4, tmp_path / "c", cache)  # another seed: its own
+    (cache / "warm_4" / "warm_start.json").unlink()  # cut short before its stamp: made again from scratch
+    study.warm_start(4, tmp_path / "d", cache)
+    import reinforce_pro.cli.presets as presets
+
+    monkeypatch.setitem(presets.RUNNING_SUM_WARMUP, "sft_warmup_target", 0.6)  # other settings: not reused
+    study.warm_start(3, tmp_path / "e", cache)
+    assert made == [3, 4, 4, 3]
+    assert study.warm_start(5, tmp_path / "f")[0] == str(tmp_path / "f" / "warm_5")  # no cache: the run's own dir
