@@ -74,17 +74,17 @@ def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
     return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
 
 
-def warm_start(seed: int, workdir: Path, cache: Path | None = None) -> tuple[str, dict]:
+def warm_start(seed: int, workdir: Path, code: dict, cache: Path | None = None) -> tuple[str, dict]:
     """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts.
-    With `cache`, the warm start an earlier invocation made on this host with the same settings is reused (a
-    study resumed mid-seed saves its 3-5 minutes; the runs record the commit that made it)."""
+    `code`: the study's provenance (its host and the commit of the code it loaded). With `cache`, the warm start
+    an earlier invocation made on this host with the same settings is reused (a study resumed mid-seed saves its
+    3-5 minutes; the runs record the commit that made it)."""
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM, RUNNING_SUM_WARMUP
     from reinforce_pro.data import EMBEDDED_TASKS
     from reinforce_pro.models.tiny import build_tiny_model
     from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
     layers, max_new = EMBEDDED_TASKS[TASK]().model_layers, EMBEDDED_RUNNING_SUM["max_new_tokens"]
-    code = run_provenance()
     key = {"task": TASK, "seed": seed, "layers": layers, "max_new_tokens": max_new, "host_id": code["host_id"],
            **RUNNING_SUM_WARMUP}  # fmt: skip
     out = (cache or workdir) / f"warm_{seed}"
@@ -182,7 +182,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     eval_path = held_out_file(workdir)
     start_ray(logical_cpus=8)
     for seed, pending in ((s, p) for s, p in todo.items() if p):
-        model, warm = warm_start(seed, workdir, cache)
+        model, warm = warm_start(seed, workdir, code, cache)
         configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
         engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
         for regime, correction in pending:

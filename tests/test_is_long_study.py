@@ -105,16 +105,16 @@ def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_sho
 
     monkeypatch.setattr(tiny, "build_tiny_model", lambda path, seed, num_layers: path)
     monkeypatch.setattr(sft, "embedded_warm_start", fake_warm_start)
-    cache = tmp_path / "cache"
-    first = study.warm_start(3, tmp_path / "a", cache)
-    again = study.warm_start(3, tmp_path / "b", cache)  # another invocation: reused
-    assert made == [3] and first == again and first[1]["sft/steps"] == 300 and "commit" in first[1]
-    study.warm_start(4, tmp_path / "c", cache)  # another seed: its own
+    cache, code = tmp_path / "cache", {"host_id": "h", "commit": "c"}
+    first = study.warm_start(3, tmp_path / "a", code, cache)
+    again = study.warm_start(3, tmp_path / "b", code, cache)  # another invocation: reused
+    assert made == [3] and first == again and first[1]["sft/steps"] == 300 and first[1]["commit"] == "c"
+    study.warm_start(4, tmp_path / "c", code, cache)  # another seed: its own
     (cache / "warm_4" / "warm_start.json").unlink()  # cut short before its stamp: made again from scratch
-    study.warm_start(4, tmp_path / "d", cache)
+    study.warm_start(4, tmp_path / "d", code, cache)
     import reinforce_pro.cli.presets as presets
 
     monkeypatch.setitem(presets.RUNNING_SUM_WARMUP, "sft_warmup_target", 0.6)  # other settings: not reused
-    study.warm_start(3, tmp_path / "e", cache)
+    study.warm_start(3, tmp_path / "e", code, cache)
     assert made == [3, 4, 4, 3]
-    assert study.warm_start(5, tmp_path / "f")[0] == str(tmp_path / "f" / "warm_5")  # no cache: the run's own dir
+    assert study.warm_start(5, tmp_path / "f", code)[0] == str(tmp_path / "f" / "warm_5")  # no cache: the run's own dir
