@@ -34,14 +34,23 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
 from benchmarks.is_study import held_out, summarise  # noqa: E402
-from benchmarks.study_stats import collapse_kinds, holm, paired_test, parse_seeds, stored_runs, tost  # noqa: E402
+from benchmarks.study_stats import (  # noqa: E402
+    collapse_kinds,
+    detectable_difference,
+    holm,
+    paired_test,
+    parse_seeds,
+    seeds_needed,
+    stored_runs,
+    tost,
+)
 
 NAME = "is_long_screening"
 TASK = "running_sum"
@@ -63,9 +72,28 @@ ENDPOINTS = {"final_eval": "held-out greedy accuracy at the last step", "final_r
 # prefill tokens per engine step on CPU: the batch's 256 prompts (~5,600 tokens) in one step instead of 11 chunks of
 # the engine's default 512, 62 engine steps a batch instead of 76 (benchmarks/bench_study_generate.py)
 PREFILL_BUDGET = 8192
-MARGIN = 0.03  # equivalence margin of the held-out accuracy (3 points) for TOST
+MARGIN = 0.03  # the screening's equivalence margin of the held-out accuracy (3 points) for TOST
+DESIGN = "reinforce_pro"  # the correction compared head to head with every other of its regime
+DELTA = 0.10  # the held-out difference a confirmation should detect (80% power): what the seed counts are for
 STUDY_FLAGS = {"is_position_metrics": True, "eval_temperature": 0.0, "eval_n_samples_per_prompt": 1,
                "eval_before_training": True}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one invocation runs and the numbers its analysis uses: a screening made of the flags given, or a
+    confirmatory stage of PLANS, registered on docs/results/is-long-study.md before its runs; `--plan NAME` runs
+    one exactly as registered (the command line cannot change any of it)."""
+
+    name: str  # its JSON and table, apart from the screening's
+    seeds: tuple[int, ...]  # seeds no screening used
+    regimes: tuple[str, ...]
+    corrections: tuple[str, ...]  # NAME or NAME@LOW,HIGH, as --corrections takes them
+    steps: int
+    margin: float  # equivalence margin of the held-out accuracy, for TOST
+
+
+PLANS: dict[str, Plan] = {}
 
 
 def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
@@ -220,8 +248,9 @@ def values(runs: list[dict], regime: str, correction: str, key: str) -> dict[int
             and r.get(key) is not None}  # fmt: skip
 
 
-def compare(runs: list[dict], regime: str, correction: str, reference: str, key: str) -> dict | None:
-    """The paired comparison of `correction` with a reference in `regime` (`sync`: the sync regime's `none`)."""
+def compare(runs: list[dict], regime: str, correction: str, reference: str, key: str, margin: float) -> dict | None:
+    """The paired comparison of `correction` with a reference in `regime` (`sync`: the sync regime's `none`;
+    any other name: that correction of `regime`), with TOST within ±`margin` on the primary endpoint."""
     ref_regime, ref_correction = ("sync", "none") if reference == "sync" else (regime, reference)
     if (regime, correction) == (ref_regime, ref_correction):
         return None
@@ -231,13 +260,13 @@ def compare(runs: list[dict], regime: str, correction: str, reference: str, key:
         return None
     test = paired_test(diffs)
     out = {"n": test.n, "mean": test.mean, "low": test.low, "high": test.high, "sd": test.sd, "p_t": test.p_t,
-           "p_wilcoxon": test.p_wilcoxon}  # fmt: skip
+           "p_wilcoxon": test.p_wilcoxon, "detectable": detectable_difference(diffs)}  # fmt: skip
     if key == "final_eval" and test.sd > 0:
-        out["p_tost"] = tost(diffs, MARGIN)
+        out["p_tost"] = tost(diffs, margin)
     return out
 
 
-def analyse(runs: list[dict]) -> list[dict]:
+def analyse(runs: list[dict], margin: float = MARGIN) -> list[dict]:
     """One row per regime x correction: means, collapses by kind, and the comparisons with every reference,
     their t-test p-values Holm-adjusted over each endpoint's family (every comparison of that endpoint)."""
     rows = []
@@ -254,13 +283,47 @@ def analyse(runs: list[dict]) -> list[dict]:
                 row[key] = statistics.fmean(found) if found else None
             for key in ENDPOINTS:
                 for ref in REFERENCES:
-                    row[f"{key}_vs_{ref}"] = compare(runs, regime, correction, ref, key)
+                    row[f"{key}_vs_{ref}"] = compare(runs, regime, correction, ref, key, margin)
             rows.append(row)
     for key in ENDPOINTS:  # Holm over the family of one endpoint
         tests = [(row, ref) for row in rows for ref in REFERENCES if row[f"{key}_vs_{ref}"]]
         for (row, ref), p in zip(tests, holm([row[f"{key}_vs_{ref}"]["p_t"] for row, ref in tests]), strict=True):
             row[f"{key}_vs_{ref}"]["p_holm"] = p
     return rows
+
+
+def head_to_head(runs: list[dict], margin: float, design: str = DESIGN) -> list[dict]:
+    """`design` against every other correction of each regime it ran in, paired by seed on the primary endpoint:
+    the family of "is the prefix design better, worse or equivalent". The t-tests are Holm-adjusted over this
+    family, and so, apart, are the TOSTs (each equivalence is a claim of its own)."""
+    rows = []
+    for regime in (g for g in REGIMES if g != "sync"):
+        others = sorted({r["correction"] for r in runs if r["regime"] == regime} - {design},
+                        key=lambda c: (CORRECTIONS.index(split_arm(c)[0]), c))  # fmt: skip
+        for other in others:
+            test = compare(runs, regime, design, other, "final_eval", margin)
+            if test is not None:
+                rows.append({"regime": regime, "design": design, "other": other, **test})
+    for row, p in zip(rows, holm([row["p_t"] for row in rows]), strict=True):
+        row["p_holm"] = p
+    with_tost = [row for row in rows if "p_tost" in row]
+    for row, p in zip(with_tost, holm([row["p_tost"] for row in with_tost]), strict=True):
+        row["p_tost_holm"] = p
+    for row in rows:
+        row["verdict"] = verdict(row, margin)
+        # seeds for a paired test with 80% power to detect DELTA at the family's Bonferroni level (Holm's worst case)
+        row["seeds_for_delta"] = seeds_needed(row["sd"], DELTA, alpha=0.05 / len(rows)) if row["sd"] > 0 else None
+    return rows
+
+
+def verdict(d: dict, margin: float) -> str:
+    """What a Holm-adjusted comparison establishes: better, worse, equivalent within the margin, or not
+    established (with the smallest difference these seeds could have detected)."""
+    if d["p_holm"] < 0.05:
+        return "better" if d["mean"] > 0 else "worse"
+    if d.get("p_tost_holm", 1.0) < 0.05:
+        return f"equivalent within ±{margin}"
+    return f"not established (detectable: {d['detectable']:.2f})"
 
 
 def _cell(d: dict | None) -> str:
@@ -274,12 +337,34 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def render_head_to_head(rows: list[dict], margin: float) -> list[str]:
+    """The head-to-head family as a table, with the seeds a confirmation of each difference would need."""
+    if not rows:
+        return []
+    lines = ["", f"`{rows[0]['design']}` against each other correction, paired over seeds (held-out accuracy at "
+             "the last step; t-test and TOST each Holm-adjusted over this family; Wilcoxon beside them):", "",
+             f"| regime | {rows[0]['design']} - | seeds | mean [95% t-interval] | p (t, Holm) | p (Wilcoxon) | "
+             f"TOST ±{margin} (Holm) | verdict | sd of differences | seeds to detect {DELTA} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['regime']} | {r['other']} | {r['n']} | {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | "
+            f"{r['p_holm']:.3f} | {_fmt(r['p_wilcoxon'], '.3f')} | {_fmt(r.get('p_tost_holm'), '.3f')} | "
+            f"{r['verdict']} | {r['sd']:.3f} | {_fmt(r['seeds_for_delta'], 'd')} |"
+        )
+    lines.append(f"\nSeeds to detect {DELTA}: a paired t-test with 80% power to detect a difference of {DELTA} at "
+                 f"the family's Bonferroni level (0.05 / {len(rows)}), given the sd of the differences above. "
+                 "Detectable: the smallest difference these seeds could have detected (5%, 80% power).")  # fmt: skip
+    return lines
+
+
 def render(payload: dict, out_dir: Path) -> str:
     runs, stem = payload["results"]["runs"], payload.get("benchmark", NAME)
-    rows = analyse(runs)
+    margin = payload.get("config", {}).get("margin", MARGIN)
+    rows = analyse(runs, margin)
     lines = [
         "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
-        f"(±{MARGIN}) | reward | masked | mean abs log ratio | length | staleness | versions / row | collapses "
+        f"(±{margin}) | reward | masked | mean abs log ratio | length | staleness | versions / row | collapses "
         "(reward / grad) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -296,8 +381,9 @@ def render(payload: dict, out_dir: Path) -> str:
         )
     lines += ["", "Differences of the held-out accuracy, paired over seeds: mean [95% t-interval] and the t-test's "
               "p-value Holm-adjusted over every comparison of the endpoint (bold: below 0.05). TOST: the p-value "
-              f"that the difference to `none` lies within ±{MARGIN} (small: equivalent).",
+              f"that the difference to `none` lies within ±{margin} (small: equivalent).",
               f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
+    lines += render_head_to_head(head_to_head(runs, margin), margin)
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)
     lines.append(f"\n_{len(runs)} runs ({clean} from a clean tree) on host(s) {', '.join(hosts)}; commits "
@@ -308,34 +394,53 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ entry point
+def screening_or_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+    """What this invocation runs: the registered plan of --plan (refused beside a flag that would change it), or
+    a screening made of the flags given and their defaults."""
+    given = [f"--{k}" for k in ("seeds", "regimes", "corrections", "steps", "name") if getattr(args, k) is not None]
+    if args.plan is not None:
+        if given:
+            parser.error(f"--plan {args.plan} runs as registered: drop {', '.join(given)}")
+        return PLANS[args.plan]
+    return Plan(name=args.name or NAME, seeds=tuple(args.seeds or parse_seeds("101-103")),
+                regimes=tuple(args.regimes or REGIMES), corrections=tuple(args.corrections or CORRECTIONS),
+                steps=args.steps or 150, margin=MARGIN)  # fmt: skip
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("101-103"), help="e.g. 101-103 or 1,3,5")
-    p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
-    p.add_argument("--corrections", nargs="+", type=correction_arm, default=CORRECTIONS,
-                   help=f"of {', '.join(CORRECTIONS)}; NAME@LOW,HIGH runs one at another band")  # fmt: skip
-    p.add_argument("--steps", type=int, default=150, help="RL steps per run")
+    p.add_argument("--plan", choices=list(PLANS), default=None,
+                   help="run a registered confirmatory stage exactly as registered (its seeds, regimes, corrections, "
+                   "steps, margin and file); refused beside any of the five flags it sets")  # fmt: skip
+    p.add_argument("--seeds", type=parse_seeds, default=None, help="e.g. 101-103 or 1,3,5 (default 101-103)")
+    p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=None, help="default: every regime")
+    p.add_argument("--corrections", nargs="+", type=correction_arm, default=None,
+                   help=f"of {', '.join(CORRECTIONS)}; NAME@LOW,HIGH: one at another band (default: all)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 150)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
-    p.add_argument("--name", default=NAME, help="the JSON's name: the confirmatory stage keeps its own file")
+    p.add_argument("--name", default=None, help=f"the JSON's name (default {NAME}; a plan's is its own)")
     p.add_argument("--warm-cache", type=Path, default=Path(tempfile.gettempdir()) / "is_long_study_warm",
                    help="where warm starts are kept between invocations on this host (one per seed)")  # fmt: skip
     p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
     p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
     args = p.parse_args(argv)
+    study = screening_or_plan(p, args)
     if args.render is not None:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
     code = run_provenance()
     if not code["clean"] and not args.allow_dirty:
         p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
-    path = args.output / f"{args.name}.json"
+    path = args.output / f"{study.name}.json"
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
         config = {"task": TASK, "regimes": REGIMES, "corrections": CORRECTIONS, "endpoints": ENDPOINTS,
-                  "margin": MARGIN, "held_out": HELD_OUT, "flags": STUDY_FLAGS}  # fmt: skip
-        write_result(args.name, config, {"runs": current}, args.output)
+                  "margin": study.margin, "held_out": HELD_OUT, "flags": STUDY_FLAGS,
+                  "plan": asdict(study) if args.plan else None}  # fmt: skip
+        write_result(study.name, config, {"runs": current}, args.output)
 
-    run_study(args.seeds, args.regimes, args.corrections, args.steps, stored_runs(path), save, code, args.warm_cache)
+    seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
+    run_study(seeds, regimes, corrections, study.steps, stored_runs(path), save, code, args.warm_cache)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 

@@ -118,3 +118,47 @@ def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_sho
     study.warm_start(3, tmp_path / "e", code, cache)
     assert made == [3, 4, 4, 3]
     assert study.warm_start(5, tmp_path / "f", code)[0] == str(tmp_path / "f" / "warm_5")  # no cache: the run's own dir
+
+
+def test_the_design_meets_every_other_correction_head_to_head_with_holm_and_tost():
+    from benchmarks.study_stats import seeds_needed
+
+    runs = []
+    for i, seed in enumerate(range(1, 7)):
+        base = 0.3 + 0.02 * i
+        wobble = [0.004, -0.003, 0.002, -0.004, 0.001, 0.0][i]
+        runs += [_run(seed, "stale4", "reinforce_pro", base + 0.3), _run(seed, "stale4", "none", base)]
+        runs += [_run(seed, "stale4", "icepop", base + 0.3 + wobble)]  # within ±0.05 of the design: equivalent
+        runs += [_run(seed, "stale4", "tis", base + (0.6 if i % 2 else 0.0))]  # holds at half the seeds
+        runs += [_run(seed, "sync", "none", base + 0.4)]  # not a correction of a stale regime: no row
+    rows = {r["other"]: r for r in study.head_to_head(runs, margin=0.05)}
+    assert set(rows) == {"none", "tis", "icepop"}
+    assert rows["none"]["mean"] == pytest.approx(0.3) and rows["none"]["verdict"] == "better"
+    assert rows["icepop"]["mean"] == pytest.approx(0.0, abs=1e-12) and rows["icepop"]["p_holm"] > 0.05
+    assert rows["icepop"]["verdict"] == "equivalent within ±0.05"
+    tis = rows["tis"]
+    assert tis["mean"] == pytest.approx(0.0, abs=1e-12) and tis["verdict"].startswith("not established")
+    assert tis["p_tost_holm"] > 0.05  # the differences are +0.3 and -0.3: no equivalence within ±0.05
+    assert "p_tost" not in rows["none"]  # +0.3 at every seed: no spread, no TOST
+    for r in rows.values():  # Holm never lowers a p-value
+        assert r["p_holm"] >= r["p_t"] and r.get("p_tost_holm", 1.0) >= r.get("p_tost", 0.0)
+    assert tis["seeds_for_delta"] == seeds_needed(tis["sd"], 0.10, alpha=0.05 / 3) > 16
+    assert tis["sd"] == pytest.approx(0.3 * (6 / 5) ** 0.5)  # +-0.3 alternating: sd = 0.3 sqrt(n / (n - 1))
+    assert study.verdict({"p_holm": 0.01, "mean": -0.2}, 0.05) == "worse"
+
+
+def test_a_registered_plan_runs_as_registered(monkeypatch):
+    import argparse
+
+    plan = study.Plan("p", seeds=(7, 8), regimes=("sync",), corrections=("none",), steps=5, margin=0.1)
+    monkeypatch.setitem(study.PLANS, "p", plan)
+    parser = argparse.ArgumentParser()
+    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
+        parser.add_argument(flag, default=None)
+    assert study.screening_or_plan(parser, parser.parse_args(["--plan", "p"])) is plan
+    for flag, value in (("--steps", "50"), ("--seeds", "1"), ("--name", "x")):  # nothing can change a plan
+        with pytest.raises(SystemExit):
+            study.screening_or_plan(parser, parser.parse_args(["--plan", "p", flag, value]))
+    screening = study.screening_or_plan(parser, parser.parse_args([]))
+    assert screening.name == study.NAME and screening.margin == study.MARGIN and screening.seeds == (101, 102, 103)
+    assert screening.steps == 150 and screening.corrections == tuple(study.CORRECTIONS)
