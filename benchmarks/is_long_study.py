@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -37,7 +38,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
 from benchmarks.is_study import held_out, summarise  # noqa: E402
@@ -208,6 +210,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
         return runs
     workdir = Path(tempfile.mkdtemp(prefix="is_long_study_"))
     eval_path = held_out_file(workdir)
+    workers_import(ROOT)
     start_ray(logical_cpus=8)
     for seed, pending in ((s, p) for s, p in todo.items() if p):
         model, warm = warm_start(seed, workdir, code, cache)
@@ -234,6 +237,15 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
         for engine in engines.values():
             ray.kill(engine)
     return runs
+
+
+def workers_import(root: Path) -> None:
+    """Ray's workers (the engine, the policy) import reinforce_pro from `root`, the tree whose commit the runs
+    record: they inherit the environment of the cluster this process starts, and an editable install would
+    otherwise give them the checkout it was installed from (a study run from a clone pinned at a registered
+    commit would run the other checkout's code)."""
+    paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
 
 def lengths(history: list[dict]) -> dict:

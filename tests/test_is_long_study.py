@@ -162,3 +162,15 @@ def test_a_registered_plan_runs_as_registered(monkeypatch):
     screening = study.screening_or_plan(parser, parser.parse_args([]))
     assert screening.name == study.NAME and screening.margin == study.MARGIN and screening.seeds == (101, 102, 103)
     assert screening.steps == 150 and screening.corrections == tuple(study.CORRECTIONS)
+
+
+def test_the_study_s_ray_workers_import_the_tree_its_runs_record(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", f"/elsewhere{os.pathsep}{tmp_path}")
+    study.workers_import(tmp_path)  # first, once
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    study.workers_import(tmp_path)
+    assert os.environ["PYTHONPATH"] == str(tmp_path)
+    assert study.ROOT == study.RESULTS_DIR.parent.parent  # the tree of the study's own file
