@@ -88,7 +88,7 @@ class Plan:
     one exactly as registered (the command line cannot change any of it)."""
 
     name: str  # its JSON and table, apart from the screening's
-    seeds: tuple[int, ...]  # seeds no screening used
+    seeds: tuple[int, ...]  # a confirmation's: seeds no screening used
     regimes: tuple[str, ...]
     corrections: tuple[str, ...]  # NAME or NAME@LOW,HIGH, as --corrections takes them
     steps: int
@@ -146,6 +146,11 @@ def correction_arm(text: str) -> str:
     if band is not None and not 0 <= band[0] < band[1]:
         raise argparse.ArgumentTypeError(f"{text!r}: the band must satisfy 0 <= LOW < HIGH")
     return text
+
+
+def arm_order(correction: str) -> tuple[int, str]:
+    """Where an arm sorts in a table: by its correction's place in CORRECTIONS, an arm at another band after it."""
+    return CORRECTIONS.index(split_arm(correction)[0]), correction
 
 
 def split_arm(correction: str) -> tuple[str, tuple[float, float] | None]:
@@ -284,7 +289,7 @@ def analyse(runs: list[dict], margin: float = MARGIN) -> list[dict]:
     rows = []
     for regime in (g for g in REGIMES if any(r["regime"] == g for r in runs)):
         present = {r["correction"] for r in runs if r["regime"] == regime}
-        for correction in sorted(present, key=lambda c: (CORRECTIONS.index(split_arm(c)[0]), c)):
+        for correction in sorted(present, key=arm_order):
             sel = [r for r in runs if (r["regime"], r["correction"]) == (regime, correction)]
             kinds = [k for r in sel for k in collapse_kinds(r["rewards"], r["grad_norms"])]
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
@@ -310,8 +315,7 @@ def head_to_head(runs: list[dict], margin: float, design: str = DESIGN) -> list[
     family, and so, apart, are the TOSTs (each equivalence is a claim of its own)."""
     rows = []
     for regime in (g for g in REGIMES if g != "sync"):
-        others = sorted({r["correction"] for r in runs if r["regime"] == regime} - {design},
-                        key=lambda c: (CORRECTIONS.index(split_arm(c)[0]), c))  # fmt: skip
+        others = sorted({r["correction"] for r in runs if r["regime"] == regime} - {design}, key=arm_order)
         for other in others:
             test = compare(runs, regime, design, other, "final_eval", margin)
             if test is not None:
