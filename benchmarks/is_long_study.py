@@ -244,6 +244,16 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     return runs
 
 
+def set_aside_other_hosts(runs: list[dict], seeds, arm_list, steps: int, host: str) -> tuple[list[dict], list[dict]]:
+    """(kept, set aside): a seed with arms still to run whose runs so far another host made is run again whole on
+    this one. Its arms pair only on one host (a warm start made on another CPU is another model), so the other
+    host's runs of that seed leave the analysis; the file keeps them apart. Complete seeds stay where they ran."""
+    have = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
+    incomplete = {s for s in seeds if any((s, *a, steps) not in have for a in arm_list)}
+    moved = {r["seed"] for r in runs if r["seed"] in incomplete and r["host_id"] != host}
+    return [r for r in runs if r["seed"] not in moved], [r for r in runs if r["seed"] in moved]
+
+
 def workers_import(root: Path) -> None:
     """Ray's workers (the engine, the policy) import reinforce_pro from `root`, the tree whose commit the runs
     record: they inherit the environment of the cluster this process starts, and an editable install would
@@ -448,15 +458,20 @@ def main(argv=None) -> int:
     if not code["clean"] and not args.allow_dirty:
         p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
     path = args.output / f"{study.name}.json"
+    seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
+    runs, aside = set_aside_other_hosts(stored_runs(path), seeds, arms(regimes, corrections), study.steps,
+                                        code["host_id"])  # fmt: skip
+    for seed in sorted({r["seed"] for r in aside}):
+        print(f"[is_long_study] seed {seed}: its runs so far were made on another host; set aside, run whole here")
+    aside += json.loads(path.read_text())["results"].get("set_aside", []) if path.exists() else []
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
         config = {"task": TASK, "regimes": REGIMES, "corrections": CORRECTIONS, "endpoints": ENDPOINTS,
                   "margin": study.margin, "held_out": HELD_OUT, "flags": STUDY_FLAGS,
                   "plan": asdict(study) if args.plan else None}  # fmt: skip
-        write_result(study.name, config, {"runs": current}, args.output)
+        write_result(study.name, config, {"runs": current, "set_aside": aside}, args.output)
 
-    seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
-    run_study(seeds, regimes, corrections, study.steps, stored_runs(path), save, code, args.warm_cache)
+    run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 

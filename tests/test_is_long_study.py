@@ -174,3 +174,13 @@ def test_the_study_s_ray_workers_import_the_tree_its_runs_record(monkeypatch, tm
     study.workers_import(tmp_path)
     assert os.environ["PYTHONPATH"] == str(tmp_path)
     assert study.ROOT == study.RESULTS_DIR.parent.parent  # the tree of the study's own file
+
+
+def test_a_seed_cut_across_two_hosts_is_run_again_whole_on_the_second():
+    arm_list = study.arms(["sync", "stale4"], ["none", "reinforce_pro"])
+    done_there = [{**_run(1, g, c, 0.5), "host_id": "there"} for g, c in arm_list]  # seed 1: complete elsewhere
+    cut = [{**_run(2, g, c, 0.5), "host_id": "there"} for g, c in arm_list[:2]]  # seed 2: two arms of three
+    own = [{**_run(3, "sync", "none", 0.5), "host_id": "here"}]
+    kept, aside = study.set_aside_other_hosts(done_there + cut + own, [1, 2, 3], arm_list, 40, "here")
+    assert kept == done_there + own and aside == cut
+    assert study.set_aside_other_hosts(cut, [2], arm_list, 40, "there") == (cut, [])  # resumed on its own host
