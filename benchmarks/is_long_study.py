@@ -1,7 +1,8 @@
-"""Which IS correction, when responses are long and the staleness is set: the screening stage of the study.
+"""Which IS correction, when responses are long and the staleness is set: the screening and confirmatory study.
 
-    python benchmarks/is_long_study.py --seeds 101-103                      # every arm (hours on 2 cores)
+    python benchmarks/is_long_study.py --seeds 101-103                      # a screening of every arm (hours)
     python benchmarks/is_long_study.py --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
+    python benchmarks/is_long_study.py --plan confirmation --output DIR     # the registered stage, as registered
     python benchmarks/is_long_study.py --render benchmarks/results/is_long_screening.json
 
 The task is the running sum of ten labelled digits (data/running_sum.py, ~60-token responses whose every step
@@ -21,8 +22,8 @@ Every run records its own commit, whether the tree was clean (a dirty tree refus
 `--allow-dirty`, and then records the diff's hash), the host id and its wall time. Results accumulate in one
 JSON and the study resumes: a run already there (same seed, regime, correction, steps) is not run again. The
 analysis (paired t-interval, t-test and Wilcoxon, Holm over each endpoint's family, TOST against a margin) is
-benchmarks/study_stats.py's; the confirmatory stage is registered in docs/results/is-long-study.md before its
-runs, and writes its own file (`--name`).
+benchmarks/study_stats.py's; the confirmatory stage is registered in PLANS and on docs/results/is-long-study.md
+before its runs, and writes its own file. A seed whose runs so far another host made is run again whole.
 """
 
 from __future__ import annotations
@@ -95,7 +96,23 @@ class Plan:
     margin: float  # equivalence margin of the held-out accuracy, for TOST
 
 
-PLANS: dict[str, Plan] = {}
+# The confirmation's arms, by the screening's rule: the references, reinforce_pro at its default band and at the
+# band where its mask fires, OpenRLHF's built-in masks, and the rivals that held at every screening seed and
+# ended within 0.10 of the best stale arm.
+CONFIRMATION_ARMS = ("none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro@0.9,1.1", "cppo",
+                     "dppo-tv", "minpro")  # fmt: skip
+PLANS: dict[str, Plan] = {
+    # Registered on docs/results/is-long-study.md ("Registered plan: the confirmation") before any of its runs.
+    # 16 seeds: the screening's paired sd between arms that both hold is at most 0.065.
+    "confirmation": Plan(
+        name="is_long_confirmation",
+        seeds=tuple(range(301, 317)),
+        regimes=("sync", "stale4"),
+        corrections=CONFIRMATION_ARMS,
+        steps=100,
+        margin=0.05,
+    ),
+}
 
 
 def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:

@@ -184,3 +184,21 @@ def test_a_seed_cut_across_two_hosts_is_run_again_whole_on_the_second():
     kept, aside = study.set_aside_other_hosts(done_there + cut + own, [1, 2, 3], arm_list, 40, "here")
     assert kept == done_there + own and aside == cut
     assert study.set_aside_other_hosts(cut, [2], arm_list, 40, "there") == (cut, [])  # resumed on its own host
+
+
+def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the_screened_corrections():
+    import argparse
+
+    plan = study.PLANS["confirmation"]
+    screened = json.loads((study.RESULTS_DIR / f"{study.NAME}.json").read_text())["results"]["runs"]
+    assert len(plan.seeds) >= 16 and len(set(plan.seeds)) == len(plan.seeds)
+    assert not set(plan.seeds) & {r["seed"] for r in screened}  # no seed the screening tuned on
+    assert "sync" in plan.regimes and {"none", "tis", study.DESIGN} <= set(plan.corrections)
+    for arm in plan.corrections:
+        assert study.correction_arm(arm) == arm  # a correction the study runs, written as --corrections takes it
+        assert any(r["correction"] == arm and r["regime"] in plan.regimes for r in screened)  # and it was screened
+    assert plan.name != study.NAME and 0 < plan.margin < study.DELTA and plan.steps == 100
+    parser = argparse.ArgumentParser()
+    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
+        parser.add_argument(flag, default=None)
+    assert study.screening_or_plan(parser, parser.parse_args(["--plan", "confirmation"])) is plan
