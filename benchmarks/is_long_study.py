@@ -401,11 +401,39 @@ def render_head_to_head(rows: list[dict], margin: float) -> list[str]:
     return lines
 
 
+def progress(runs: list[dict], plan: dict | None) -> list[str]:
+    """A registered plan's file rendered before its last run: how far it is, and that it allows no verdict yet."""
+    if not plan:
+        return []
+    expected = arms(list(plan["regimes"]), list(plan["corrections"]))
+    have = {(r["seed"], r["regime"], r["correction"]) for r in runs if r["steps"] == plan["steps"]}
+    complete = [s for s in plan["seeds"] if all((s, *a) in have for a in expected)]
+    total = len(plan["seeds"]) * len(expected)
+    if len(complete) == len(plan["seeds"]):
+        return []
+    head = f"**Partial: {len(have)} of {total} runs, {len(complete)} of {len(plan['seeds'])} seeds complete."
+    return [f"{head} The registered plan allows no verdict before every seed has run: the tests below are not "
+            "findings.**", ""]  # fmt: skip
+
+
+def pairing(runs: list[dict]) -> str:
+    """The pairing check: every arm of a seed starts from the same held-out accuracy and the same first-step
+    reward (one warm start, one prompt order, one sampling seed)."""
+    starts: dict[int, set] = {}
+    for r in runs:
+        starts.setdefault(r["seed"], set()).add((r["start_eval"], r["rewards"][0] if r["rewards"] else None))
+    broken = sorted(seed for seed, seen in starts.items() if len(seen) > 1)
+    if broken:
+        return f"Pairing broken at seed(s) {', '.join(map(str, broken))}: their arms started from different places."
+    return (f"Pairing: at each of the {len(starts)} seeds every arm started from the same held-out accuracy and the "
+            "same first-step reward.")  # fmt: skip
+
+
 def render(payload: dict, out_dir: Path) -> str:
     runs, stem = payload["results"]["runs"], payload.get("benchmark", NAME)
     margin = payload.get("config", {}).get("margin", MARGIN)
     rows = analyse(runs, margin)
-    lines = [
+    lines = progress(runs, payload.get("config", {}).get("plan")) + [
         "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
         f"(±{margin}) | reward | masked | mean abs log ratio | length | staleness | versions / row | collapses "
         "(reward / grad) |",
@@ -429,6 +457,7 @@ def render(payload: dict, out_dir: Path) -> str:
     lines += render_head_to_head(head_to_head(runs, margin), margin)
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)
+    lines.append(f"\n{pairing(runs)}")
     lines.append(f"\n_{len(runs)} runs ({clean} from a clean tree) on host(s) {', '.join(hosts)}; commits "
                  f"{', '.join(sorted({r['commit'][:9] for r in runs}))}._")  # fmt: skip
     text = "\n".join(lines)

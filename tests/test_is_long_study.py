@@ -202,3 +202,18 @@ def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the
     for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
         parser.add_argument(flag, default=None)
     assert study.screening_or_plan(parser, parser.parse_args(["--plan", "confirmation"])) is plan
+
+
+def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_is_checked(tmp_path):
+    plan = {"seeds": [1, 2], "regimes": ["sync", "stale4"], "corrections": ["none", "reinforce_pro"], "steps": 40}
+    runs = [_run(s, g, c, 0.5 + 0.01 * s) for s in (1, 2) for g, c in study.arms(plan["regimes"], plan["corrections"])]
+    payload = {"benchmark": "confirm", "config": {"margin": 0.05, "plan": plan}, "results": {"runs": runs[:-1]}}
+    text = study.render(payload, tmp_path)
+    assert text.startswith("**Partial: 5 of 6 runs, 1 of 2 seeds complete.")
+    assert "Pairing: at each of the 2 seeds every arm started from the same" in text
+    payload["results"]["runs"] = runs
+    assert not study.render(payload, tmp_path).startswith("**Partial")  # complete: no banner
+    runs[-1] = {**runs[-1], "rewards": [0.9] * 40}  # one arm of seed 2 saw another first batch
+    assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
+    payload["config"]["plan"] = None  # a screening is never partial
+    assert not study.render(payload, tmp_path).startswith("**Partial")
