@@ -51,7 +51,6 @@ from benchmarks.study_stats import (  # noqa: E402
     paired_test,
     parse_seeds,
     seeds_needed,
-    stored_runs,
     tost,
 )
 
@@ -119,6 +118,12 @@ def arms(regimes: list[str], corrections: list[str]) -> list[tuple[str, str]]:
     """(regime, correction) of every run a seed needs: `sync` with `none` only, every other regime with all."""
     out = [("sync", "none")] if "sync" in regimes else []
     return out + [(g, c) for g in regimes if g != "sync" for c in corrections]
+
+
+def missing_arms(runs: list[dict], seeds, arm_list, steps: int) -> dict[int, list[tuple[str, str]]]:
+    """Per seed, the arms of `arm_list` that `runs` does not yet hold at `steps`: what a resumed study runs."""
+    have = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
+    return {s: [a for a in arm_list if (s, *a, steps) not in have] for s in seeds}
 
 
 def warm_start(seed: int, workdir: Path, code: dict, cache: Path | None = None) -> tuple[str, dict]:
@@ -225,8 +230,7 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
     from reinforce_pro.run.prepare import prepare
     from reinforce_pro.workers.launcher import start_ray
 
-    done = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
-    todo = {s: [a for a in arms(regimes, corrections) if (s, *a, steps) not in done] for s in seeds}
+    todo = missing_arms(runs, seeds, arms(regimes, corrections), steps)
     total, count = sum(map(len, todo.values())), 0
     if not total:
         return runs
@@ -265,8 +269,7 @@ def set_aside_other_hosts(runs: list[dict], seeds, arm_list, steps: int, host: s
     """(kept, set aside): a seed with arms still to run whose runs so far another host made is run again whole on
     this one. Its arms pair only on one host (a warm start made on another CPU is another model), so the other
     host's runs of that seed leave the analysis; the file keeps them apart. Complete seeds stay where they ran."""
-    have = {(r["seed"], r["regime"], r["correction"], r["steps"]) for r in runs}
-    incomplete = {s for s in seeds if any((s, *a, steps) not in have for a in arm_list)}
+    incomplete = {s for s, missing in missing_arms(runs, seeds, arm_list, steps).items() if missing}
     moved = {r["seed"] for r in runs if r["seed"] in incomplete and r["host_id"] != host}
     return [r for r in runs if r["seed"] not in moved], [r for r in runs if r["seed"] in moved]
 
@@ -406,12 +409,12 @@ def progress(runs: list[dict], plan: dict | None) -> list[str]:
     if not plan:
         return []
     expected = arms(list(plan["regimes"]), list(plan["corrections"]))
-    have = {(r["seed"], r["regime"], r["correction"]) for r in runs if r["steps"] == plan["steps"]}
-    complete = [s for s in plan["seeds"] if all((s, *a) in have for a in expected)]
-    total = len(plan["seeds"]) * len(expected)
-    if len(complete) == len(plan["seeds"]):
+    missing = missing_arms(runs, plan["seeds"], expected, plan["steps"])
+    left, total = sum(map(len, missing.values())), len(plan["seeds"]) * len(expected)
+    if not left:
         return []
-    head = f"**Partial: {len(have)} of {total} runs, {len(complete)} of {len(plan['seeds'])} seeds complete."
+    complete = sum(not m for m in missing.values())
+    head = f"**Partial: {total - left} of {total} runs, {complete} of {len(plan['seeds'])} seeds complete."
     return [f"{head} The registered plan allows no verdict before every seed has run: the tests below are not "
             "findings.**", ""]  # fmt: skip
 
@@ -505,11 +508,12 @@ def main(argv=None) -> int:
         p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
     path = args.output / f"{study.name}.json"
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
-    runs, aside = set_aside_other_hosts(stored_runs(path), seeds, arms(regimes, corrections), study.steps,
+    stored = json.loads(path.read_text())["results"] if path.exists() else {}
+    runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
                                         code["host_id"])  # fmt: skip
     for seed in sorted({r["seed"] for r in aside}):
         print(f"[is_long_study] seed {seed}: its runs so far were made on another host; set aside, run whole here")
-    aside += json.loads(path.read_text())["results"].get("set_aside", []) if path.exists() else []
+    aside += stored.get("set_aside", [])
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
         config = {"task": TASK, "regimes": REGIMES, "corrections": CORRECTIONS, "endpoints": ENDPOINTS,
