@@ -51,6 +51,7 @@ from benchmarks.study_stats import (  # noqa: E402
     paired_test,
     parse_seeds,
     seeds_needed,
+    stored_results,
     tost,
 )
 
@@ -508,7 +509,7 @@ def main(argv=None) -> int:
         p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
     path = args.output / f"{study.name}.json"
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
-    stored = json.loads(path.read_text())["results"] if path.exists() else {}
+    stored = stored_results(path)
     runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
                                         code["host_id"])  # fmt: skip
     for seed in sorted({r["seed"] for r in aside}):

@@ -82,9 +82,14 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def stored_results(path: Path) -> dict:
+    """The `results` of a study's JSON (empty before its first run): what a resumed study starts from."""
+    return json.loads(path.read_text())["results"] if path.exists() else {}
+
+
 def stored_runs(path: Path) -> list[dict]:
     """The runs a study's JSON already holds (none before its first run): what a resumed study skips."""
-    return json.loads(path.read_text())["results"]["runs"] if path.exists() else []
+    return stored_results(path)["runs"] if path.exists() else []
 
 
 @dataclass(frozen=True)
