@@ -108,7 +108,6 @@ def test_the_copies_are_there():
     assert [p.parent.name for p in RELEASE_SCRIPTS].count("v0.11.0") == 8
 
 
-@pytest.mark.filterwarnings("ignore:IS correction with --top_p")
 @pytest.mark.parametrize("script", RELEASE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_release_script_is_accepted_with_only_its_paths_replaced(script, tmp_path, capsys):
     """Strict: each example script of OpenRLHF v0.9.10 and v0.11.0 (= main of 2026-08) that calls
@@ -125,7 +124,6 @@ def test_every_release_script_is_accepted_with_only_its_paths_replaced(script, t
     assert args.enable_vllm_is_correction == any("is_correction" in a and "enable" in a for a in argv)
 
 
-@pytest.mark.filterwarnings("ignore:IS correction with --top_p")  # the multi-turn script samples with top_p 0.98
 @pytest.mark.parametrize("script", FLAT_SCRIPTS, ids=lambda p: p.stem)
 def test_openrlhf_flat_script_parses_and_means_the_same_in_dotted_flags(script, tmp_path, capsys):
     argv = script_argv(script, tmp_path)
@@ -179,7 +177,6 @@ def test_every_flag_openrlhf_0_11_2_added_is_recognised():
             )
 
 
-@pytest.mark.filterwarnings("ignore:IS correction with --top_p")  # --rollout.top_p 0.7 with the IS flags
 def test_every_dotted_reference_flag_is_recognised(capsys):
     """Each flag of OpenRLHF's dotted parser parses with a well-typed value, or stops with one line that is
     a refusal or a validation message, never 'unrecognized arguments'."""

@@ -207,6 +207,18 @@ def test_load_task_from_file(tmp_path):
         load_task(None, str(tmp_path / "empty.py"))
 
 
+def test_a_task_file_may_not_reshape_a_roles_sampling_distribution(tmp_path):
+    """The trainer replays the run's temperature and filters on every row; a role sampled with its own top-p
+    (or penalty) would be scored under a distribution it was not drawn from: refused in one line."""
+    path = tmp_path / "mytask.py"
+    base = "from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask\nclass Mine(ArithmeticTask):\n"
+    path.write_text(base + "    sampling = {'solver': {'max_tokens': 8, 'stop': ['x']}}\nTASK = Mine()\n")
+    assert load_task(None, str(path)).sampling["solver"]["max_tokens"] == 8
+    path.write_text(base + "    sampling = {'solver': {'top_p': 0.5, 'repetition_penalty': 1.2}}\nTASK = Mine()\n")
+    with pytest.raises(ValueError, match=r"TASK.sampling\['solver'\] sets repetition_penalty, top_p, which would"):
+        load_task(None, str(path))
+
+
 # ---------------------------------------------------------------------------------------------- repropose loop
 
 N = 4  # solver responses per question

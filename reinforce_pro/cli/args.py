@@ -355,8 +355,9 @@ class TrainingFlags:
         at_least=1)
     train_batch_size: int = flag(128, "samples per optimizer step (all ranks)", dotted="train.batch_size", at_least=1)
     normalize_reward: bool = flag(False, "standardise rewards with running moments", dotted="reward.normalize_enable")
-    top_p: float = flag(1.0, "nucleus sampling", dotted="rollout.top_p")
-    top_k: int = flag(-1, "[reinforce_pro] top-k sampling (-1: off)")
+    top_p: float = flag(1.0, "nucleus sampling; the trainer scores the same truncated distribution (its log-probs "
+        "renormalised over the tokens the filter keeps)", dotted="rollout.top_p")
+    top_k: int = flag(-1, "[reinforce_pro] top-k sampling (-1: off); replayed by the trainer like --top_p")
     temperature: float = flag(1.0, "sampling temperature (the trainer uses the same)", dotted="rollout.temperature",
         above=0)
     seed: int = flag(42, "random seed", dotted="train.seed")

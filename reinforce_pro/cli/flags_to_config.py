@@ -28,6 +28,7 @@ from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
 from reinforce_pro.models.lora import LoraAdapterConfig
+from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
 from reinforce_pro.run import config as sections
@@ -155,7 +156,7 @@ def loss(
     eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
     vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, vllm_is_correction_args,
     vllm_is_anchor, is_correction_level, is_correction_mode, is_correction_gating, is_position_metrics, use_kl_loss,
-    kl_estimator, kl_unbiased_gradient, loss_agg_mode, entropy_loss_coef, temperature,
+    kl_estimator, kl_unbiased_gradient, loss_agg_mode, entropy_loss_coef, temperature, top_p, top_k, min_new_tokens,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
     enable, correction = enable_vllm_is_correction, vllm_is_correction_type
@@ -180,7 +181,12 @@ def loss(
         vllm_is_anchor=vllm_is_anchor,
         position_metrics=is_position_metrics,
     )
-    return PolicyLossConfig(surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient)
+    # the trainer scores the distribution the engine samples from: its filters, replayed (models/sampling_filter.py)
+    replay = SamplingFilter(top_k=top_k, top_p=top_p, min_tokens=min_new_tokens)
+    return PolicyLossConfig(
+        surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient,
+        replay if replay.active or min_new_tokens else None,
+    )  # fmt: skip
 
 
 def _threshold_band(values) -> tuple[float, float]:

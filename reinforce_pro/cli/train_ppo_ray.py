@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import warnings
 from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
@@ -57,7 +56,6 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     if problem:
         parser.error(problem)
-    warn_about_combinations(args)
     from reinforce_pro.cli.flags_to_config import run_config  # torch and the workers: not needed for --help
 
     try:
@@ -296,17 +294,6 @@ def invalid_selfplay(args) -> str | None:
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
-
-
-def warn_about_combinations(args) -> None:
-    """Warnings about flag combinations that run but may not mean what the user expects. (Values derived from
-    flags, such as an unset --eps_clip_low_high or --max_new_tokens, are derived in cli/flags_to_config.py.)"""
-    if args.enable_vllm_is_correction and (args.top_p < 1 or args.top_k > 0):
-        warnings.warn(
-            "IS correction with --top_p < 1 or --top_k: the engine's log-probs are of the truncated "
-            "distribution, the trainer's of the full one; their ratio is not a pure mismatch signal",
-            stacklevel=2,
-        )
 
 
 def main(argv: list[str] | None = None) -> int:

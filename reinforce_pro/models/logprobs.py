@@ -1,9 +1,10 @@
 """Per-token log-probabilities of the response under a causal LM, computed the way the rollout engine
 computes them, so that in float32 the two agree to ~1e-6.
 
-Two details must match vLLM: positions restart at 0 at the first real prompt token (left padding must
-not shift them), and the temperature divides the logits before the softmax (vLLM's
-`logprobs_mode="processed_logprobs"`).
+Three details must match vLLM: positions restart at 0 at the first real prompt token (left padding must
+not shift them), the temperature divides the logits before the softmax (vLLM's
+`logprobs_mode="processed_logprobs"`), and the engine's sampling filters (top-k, top-p, min-p, a minimum
+length) remove the same tokens before it (models/sampling_filter.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import inspect
 import torch
 
 from reinforce_pro.models.packing import hf_model, response_logits, scatter_real
+from reinforce_pro.models.sampling_filter import SamplingFilter, apply_filter
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -58,19 +60,24 @@ def action_log_probs(
 
 
 def token_log_probs(
-    step_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy=False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    step_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy=False,
+    sampling_filter: SamplingFilter | None = None, positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(B, T) log-probs of `targets` (B, T) under the logits that predict them (B, T, V), temperature
-    applied first (vLLM's processed_logprobs), and the (B, T) entropy if asked."""
+    applied first (vLLM's processed_logprobs), then the engine's `sampling_filter` (its support renormalised;
+    `positions`: each target's index in its response, for a minimum length; for (B, T, V) logits 0..T-1), and
+    the (B, T) entropy of that distribution if asked. Also takes (N, V) logits with (N,) targets."""
     step_logits = step_logits.float()
     if temperature != 1.0:
         step_logits = step_logits / temperature
+    if sampling_filter is not None and sampling_filter.active:
+        step_logits, _ = apply_filter(step_logits, targets, sampling_filter, positions)
     if not with_entropy:
         return _TokenLogProbs.apply(step_logits, targets), None
     log_z = torch.logsumexp(step_logits, dim=-1)
     log_probs = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     probs = torch.softmax(step_logits, dim=-1)
-    entropy = log_z - (probs * step_logits).sum(dim=-1)
+    entropy = log_z - (probs * step_logits.masked_fill(probs == 0, 0.0)).sum(dim=-1)  # 0 * -inf: no NaN
     return log_probs, entropy
 
 
@@ -97,15 +104,18 @@ class _TokenLogProbs(torch.autograd.Function):
 
 def response_log_probs(
     model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0,
-    with_entropy: bool = False, packed: bool = False,
+    with_entropy: bool = False, packed: bool = False, sampling_filter: SamplingFilter | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(B, T) log-probs (and entropy) of the response tokens under `model`, from a padded forward or, with
-    `packed` (--packing_samples), a padding-free one (models/packing.py). Padding positions of the packed
-    path hold 0; action_mask excludes them either way."""
+    `packed` (--packing_samples), a padding-free one (models/packing.py), under the engine's `sampling_filter`
+    (token_log_probs). Padding positions of the packed path hold 0; action_mask excludes them either way."""
     if not packed:  # only the logits that predict the response
         logits = forward_logits(model, sequences, attention_mask, predicting=num_actions)
-        return token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy)
+        return token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy, sampling_filter)
     logits, real = response_logits(model, sequences, attention_mask, num_actions, accepts_logits_to_keep(model))
     targets = sequences[:, -num_actions:][real]
-    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)  # (N,): the real tokens
+    positions = real.nonzero(as_tuple=True)[1]  # each real token's response column, in the same row-major order
+    log_probs, entropy = token_log_probs(
+        logits, targets, temperature, with_entropy, sampling_filter, positions
+    )  # (N,): the real tokens
     return scatter_real(real, log_probs), (scatter_real(real, entropy) if entropy is not None else None)

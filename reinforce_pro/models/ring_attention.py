@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from reinforce_pro.models.logprobs import token_log_probs
 from reinforce_pro.models.packing import pack, predicting_positions, scatter_real
+from reinforce_pro.models.sampling_filter import SamplingFilter
 
 NAME = "ring"  # the attn_implementation a model is loaded with
 
@@ -219,7 +220,7 @@ def join_rings(rank: int, world: int, size: int) -> RingMember:
 
 def ring_response_log_probs(
     model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, rank: int, ranks: list[int],
-    group=None, temperature: float = 1.0, with_entropy: bool = False,
+    group=None, temperature: float = 1.0, with_entropy: bool = False, sampling_filter: SamplingFilter | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(B, T) log-probs (and entropy, if asked) of the last `num_actions` tokens of a padded batch, computed
     by a ring: every rank of `ranks` packs the whole batch (models/packing.py), keeps its block of columns,
@@ -237,7 +238,8 @@ def ring_response_log_probs(
     mine = real & (column >= cols.start) & (column < cols.stop)
     local = (before // width) * ring.block + (column - cols.start)
     step_logits = logits.reshape(-1, logits.size(-1))[local[mine]]
-    log_probs, entropy = token_log_probs(step_logits, sequences[:, -num_actions:][mine], temperature, with_entropy)
+    targets, positions = sequences[:, -num_actions:][mine], mine.nonzero(as_tuple=True)[1]
+    log_probs, entropy = token_log_probs(step_logits, targets, temperature, with_entropy, sampling_filter, positions)
 
     def whole(values):
         return _SumOverRing.apply(scatter_real(mine, values), group)

@@ -194,7 +194,9 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
     if cfg.needs_reference:
         ref_spec = where.actor if colocate_ref else where.ref
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
-        ref_args = (plan.pretrain, cfg.rollout.temperature, cfg.actor_optim.param_dtype, unsplit)
+        ref_args = (
+            plan.pretrain, cfg.rollout.temperature, cfg.actor_optim.param_dtype, unsplit, cfg.loss.sampling_filter
+        )  # fmt: skip
         ref_share = SHARES.all_reference if colocate_all else share
         run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env

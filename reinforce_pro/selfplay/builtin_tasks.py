@@ -187,6 +187,12 @@ BUILTIN_TASKS: dict[str, type[SelfPlayTask]] = {
 }  # fmt: skip
 
 
+# What a task's per-role sampling may override: where a response ends, never which tokens it is drawn from.
+# The trainer replays the run's temperature and filters on every row (models/sampling_filter.py), so a role
+# sampled with its own top-p or penalty would be scored under a distribution it was not drawn from.
+ROLE_SAMPLING_KEYS = frozenset({"max_tokens", "stop", "skip_special_tokens", "include_stop_str_in_output"})
+
+
 def load_task(
     name: str | None, path: str | None, kb: str | None = None, retriever_url: str | None = None
 ) -> SelfPlayTask:
@@ -208,4 +214,12 @@ def load_task(
         raise ValueError(f"--selfplay_task_path {path}: define TASK, a SelfPlayTask (missing: {missing or 'TASK'})")
     if not task.thresholds or set(task.weights) != set(task.thresholds):
         raise ValueError(f"--selfplay_task_path {path}: TASK.thresholds and TASK.weights must name the same dimensions")
+    for role, overrides in (getattr(task, "sampling", None) or {}).items():
+        reshaping = sorted(set(overrides) - ROLE_SAMPLING_KEYS)
+        if reshaping:
+            raise ValueError(
+                f"--selfplay_task_path {path}: TASK.sampling[{role!r}] sets {', '.join(reshaping)}, which would change "
+                f"the distribution the trainer scores; a role may set only {', '.join(sorted(ROLE_SAMPLING_KEYS))} "
+                "(the run's --temperature / --top_p / --top_k apply to every role)"
+            )
     return task

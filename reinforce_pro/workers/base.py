@@ -17,6 +17,7 @@ import torch
 from reinforce_pro.algos.stats import Stat, merge_stats
 from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
 from reinforce_pro.models.logprobs import response_log_probs
+from reinforce_pro.models.sampling_filter import SamplingFilter
 
 
 @dataclass
@@ -236,17 +237,19 @@ def batched_log_probs(
     max_tokens: int | None = None,
     packed: bool = False,
     log_probs_fn=None,
+    sampling_filter: SamplingFilter | None = None,
 ) -> torch.Tensor:
     """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a
     time; `packed`: padding-free forwards (--packing_samples); `log_probs_fn`: instead of
-    models.logprobs.response_log_probs, with its arguments (the policy's ring under --ring_attn_size)."""
+    models.logprobs.response_log_probs, with its arguments (the policy's ring under --ring_attn_size);
+    `sampling_filter`: the engine's filters, replayed (models/sampling_filter.py)."""
     log_probs_fn = log_probs_fn or response_log_probs
     dev = device()
     out = []
     for rows in row_chunks(attention_mask, micro, max_tokens, packed):
         columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
-        lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed)
+        lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter)
         out.append(pad_actions(lp.float().cpu(), num_actions))
     return torch.cat(out, dim=0)
 

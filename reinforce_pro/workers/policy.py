@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from reinforce_pro.models.lora import (
     trainable_summary,
 )
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
+from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
     DistInfo,
@@ -56,6 +57,8 @@ class PolicyLossConfig:
     entropy_loss_coef: float | None = None
     temperature: float = 1.0
     kl_unbiased_gradient: bool = False  # the KL loss's gradient: the reverse KL's own (algos/kl.kl_loss)
+    # the engine's top-k / top-p / minimum length, replayed on the trainer's logits (models/sampling_filter.py)
+    sampling_filter: SamplingFilter | None = None
 
 
 class PolicyWorker:
@@ -72,6 +75,7 @@ class PolicyWorker:
         capture_output(f"policy_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + dist.rank)
+        loss = replace(loss, sampling_filter=with_engine_stop_ids(loss.sampling_filter, pretrain))
         self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
         self.forward = forward
         attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
@@ -88,14 +92,17 @@ class PolicyWorker:
         self.ring = join_rings(dist.rank, dist.world_size, forward.ring_size) if forward.ring_size > 1 else None
 
     def response_log_probs(self, model, sequences, attention_mask, num_actions, temperature, with_entropy=False,
-                           packed=False):  # fmt: skip
+                           packed=False, sampling_filter=None):  # fmt: skip
         """models.logprobs.response_log_probs, or under --ring_attn_size the ring's (every rank of the ring
         gets the whole (B, T); its ranks were given the same rows)."""
         if self.ring is None:
-            return response_log_probs(model, sequences, attention_mask, num_actions, temperature, with_entropy, packed)
+            return response_log_probs(
+                model, sequences, attention_mask, num_actions, temperature, with_entropy, packed, sampling_filter
+            )  # fmt: skip
         ring = self.ring
         return ring_response_log_probs(
-            model, sequences, attention_mask, num_actions, ring.rank, ring.ranks, ring.group, temperature, with_entropy
+            model, sequences, attention_mask, num_actions, ring.rank, ring.ranks, ring.group, temperature, with_entropy,
+            sampling_filter,
         )  # fmt: skip
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
@@ -104,7 +111,7 @@ class PolicyWorker:
         fwd = self.forward
         return batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
-            fwd.max_tokens, fwd.packing_samples, self.response_log_probs,
+            fwd.max_tokens, fwd.packing_samples, self.response_log_probs, self.loss_cfg.sampling_filter,
         )  # fmt: skip
 
     def train_minibatch(
@@ -138,8 +145,9 @@ class PolicyWorker:
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         want_entropy = cfg.entropy_loss_coef is not None
         log_probs, entropy = self.response_log_probs(
-            self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, packed=self.forward.packing_samples
-        )
+            self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, self.forward.packing_samples,
+            cfg.sampling_filter,
+        )  # fmt: skip
         old_log_probs = log_probs.detach() if exp.old_log_probs is None else exp.old_log_probs.to(dev)
         agg = dict(dp_size=self.dist.world_size, batch_num_tokens=global_tokens, global_batch_size=global_seqs)
         loss, metrics = self.loss_fn(
@@ -270,7 +278,12 @@ class PolicyWorker:
 class ReferenceWorker:
     """The frozen reference policy for the KL term: an HF model in eval mode, no optimizer."""
 
-    def __init__(self, pretrain: str, temperature: float, param_dtype: str, forward: ForwardConfig):
+    def __init__(
+        self, pretrain: str, temperature: float, param_dtype: str, forward: ForwardConfig,
+        sampling_filter: SamplingFilter | None = None,
+    ):  # fmt: skip
+        """sampling_filter: the engine's filters, replayed as the policy replays them, so that the KL to the
+        reference compares two distributions over the same kind of support."""
         from transformers import AutoModelForCausalLM
 
         capture_output(f"reference_pid{os.getpid()}")
@@ -280,6 +293,7 @@ class ReferenceWorker:
         model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, attn_implementation=attn)
         self.model = model.to(device()).eval()
         self.forward, self.temperature = forward, temperature
+        self.sampling_filter = with_engine_stop_ids(sampling_filter, pretrain)
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         return batched_log_probs(
@@ -291,4 +305,5 @@ class ReferenceWorker:
             self.forward.micro_batch_size,
             self.forward.max_tokens,
             self.forward.packing_samples,
+            sampling_filter=self.sampling_filter,
         )
