@@ -46,7 +46,9 @@ from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa:
 from benchmarks.is_study import held_out, summarise  # noqa: E402
 from benchmarks.study_stats import (  # noqa: E402
     collapse_kinds,
+    detectable_at,
     detectable_difference,
+    direction,
     holm,
     paired_test,
     parse_seeds,
@@ -306,9 +308,11 @@ def compare(runs: list[dict], regime: str, correction: str, reference: str, key:
     diffs = [a[s] - b[s] for s in sorted(a) if s in b]
     if len(diffs) < 2:
         return None
-    test = paired_test(diffs)
+    test, side = paired_test(diffs), direction(diffs)
     out = {"n": test.n, "mean": test.mean, "low": test.low, "high": test.high, "sd": test.sd, "p_t": test.p_t,
-           "p_wilcoxon": test.p_wilcoxon, "detectable": detectable_difference(diffs)}  # fmt: skip
+           "p_wilcoxon": test.p_wilcoxon, "detectable": detectable_difference(diffs), "diffs": diffs,
+           "lower": side.lower, "higher": side.higher, "ties": side.ties, "p_sign": side.p_sign,
+           "p_sign_flip": side.p_sign_flip}  # fmt: skip
     if key == "final_eval" and test.sd > 0:
         out["p_tost"] = tost(diffs, margin)
     return out
@@ -360,6 +364,7 @@ def head_to_head(runs: list[dict], margin: float, design: str = DESIGN) -> list[
         row["verdict"] = verdict(row, margin)
         # seeds for a paired test with 80% power to detect DELTA at the family's Bonferroni level (Holm's worst case)
         row["seeds_for_delta"] = seeds_needed(row["sd"], DELTA, alpha=0.05 / len(rows)) if row["sd"] > 0 else None
+        row["detectable_family"] = detectable_at(row["diffs"], alpha=0.05 / len(rows))
     return rows
 
 
@@ -402,6 +407,23 @@ def render_head_to_head(rows: list[dict], margin: float) -> list[str]:
     lines.append(f"\nSeeds to detect {DELTA}: a paired t-test with 80% power to detect a difference of {DELTA} at "
                  f"the family's Bonferroni level (0.05 / {len(rows)}), given the sd of the differences above. "
                  "Detectable: the smallest difference these seeds could have detected (5%, 80% power).")  # fmt: skip
+    return lines + render_direction(rows)
+
+
+def render_direction(rows: list[dict]) -> list[str]:
+    """The same family seed by seed (exploratory, beside whatever a plan registered): how many seeds fall on each
+    side, the exact sign and sign-flip tests (which hold where collapses make the differences heavy-tailed), and
+    the smallest difference the family's level lets these seeds detect."""
+    design = rows[0]["design"]
+    lines = ["", f"Seed by seed (exploratory: not a registered test): where `{design}` lands against each arm, the "
+             "exact two-sided sign test over untied seeds and the exact sign-flip permutation test of the mean "
+             "difference, unadjusted; and the smallest difference a paired t-test at the family's level "
+             f"(0.05 / {len(rows)}, 80% power) detects at these seeds.", "",
+             f"| regime | {design} - | lower / higher / tied | sign test p | sign-flip p | detectable at 0.05 / "
+             f"{len(rows)} |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['regime']} | {r['other']} | {r['lower']} / {r['higher']} / {r['ties']} | "
+                     f"{r['p_sign']:.4f} | {r['p_sign_flip']:.4f} | {r['detectable_family']:.2f} |")  # fmt: skip
     return lines
 
 

@@ -120,6 +120,44 @@ def paired_test(diffs: list[float]) -> PairedTest:
     return PairedTest(n, mean, mean - half, mean + half, sd, p_t, p_w)
 
 
+@dataclass(frozen=True)
+class Direction:
+    """Which side of 0 the per-seed differences fall on, with two tests that hold for heavy-tailed differences
+    (runs that collapse make them so, and a t-test then loses its power)."""
+
+    lower: int  # seeds with a < b
+    higher: int
+    ties: int
+    p_sign: float  # exact two-sided sign test over the untied seeds (scipy's binomtest)
+    p_sign_flip: float  # exact two-sided sign-flip permutation test of the mean difference
+
+
+def direction(diffs: list[float]) -> Direction:
+    """Seed by seed: how many differences are below, above and at 0, the exact sign test and the exact sign-flip
+    permutation test of their mean (every one of the 2^n sign patterns; scipy's permutation_test)."""
+    from scipy import stats
+
+    lower, higher = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
+    p_sign = float(stats.binomtest(lower, lower + higher).pvalue) if lower + higher else 1.0
+    if not any(diffs):
+        return Direction(lower, higher, len(diffs), p_sign, 1.0)
+    flip = stats.permutation_test(
+        (diffs,), statistics.fmean, permutation_type="samples", n_resamples=math.inf, alternative="two-sided"
+    )
+    return Direction(lower, higher, len(diffs) - lower - higher, p_sign, float(flip.pvalue))
+
+
+def detectable_at(diffs: list[float], alpha: float, power: float = 0.8) -> float:
+    """The smallest mean difference a two-sided paired t-test at level `alpha` detects with `power`, given the
+    spread and number of `diffs` (statsmodels' exact power of the t-test, not the normal approximation)."""
+    from statsmodels.stats.power import TTestPower
+
+    if len(diffs) < 2:
+        return math.inf
+    effect = TTestPower().solve_power(nobs=len(diffs), alpha=alpha, power=power, alternative="two-sided")
+    return float(effect) * statistics.stdev(diffs)
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm-adjusted p-values over one family of comparisons (statsmodels' multipletests), in the given order."""
     from statsmodels.stats.multitest import multipletests

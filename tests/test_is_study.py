@@ -184,6 +184,25 @@ def test_holm_tost_and_seed_count_match_hand_computation():
     assert seeds_needed(sd=0.1, delta=0.07) == 17  # ((1.959964 + 0.841621) x 0.1 / 0.07)^2 = 16.02 -> 17
 
 
+def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
+    from benchmarks.study_stats import detectable_at, direction
+
+    # one large positive outlier among four small negatives: the heavy tail a collapse makes
+    d = direction([-0.1, -0.1, -0.1, -0.1, 0.0, 0.5])
+    assert (d.lower, d.higher, d.ties) == (4, 1, 1)
+    assert abs(d.p_sign - 12 / 32) < 1e-12  # P(<= 1 or >= 4 of 5 fair signs) = 2 x (1 + 5) / 32
+    # observed sum +0.1; every one of the 64 sign patterns of (0.1 x 4, 0, 0.5) sums to an odd multiple of 0.1
+    # (0.5 +- four 0.1s), so each is at least as extreme: p = 1, where the t-test sees a mean near 0 too
+    assert d.p_sign_flip == 1.0
+    tight = direction([-0.1] * 8)
+    assert (tight.lower, tight.p_sign, tight.p_sign_flip) == (8, 2 / 256, 2 / 256)
+    assert direction([0.0, 0.0]).p_sign_flip == 1.0
+    # alpha 0.05, 16 seeds, 80% power: effect size 0.7450 (statsmodels), so 0.745 x sd
+    diffs = [(-1) ** i * 0.1 for i in range(16)]
+    assert abs(detectable_at(diffs, 0.05) - 0.7450 * 0.1032796) < 1e-3
+    assert detectable_at(diffs, 0.05 / 8) > detectable_at(diffs, 0.05)
+
+
 def test_collapse_kinds_name_what_collapsed():
     from benchmarks.study_stats import collapse_kinds
 
