@@ -50,6 +50,7 @@ from benchmarks.study_stats import (  # noqa: E402
     detectable_difference,
     direction,
     holm,
+    paired_rate_test,
     paired_test,
     parse_seeds,
     seeds_needed,
@@ -365,7 +366,18 @@ def head_to_head(runs: list[dict], margin: float, design: str = DESIGN) -> list[
         # seeds for a paired test with 80% power to detect DELTA at the family's Bonferroni level (Holm's worst case)
         row["seeds_for_delta"] = seeds_needed(row["sd"], DELTA, alpha=0.05 / len(rows)) if row["sd"] > 0 else None
         row["detectable_family"] = detectable_at(row["diffs"], alpha=0.05 / len(rows))
+        row.update(collapse_rates(runs, row["regime"], row["design"], row["other"]))
     return rows
+
+
+def collapse_rates(runs: list[dict], regime: str, a: str, b: str) -> dict:
+    """How many of the paired seeds collapsed (a reward collapse or a gradient-norm flag) under `a` and under `b`
+    in `regime`, and the exact McNemar test of the difference."""
+    seeds = {c: {r["seed"]: bool(collapse_kinds(r["rewards"], r["grad_norms"])) for r in runs
+                 if (r["regime"], r["correction"]) == (regime, c)} for c in (a, b)}  # fmt: skip
+    paired = sorted(set(seeds[a]) & set(seeds[b]))
+    x, y = [seeds[a][s] for s in paired], [seeds[b][s] for s in paired]
+    return {"collapsed_design": sum(x), "collapsed_other": sum(y), "p_collapse": paired_rate_test(x, y)}
 
 
 def verdict(d: dict, margin: float) -> str:
@@ -412,18 +424,21 @@ def render_head_to_head(rows: list[dict], margin: float) -> list[str]:
 
 def render_direction(rows: list[dict]) -> list[str]:
     """The same family seed by seed (exploratory, beside whatever a plan registered): how many seeds fall on each
-    side, the exact sign and sign-flip tests (which hold where collapses make the differences heavy-tailed), and
-    the smallest difference the family's level lets these seeds detect."""
+    side, the exact sign and sign-flip tests (which hold where collapses make the differences heavy-tailed), the
+    smallest difference the family's level lets these seeds detect, and the seeds that collapsed under each."""
     design = rows[0]["design"]
     lines = ["", f"Seed by seed (exploratory: not a registered test): where `{design}` lands against each arm, the "
              "exact two-sided sign test over untied seeds and the exact sign-flip permutation test of the mean "
              "difference, unadjusted; and the smallest difference a paired t-test at the family's level "
-             f"(0.05 / {len(rows)}, 80% power) detects at these seeds.", "",
+             f"(0.05 / {len(rows)}, 80% power) detects at these seeds; the seeds with a reward collapse or a "
+             "gradient-norm flag under each arm and the exact McNemar test of the two rates.", "",
              f"| regime | {design} - | lower / higher / tied | sign test p | sign-flip p | detectable at 0.05 / "
-             f"{len(rows)} |", "|---|---|---|---|---|---|"]  # fmt: skip
+             f"{len(rows)} | seeds collapsed ({design} / other) | exact McNemar p |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['regime']} | {r['other']} | {r['lower']} / {r['higher']} / {r['ties']} | "
-                     f"{r['p_sign']:.4f} | {r['p_sign_flip']:.4f} | {r['detectable_family']:.2f} |")  # fmt: skip
+                     f"{r['p_sign']:.4f} | {r['p_sign_flip']:.4f} | {r['detectable_family']:.2f} | "
+                     f"{r['collapsed_design']} / {r['collapsed_other']} | {r['p_collapse']:.3f} |")  # fmt: skip
     return lines
 
 

@@ -147,6 +147,16 @@ def direction(diffs: list[float]) -> Direction:
     return Direction(lower, higher, len(diffs) - lower - higher, p_sign, float(flip.pvalue))
 
 
+def paired_rate_test(a: list[bool], b: list[bool]) -> float:
+    """The exact McNemar test of two paired binary outcomes (a seed collapsed under arm a / under arm b): the
+    two-sided sign test over the discordant seeds (scipy's binomtest); 1.0 where none is discordant."""
+    from scipy import stats
+
+    only_a = sum(x and not y for x, y in zip(a, b, strict=True))
+    only_b = sum(y and not x for x, y in zip(a, b, strict=True))
+    return float(stats.binomtest(only_a, only_a + only_b).pvalue) if only_a + only_b else 1.0
+
+
 def detectable_at(diffs: list[float], alpha: float, power: float = 0.8) -> float:
     """The smallest mean difference a two-sided paired t-test at level `alpha` detects with `power`, given the
     spread and number of `diffs` (statsmodels' exact power of the t-test, not the normal approximation)."""

@@ -203,6 +203,16 @@ def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
     assert detectable_at(diffs, 0.05 / 8) > detectable_at(diffs, 0.05)
 
 
+def test_the_paired_collapse_rate_test_is_exact_mcnemar():
+    from benchmarks.study_stats import paired_rate_test
+
+    # 5 seeds collapse under a only, none under b only: two-sided sign test 2 / 2^5
+    a, b = [True] * 5 + [False] * 11, [False] * 16
+    assert abs(paired_rate_test(a, b) - 2 / 32) < 1e-12
+    assert paired_rate_test([True, True, False], [True, True, False]) == 1.0  # no discordant seed
+    assert abs(paired_rate_test([True, False, False], [False, True, True]) - 1.0) < 1e-12  # 1 vs 2: p = 1
+
+
 def test_collapse_kinds_name_what_collapsed():
     from benchmarks.study_stats import collapse_kinds
 
