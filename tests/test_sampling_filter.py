@@ -151,3 +151,22 @@ def test_packed_and_padded_forwards_replay_the_minimum_length_at_the_same_positi
     real = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
     assert torch.allclose(padded[real], packed[real], atol=1e-5, rtol=0)
     assert (padded[real] > plain[real] + 1e-6).all()  # the support was narrowed at every position
+
+
+def test_the_start_of_run_line_tells_rounding_noise_from_a_real_difference():
+    from reinforce_pro.trainer.experience_builder import agreement_line
+
+    def gap(mean):
+        return {"rollout/logprob_abs_diff_mean": mean, "rollout/logprob_abs_diff_p99": 3 * mean,
+                "rollout/logprob_abs_diff_max": 10 * mean}  # fmt: skip
+
+    fp32 = agreement_line(gap(2e-7), "float32", "fp32", None)
+    assert (
+        fp32.startswith("[agreement] step 1, engine float32 vs trainer fp32") and "rounding noise (up to 1e-04" in fp32
+    )
+    assert "rounding noise (up to 5e-02" in agreement_line(gap(1e-2), "bfloat16", "fp32", None)
+    # the kept mass of an unreplayed top-p 0.8: 0.07 is no fp32 rounding, nor bf16's beyond its bound
+    assert "above the 1e-04 rounding explains" in agreement_line(gap(0.07), "float32", "fp32", None)
+    assert "above the 5e-02" in agreement_line(gap(0.07), "bfloat16", "bf16", None)
+    assert "quantised engine" in agreement_line(gap(0.07), "bfloat16", "fp32", "fp8_per_channel")
+    assert "\n" not in fp32

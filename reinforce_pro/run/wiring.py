@@ -360,6 +360,8 @@ def start_config(cfg: RunConfig, plan: RunPlan, use_gpu: bool) -> RunConfig:
         cfg.loop,
         sync_backend=sync_backend(cfg, use_gpu),
         sync_dtype=engines.config.dtype,
+        engine_quantization=engines.config.quantization,
+        trainer_dtype=cfg.actor_optim.param_dtype,
         sync_bucket_mb=engines.sync_bucket_mb,
         engine_tp_size=engines.config.tensor_parallel_size,
         best_model_dir=plan.run_dir / "best_model",

@@ -193,6 +193,31 @@ class ExperienceBuilder:
         return m
 
 
+# The largest mean |engine - trainer| log-prob that rounding alone gives on equal weights, by the less precise
+# side's dtype: fp32 kernels of the two sides differ far below 1e-4; bf16 keeps 8 significant bits and fp16 11,
+# about 1e-2 and 1e-3 of a log-prob (docs/metrics.md). Above it the two sides do not compute the same thing.
+DTYPE_NOISE = {"float32": 1e-4, "fp32": 1e-4, "float16": 1e-2, "fp16": 1e-2, "bfloat16": 5e-2, "bf16": 5e-2}
+
+
+def agreement_line(metrics: dict[str, float], engine_dtype: str, trainer_dtype: str, quantization: str | None) -> str:
+    """One line, at the first step (engine and trainer on the same weights): whether the gap between their
+    log-probs is the noise the two dtypes explain, or something else (docs/metrics.md: reading it)."""
+    gap, p99, top = (metrics[f"rollout/logprob_abs_diff_{k}"] for k in ("mean", "p99", "max"))
+    sides = f"engine {engine_dtype}{f' ({quantization})' if quantization else ''} vs trainer {trainer_dtype}"
+    head = (
+        f"[agreement] step 1, {sides} on the same weights: mean |log-prob gap| {gap:.1e} (p99 {p99:.1e}, max {top:.1e})"
+    )
+    if quantization:
+        return f"{head}: a quantised engine has no rounding bound; read it as the quantisation's cost"
+    bound = max(DTYPE_NOISE.get(engine_dtype, 5e-2), DTYPE_NOISE.get(trainer_dtype, 5e-2))
+    if gap <= bound:
+        return f"{head}: rounding noise (up to {bound:.0e} for these dtypes)"
+    return (
+        f"{head}: above the {bound:.0e} rounding explains; the two sides differ in more than precision (a sampling "
+        "setting, a kernel, the tokenizer or chat template, or weights the engine did not get)"
+    )
+
+
 def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions) -> torch.Tensor:
     """Split rows across the data-parallel ranks of `group`, call `method` on each, concatenate."""
     group = ActorGroup.of(group)

@@ -27,7 +27,7 @@ from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.evaluation import evaluate
-from reinforce_pro.trainer.experience_builder import ExperienceBuilder
+from reinforce_pro.trainer.experience_builder import ExperienceBuilder, agreement_line
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
 from reinforce_pro.trainer.rollout_stream import AdaptiveLag, AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
@@ -61,6 +61,8 @@ class LoopConfig:
     logging_steps: int = 1
     seed: int = 42
     sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
+    engine_quantization: str | None = None  # the engines' online quantization (--vllm_quantization)
+    trainer_dtype: str = "fp32"  # the policy's parameter dtype (--param_dtype)
     sync_backend: str = "object_store"  # object_store | gloo | nccl (trainer/weight_sync.py)
     sync_bucket_mb: float = 256.0  # gloo | nccl: bytes per broadcast
     engine_tp_size: int = 1  # workers per engine (each joins the broadcast group)
@@ -271,6 +273,9 @@ class PPOTrainer:
 
     def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
         self.builder.kl_ctl.update(metrics.get("kl/ref_kl_mean", 0.0), int(metrics["rollout/num_samples"]))
+        if step == 1 and "rollout/logprob_abs_diff_mean" in metrics:  # both sides still hold the same weights
+            cfg = self.cfg
+            tqdm.write(agreement_line(metrics, cfg.sync_dtype, cfg.trainer_dtype, cfg.engine_quantization))
         self.history.append({"step": step, **metrics})
         if step % self.cfg.logging_steps == 0 or step == 1:
             self.logger.log(step, metrics)
