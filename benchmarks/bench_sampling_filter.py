@@ -106,7 +106,7 @@ def cost(model_dir: str, rows: int, prompt: int, response: int, reps: int) -> di
     from transformers import AutoModelForCausalLM
 
     from reinforce_pro.models.logprobs import response_log_probs
-    from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
+    from reinforce_pro.models.sampling_filter import SamplingFilter, apply_filter, with_engine_stop_ids
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
@@ -116,15 +116,23 @@ def cost(model_dir: str, rows: int, prompt: int, response: int, reps: int) -> di
                                                          min_tokens=s.get("min_new_tokens", 0)), model_dir)
                for name, s in SETTINGS.items() if "temperature" not in s}  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in filters}
+    alone: dict[str, list[float]] = {name: [] for name in filters}
+    logits = torch.randn(rows * response, model.config.vocab_size, generator=gen)  # the positions scored
+    targets, positions = logits.argmax(-1), torch.arange(response).repeat(rows)
     for rep in range(reps + 1):  # the first round warms up
         for name, filt in filters.items():
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
             lp, _ = response_log_probs(model, seq, mask, response, sampling_filter=filt)
             lp.sum().backward()
+            middle = time.perf_counter()
+            if filt is not None and filt.active:
+                apply_filter(logits, targets, filt, positions)
             if rep:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(middle - start)
+                alone[name].append(time.perf_counter() - middle)
     return {"seconds": {n: statistics.median(t) for n, t in times.items()}, "times": times,
+            "filter_seconds": {n: statistics.median(t) for n, t in alone.items()},
             "vocab": model.config.vocab_size}  # fmt: skip
 
 
@@ -150,15 +158,19 @@ def render(payload: dict, out_dir: Path) -> str:
     lines += [
         "",
         f"Cost: forward + backward of the response log-probs, {cfg['rows']} rows x ({cfg['prompt']} prompt + "
-        f'{cfg["response"]} response) tokens, median of {cfg["reps"]}, against the full softmax ("none").',
+        f'{cfg["response"]} response) tokens, median of {cfg["reps"]}, against the full softmax ("none"); the filter '
+        "alone: the replay on random logits of the same positions x vocabulary, timed apart (host noise moves the "
+        "forward + backward by more than the filter costs).",
         "",
-        "| model | vocabulary | filter | seconds | vs none |",
-        "|---|---|---|---|---|",
+        "| model | vocabulary | filter | forward + backward, s | vs none | the filter alone, s | its share |",
+        "|---|---|---|---|---|---|---|",
     ]
     for model, c in res["cost"].items():
         base = c["seconds"]["none"]
         for name, s in c["seconds"].items():
-            lines.append(f"| {model} | {c['vocab']} | {name} | {s:.4f} | {s / base:.2f}x |")
+            alone = c["filter_seconds"][name]
+            lines.append(f"| {model} | {c['vocab']} | {name} | {s:.4f} | {s / base:.2f}x | {alone:.4f} | "
+                         f"{alone / base:.1%} |")  # fmt: skip
     m = payload["machine"]
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)

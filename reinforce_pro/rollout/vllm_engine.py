@@ -109,6 +109,20 @@ def cpu_bind(workers: int, cores: list[int] | None = None) -> str:
     return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
 
 
+def sampled_log_probs(completion) -> list[float]:
+    """The engine's log-prob of each sampled token of a vLLM CompletionOutput. A position vLLM returned without
+    one (no log-probs at all, fewer positions than tokens, the token missing from its entry) gets NaN, as does a
+    NaN it returned: the trainer then gives that token IS weight 0 and counts it (is/nonfinite_tokens,
+    rollout/logprob_nonfinite_frac) instead of failing the step. A -inf (a token the engine's own filter had
+    removed) passes through and is treated the same way."""
+    steps = list(completion.logprobs or [])
+    out = []
+    for i, token in enumerate(completion.token_ids):
+        entry = steps[i].get(token) if i < len(steps) and steps[i] is not None else None
+        out.append(float("nan") if entry is None or entry.logprob is None else float(entry.logprob))
+    return out
+
+
 class VLLMEngine:
     """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
 
@@ -176,8 +190,7 @@ class VLLMEngine:
         for out in outputs:
             completion = out.outputs[0]
             ids = list(completion.token_ids)
-            log_probs = [step[token].logprob for token, step in zip(ids, completion.logprobs, strict=True)]
-            result.append(Generation(ids, log_probs, completion.finish_reason or "length"))
+            result.append(Generation(ids, sampled_log_probs(completion), completion.finish_reason or "length"))
         return result
 
     def update_weights(self, blob: bytes) -> int:

@@ -142,11 +142,14 @@ class ExperienceBuilder:
         """What is read off the old log-probs: the rollout/trainer mismatch before any update of this step
         (the quantity IS correction fights) and, with a reference model, the KL to it."""
         diff = (exp.old_log_probs - exp.rollout_log_probs).abs()
-        tokens = diff[exp.action_mask.bool()]
+        action = exp.action_mask.bool()
+        finite = action & torch.isfinite(diff)  # an engine's NaN / -inf log-prob: counted, kept out of the gap
+        tokens = diff[finite]
         m = {
-            "rollout/logprob_abs_diff_mean": float(masked_mean(diff, exp.action_mask)),
+            "rollout/logprob_abs_diff_mean": float(masked_mean(torch.where(finite, diff, 0.0), finite)),
             "rollout/logprob_abs_diff_p99": float(tokens.float().quantile(0.99)) if tokens.numel() else 0.0,
-            "rollout/logprob_abs_diff_max": float((diff * exp.action_mask).max()),
+            "rollout/logprob_abs_diff_max": float(tokens.max()) if tokens.numel() else 0.0,
+            "rollout/logprob_nonfinite_frac": float((action & ~finite).sum() / action.sum().clamp(min=1)),
         }
         if exp.ref_log_probs is not None:
             kl = compute_approx_kl(self.cfg.kl_estimator, exp.old_log_probs, exp.ref_log_probs, exp.action_mask)
