@@ -143,6 +143,8 @@ def test_reinforce_pro_run_trains_syncs_and_logs(tmp_path, engine, tiny_model, d
     # in fp32 the engine and the trainer agree before any update of a step
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-4 for r in rows)
     assert list((plan.run_dir / "tensorboard").glob("events.*"))
+    assert all("rollout_pos/logprob_abs_diff/0-1" in r for r in rows)  # the drift picture's rows...
+    assert (plan.run_dir / "drift.png").read_bytes()[:4] == b"\x89PNG"  # ...and the picture
 
     # the final model loads back with transformers and differs from the start
     from safetensors.torch import load_file

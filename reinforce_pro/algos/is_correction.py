@@ -281,11 +281,7 @@ def position_metrics(
     with torch.no_grad():
         inp = is_inputs(old_log_probs, rollout_log_probs, action_mask, low, high, advantages)
         action, dtype = inp.action_mask, inp.log_ratio.dtype
-        columns = torch.arange(action.size(-1), device=action.device)
-        pos = columns - action.to(torch.int8).argmax(dim=-1, keepdim=True)  # (B, T) offset from the first action
-        starts = [s for s in POSITION_BUCKET_STARTS if s < action.size(-1)]
-        bucket = torch.bucketize(pos, torch.tensor(starts[1:], device=pos.device), right=True)  # (B, T) index
-        names = [f"{lo}-{hi - 1}" for lo, hi in pairwise(starts)] + [_last_bucket(starts)]
+        bucket, names = position_buckets(action)
         m = {}
         for b, name in enumerate(names):
             m[f"is_pos/abs_log_ratio/{name}"] = mean_stat(inp.log_ratio.abs(), inp.valid & (bucket == b))
@@ -302,6 +298,17 @@ def position_metrics(
                 m[f"is_pos/masked/{correction}/{name}"] = mean_stat(masked.to(dtype), action & in_b)
                 m[f"is_pos/first_masked/{correction}/{name}"] = mean_stat((first_bucket == b).to(dtype), has_masked)
     return m
+
+
+def position_buckets(action_mask: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+    """(B, T) index of each column's bucket of POSITION_BUCKET_STARTS, positions counted from the row's first
+    action token, and the names (`<lo>-<hi>`, `<lo>+` for the last) of the buckets the columns reach."""
+    action = action_mask.bool()
+    columns = torch.arange(action.size(-1), device=action.device)
+    pos = columns - action.to(torch.int8).argmax(dim=-1, keepdim=True)  # (B, T) offset from the first action
+    starts = [s for s in POSITION_BUCKET_STARTS if s < action.size(-1)]
+    bucket = torch.bucketize(pos, torch.tensor(starts[1:], device=pos.device), right=True)
+    return bucket, [f"{lo}-{hi - 1}" for lo, hi in pairwise(starts)] + [_last_bucket(starts)]
 
 
 def _last_bucket(starts: list[int]) -> str:

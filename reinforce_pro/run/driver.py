@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import ray
 
@@ -23,6 +24,7 @@ from reinforce_pro.rollout.sampler import Sampler
 from reinforce_pro.run import wiring
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
+from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.ppo_trainer import PPOTrainer
@@ -87,6 +89,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
         history = trainer.fit()
+        write_drift_picture(history, plan.run_dir, logger)
         ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups.policy])
         if cfg.models.lora_save_merged:
             ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups.policy])
@@ -99,6 +102,20 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
         groups.release()
     return history
+
+
+def write_drift_picture(history: list[dict], run_dir: Path, logger: MetricsLogger) -> None:
+    """drift.png in the run directory and TensorBoard: the engine-trainer gap by response position over the
+    steps (trainer/drift_plot.py; any run's metrics.jsonl renders it again)."""
+    fig = draw_drift(history, title=run_dir.name)
+    if fig is None:
+        return
+    import matplotlib.pyplot as plt
+
+    fig.savefig(run_dir / "drift.png", dpi=110)
+    logger.add_figure("rollout/drift", fig, int(history[-1]["step"]))
+    plt.close(fig)
+    print(f"[drift] {run_dir / 'drift.png'}: the engine-trainer gap by response position over the steps", flush=True)
 
 
 def summarise(history: list[dict], plan: RunPlan) -> int:

@@ -11,6 +11,7 @@ import ray
 import torch
 
 from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
+from reinforce_pro.algos.is_correction import position_buckets
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.length_penalty import apply_length_penalties
 from reinforce_pro.algos.masked import masked_mean
@@ -151,6 +152,11 @@ class ExperienceBuilder:
             "rollout/logprob_abs_diff_max": float(tokens.max()) if tokens.numel() else 0.0,
             "rollout/logprob_nonfinite_frac": float((action & ~finite).sum() / action.sum().clamp(min=1)),
         }
+        if action.size(-1):  # where along the responses the gap is: the drift picture's rows (drift_plot.py)
+            bucket, names = position_buckets(action)
+            gap = torch.where(finite, diff, 0.0)
+            for b, name in enumerate(names):
+                m[f"rollout_pos/logprob_abs_diff/{name}"] = float(masked_mean(gap, finite & (bucket == b)))
         if exp.ref_log_probs is not None:
             kl = compute_approx_kl(self.cfg.kl_estimator, exp.old_log_probs, exp.ref_log_probs, exp.action_mask)
             m["kl/ref_kl_mean"] = float(masked_mean(kl, exp.action_mask))

@@ -55,6 +55,12 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
 
+    def add_figure(self, tag: str, figure, step: int) -> None:
+        """A matplotlib figure into TensorBoard (the drift picture at the end of a run)."""
+        if self._tb is not None:
+            self._tb.add_figure(tag, figure, step, close=False)
+            self._tb.flush()
+
     def write(self, name: str, row: dict) -> None:
         """Append one JSON row to <run_dir>/<name>.jsonl and flush it."""
         if name not in self._files:

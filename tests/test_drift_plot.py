@@ -1,0 +1,66 @@
+"""The drift picture (trainer/drift_plot.py) and the per-position gap it is drawn from."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reinforce_pro.trainer.drift_plot import drift_table, main, write_drift
+
+
+def rows(steps: int = 6) -> list[dict]:
+    """Metrics rows of a run whose gap grows along the responses and over the steps (a partial rollout's shape)."""
+    out = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "is/token_masked_frac": 0.01 * step, "async/staleness_mean": 1.0}
+        for lo, name in ((0, "0-1"), (2, "2-3"), (4, "4-7"), (8, "8+")):
+            row[f"rollout_pos/logprob_abs_diff/{name}"] = 1e-3 * step * (lo + 1)
+        out.append(row)
+    out[2]["rollout_pos/logprob_abs_diff/8+"] = None  # a step whose responses stopped short
+    return out
+
+
+def test_the_table_orders_buckets_by_position_and_keeps_gaps_as_nan():
+    steps, names, matrix = drift_table([{"step": 0, "eval/x": 1.0}, *rows()])
+    assert steps == [1, 2, 3, 4, 5, 6] and names == ["0-1", "2-3", "4-7", "8+"]
+    assert matrix[1][0] == pytest.approx(3e-3) and matrix[0][5] == pytest.approx(6e-3)
+    assert math.isnan(matrix[3][2])
+    assert drift_table([{"step": 1, "rollout/reward_mean": 0.5}]) == ([], [], [])
+
+
+def test_a_png_is_written_from_metrics_and_the_command_refuses_files_without_them(tmp_path, capsys):
+    import json
+
+    out = write_drift(rows(), tmp_path / "drift.png", title="run")
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert write_drift([{"step": 1}], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    assert main([str(metrics)]) == 0 and (tmp_path / "drift.png").is_file()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"step": 1, "rollout/reward_mean": 0.1}) + "\n")
+    assert main([str(empty)]) == 2 and "has no rollout_pos/logprob_abs_diff/* metrics" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_the_gap_by_position_is_the_mean_over_each_buckets_tokens():
+    from reinforce_pro.algos.kl import build_kl_controller
+    from reinforce_pro.experience import Experience
+    from reinforce_pro.trainer.experience_builder import ExperienceBuilder, ExperienceConfig
+
+    rollout = torch.zeros(2, 5)
+    old = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.1, 0.5, 0.0, 9.0]])
+    mask = torch.tensor([[True] * 5, [True] * 4 + [False]])
+    exp = Experience(
+        sequences=torch.zeros(2, 7, dtype=torch.long), attention_mask=torch.ones(2, 7, dtype=torch.long),
+        action_mask=mask, old_log_probs=old, rollout_log_probs=rollout, advantages=torch.zeros(2, 5),
+        returns=torch.zeros(2, 5), rewards=torch.zeros(2),
+    )  # fmt: skip
+    builder = ExperienceBuilder([], None, None, None, ExperienceConfig(), build_kl_controller(0.0, None, 1))
+    m = builder.old_log_prob_metrics(exp)
+    # buckets [0, 2), [2, 4), [4, 8): (0.1 + 0.2 + 0.3 + 0.1) / 4, (0.3 + 0.4 + 0.5 + 0.0) / 4, 0.5 (9.0 is masked)
+    assert m["rollout_pos/logprob_abs_diff/0-1"] == pytest.approx(0.175)
+    assert m["rollout_pos/logprob_abs_diff/2-3"] == pytest.approx(0.3)
+    assert m["rollout_pos/logprob_abs_diff/4-7"] == pytest.approx(0.5)
