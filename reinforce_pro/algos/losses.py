@@ -44,8 +44,10 @@ def _ppo_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _gspo_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO (Zheng et al., 2025, arXiv:2507.18071): the length-normalised sequence ratio
-    exp(mean_t log_ratio), broadcast to the sequence's tokens, (B, T)."""
-    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)
+    exp(mean_t log_ratio), broadcast to the sequence's tokens, (B, T). The mean is bounded before `exp`, as the
+    token ratio is: an unbounded one overflows to inf on a far-drifted sequence, and the loss and gradient with
+    it. The mean, not each token: a sequence of log-ratios (100, -100) keeps its ratio of 1."""
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)
     return seq_log_ratio.exp().unsqueeze(-1) * mask.to(log_ratio.dtype)
 
 
