@@ -222,11 +222,13 @@ def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path)
     return replace(cfg, engines=replace(cfg.engines, config=engine))
 
 
-def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: dict, cache=None) -> list[dict]:
+def run_study(
+    seeds, regimes, corrections, steps, runs: list[dict], save, code: dict, cache=None, pictures: Path | None = None
+) -> list[dict]:
     """Run every (seed, regime, correction) not yet in `runs`, one Ray cluster and one engine per seed;
     `save(runs)` after each run. `code`: the provenance of the tree when the study started, the code its runs
     execute (a commit made while it runs changes the tree, not the loaded code); `cache`: warm starts kept
-    between invocations."""
+    between invocations; `pictures`: where each run's drift picture is kept (<seed>_<regime>_<correction>.png)."""
     import ray
 
     from reinforce_pro.rollout.vllm_engine import VLLMEngine
@@ -264,6 +266,9 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save, code: 
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)
+            if pictures is not None and (plan.run_dir / "drift.png").is_file():
+                pictures.mkdir(parents=True, exist_ok=True)
+                shutil.copy(plan.run_dir / "drift.png", pictures / f"{seed}_{regime}_{correction}.png")
         for engine in engines.values():
             ray.kill(engine)
     return runs
@@ -559,7 +564,8 @@ def main(argv=None) -> int:
                   "plan": asdict(study) if args.plan else None}  # fmt: skip
         write_result(study.name, config, {"runs": current, "set_aside": aside}, args.output)
 
-    run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache)
+    pictures = args.output / f"{study.name}_drift"  # each run's drift picture (trainer/drift_plot.py)
+    run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache, pictures)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 
