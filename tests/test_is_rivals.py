@@ -71,6 +71,54 @@ def test_ctpo_with_a_wide_window_is_the_prefix_product_of_ratios():
     torch.testing.assert_close(w, torch.tensor([[0.3, 0.2, -0.3, -0.1]], dtype=torch.float64).exp(), rtol=0, atol=1e-12)
 
 
+def test_ctpo_caps_the_cumulative_log_ratio_at_ten_before_its_window():
+    """horizon-llm/CTPO acc4021 (core_algos.py): clamp(cum log-ratio, max=10), then the window; binds only where the
+    window reaches past 10. Cumulative log-ratios 6, 12, 18 in a window of +-100: exp(6), exp(10), exp(10)."""
+    old, rollout, mask = from_log_ratios([[6.0, 6.0, 6.0]])
+    wide = {"clip_low": 100.0, "clip_high": 100.0}
+    expected = torch.tensor([[6.0, 10.0, 10.0]], dtype=torch.float64).exp()
+    torch.testing.assert_close(weights("ctpo", old, rollout, mask, params=wide), expected, rtol=0, atol=1e-9)
+    uncapped = weights("ctpo", old, rollout, mask, params={**wide, "cap": 50.0})
+    torch.testing.assert_close(
+        uncapped, torch.tensor([[6.0, 12.0, 18.0]], dtype=torch.float64).exp(), rtol=1e-12, atol=0
+    )
+
+
+def test_geo_seq_mask_is_verls_seq_mean_k1_at_the_reciprocal_band():
+    """verl's seq_mean_k1 keeps a sequence when LOW <= exp(mean(-r)) <= HIGH; geo-seq-mask bounds exp(mean r). Mean
+    log ratios 1.0, 0.0, -1.0 (exp: 2.72, 1, 0.37) at verl's [0.5, 5] keep the last two; geo-seq-mask needs the
+    reciprocal band [0.2, 2] for the same decision, and at [0.5, 5] keeps the first two instead."""
+    old, rollout, mask = from_log_ratios([[1.0, 1.0], [0.0, 0.0], [-1.0, -1.0]])
+    r = old - rollout
+    verl = ((-r).mean(-1).exp() >= 0.5) & ((-r).mean(-1).exp() <= 5.0)
+    assert verl.tolist() == [False, True, True]
+    kept = weights("geo-seq-mask", old, rollout, mask, band=(1 / 5.0, 1 / 0.5))[:, 0] > 0
+    assert kept.tolist() == verl.tolist()
+    assert (weights("geo-seq-mask", old, rollout, mask, band=(0.5, 5.0))[:, 0] > 0).tolist() == [True, True, False]
+
+
+def test_tis_with_the_threshold_alone_is_the_upper_only_truncation():
+    """Yao et al.'s (and verl's) TIS: min(rho, C). A band [0, C] (the threshold given alone) is exactly that."""
+    old, rollout, mask = from_log_ratios([[math.log(0.1), 0.0, math.log(3.0), math.log(9.0)]])
+    expected = torch.tensor([[0.1, 1.0, 3.0, 5.0]], dtype=torch.float64)
+    torch.testing.assert_close(weights("tis", old, rollout, mask, band=(0.0, 5.0)), expected, rtol=0, atol=1e-12)
+
+
+def test_cppos_budget_quantile_and_scale_are_settings():
+    """The budget delta_b' = clamp(quantile_q(D), delta_b, scale x delta_b). four_tokens: D = [0, .4, .3, .1],
+    Z = wD = [0, .373, .26, .08], W_<t = [0, 1, 1.933, 2.8], S_<t = [0, 0, .373, .633]. Scale 2 clamps p90 = .37 to
+    .04: c = [.2, .2, -.096, -.321] and token 3 fails. Scale 20 lets .37 through: c = .2 at every token (the cap
+    delta), so token 3 (Z .08) fits and token 1 (Z .373) still does not."""
+    old, rollout, mask = four_tokens()
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    default = weights("cppo", old, rollout, mask, advantages=adv)
+    same = weights("cppo", old, rollout, mask, advantages=adv, params={"quantile": 0.9, "budget_scale": 2.0})
+    torch.testing.assert_close(default, same, rtol=0, atol=0)
+    wider = weights("cppo", old, rollout, mask, advantages=adv, params={"budget_scale": 20.0})
+    assert wider[0, 3].item() == pytest.approx(1.2) and default[0, 3].item() == 0.0  # token 3 now fits
+    assert wider[0, 1].item() == 0.0  # token 1 (Z .373 > c .2) still does not
+
+
 @pytest.mark.parametrize(
     "advantage, expected",
     [
@@ -176,7 +224,9 @@ def test_openrlhf_divergence_gates_hand_computed(name, band, expected):
 def test_every_rival_is_in_the_table_and_its_settings_are_known():
     assert set(RIVALS) <= set(IS_CORRECTIONS)
     assert set(RIVAL_PARAMS) | set(NEEDS_ADVANTAGES) | set(DIVERGENCE_BANDS) <= set(RIVALS)
-    assert correction_params("cppo", {"delta": 0.1}) == {"delta": 0.1, "w_min": 0.8, "delta_b": 0.02}
+    assert correction_params("cppo", {"delta": 0.1}) == {
+        "delta": 0.1, "w_min": 0.8, "delta_b": 0.02, "quantile": 0.9, "budget_scale": 2.0
+    }  # fmt: skip
     assert correction_params("tis") == {}
 
 
@@ -187,11 +237,12 @@ def test_every_rival_is_in_the_table_and_its_settings_are_known():
             "cppo",
             (0.5, 5.0),
             {"delt": 0.1},
-            "cppo has no setting delt (its settings: delta, w_min, delta_b)",
+            "cppo has no setting delt (its settings: delta, w_min, delta_b, quantile, budget_scale)",
             id="unknown-setting",
         ),  # fmt: skip
         pytest.param("tis", (0.5, 5.0), {"x": 1.0}, "tis has no setting x (its settings: none)", id="no-settings"),
         pytest.param("kpop", (0.5, 5.0), {"phi": -1.0}, "phi must be a finite number >= 0", id="negative"),
+        pytest.param("cppo", (0.5, 5.0), {"quantile": 1.5}, "quantile is a fraction: it must be <= 1", id="fraction"),
         pytest.param("kpop", (0.5, 5.0), {"phi": float("nan")}, "phi must be a finite number >= 0", id="nan"),
         pytest.param("token-tv", (0.5, 5.0), None, "gates a divergence, which takes an upper bound only", id="band"),
     ],

@@ -47,7 +47,7 @@ from itertools import pairwise
 import torch
 
 from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs, prefix_live
-from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
+from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, FRACTION_PARAMS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
 from reinforce_pro.userfile import import_user_file
@@ -156,6 +156,8 @@ def correction_params(correction_type: str | Correction, overrides: Mapping[str,
     for key, value in overrides.items():
         if not (isinstance(value, int | float) and 0.0 <= value < float("inf")):
             raise ValueError(f"--vllm_is_correction_args: {key} must be a finite number >= 0, got {value!r}")
+        if key in FRACTION_PARAMS and value > 1.0:
+            raise ValueError(f"--vllm_is_correction_args: {key} is a fraction: it must be <= 1, got {value!r}")
     return {**defaults, **{k: float(v) for k, v in overrides.items()}}
 
 

@@ -40,9 +40,13 @@ PROB_CLAMP = 1e-6  # OpenRLHF 0.11.2 and KPop clamp probabilities before a binar
 RIVAL_PARAMS: dict[str, dict[str, float]] = {
     # CTPO's log-space clip bounds at position t: [-lo t^power, hi t^power] (horizon-llm/CTPO acc4021, core_algos.py
     # defaults la_clip_low / la_clip_high, and the cumprod mode's recommended power).
-    "ctpo": {"clip_low": 0.025, "clip_high": 0.05, "power": 0.5},
-    # CPPO's delta, w_min, delta_b (Tencent-Hunyuan/UniRL 30899fc, unirl/algorithms/cppo.py CPPOConfig).
-    "cppo": {"delta": 0.2, "w_min": 0.8, "delta_b": 0.02},
+    # `cap`: the reference caps the cumulative log-ratio from above at 10 before the window (it binds only where the
+    # window is wider than that: very long responses or a user's wide clip_high).
+    "ctpo": {"clip_low": 0.025, "clip_high": 0.05, "power": 0.5, "cap": 10.0},
+    # CPPO's delta, w_min, delta_b (Tencent-Hunyuan/UniRL 30899fc, unirl/algorithms/cppo.py CPPOConfig); `quantile`
+    # and `budget_scale`: the per-sequence budget delta_b' is that quantile of the divergences clamped to
+    # [delta_b, budget_scale x delta_b] (fixed at 0.9 and 2 in UniRL's code, settings in verl's port).
+    "cppo": {"delta": 0.2, "w_min": 0.8, "delta_b": 0.02, "quantile": 0.9, "budget_scale": 2.0},
     # DPPO's TV thresholds (PrimeIntellect-ai/prime-rl 559b447, configs/trainer.py dppo_mask_low / dppo_mask_high).
     "dppo-tv": {"low": 0.2, "high": 0.2},
     # KPop's phi (prime-rl pull request 3283: "defaulting to 0.1 as in the paper").
@@ -53,6 +57,8 @@ RIVAL_PARAMS: dict[str, dict[str, float]] = {
     # OPSM's delta (TRL 1.16 off_policy_mask_threshold's documented example value).
     "opsm": {"delta": 0.5},
 }
+# Settings that are fractions: refused above 1 (the rest only need to be finite and >= 0).
+FRACTION_PARAMS = frozenset({"w_min", "quantile"})
 # Rivals whose gate reads the advantage's sign: they need the policy loss's advantages.
 NEEDS_ADVANTAGES = frozenset({"cppo", "dppo-tv", "opsm"})
 # OpenRLHF 0.11.2's divergence gates read [LOW, HIGH] on a divergence: an upper bound, LOW <= 0 (OpenRLHF refuses
@@ -85,7 +91,8 @@ def _ctpo(inp: ISInputs):
     p, live = inp.params, prefix_live(inp)
     cum = torch.cumsum(torch.where(live, inp.log_ratio, 0.0), dim=-1)  # (B, T)
     scale = _positions(live, cum.dtype).clamp(min=1.0).pow(p["power"])
-    clipped = torch.minimum(torch.maximum(cum, -p["clip_low"] * scale), p["clip_high"] * scale)
+    capped = cum.clamp(max=p["cap"])  # the reference's cap, before its window
+    clipped = torch.minimum(torch.maximum(capped, -p["clip_low"] * scale), p["clip_high"] * scale)
     return clipped.exp(), live, {"is/cum_log_ratio_mean": mean_stat(cum, live)}
 
 
@@ -93,8 +100,8 @@ def _cppo(inp: ISInputs):
     # CPPO (arXiv 2606.10968, Eq. 8-11, as UniRL's cppo.py computes it): a Binary-TV divergence D_t = |p - mu|,
     # weighted by w_t falling linearly from 1 to w_min along the response (early drift compounds longest),
     # kept while within c_t = min(delta, delta + delta_b' W_<t - S_<t): the budget the prefix has left, with
-    # delta_b' the sequence's 90th-percentile D clamped to [delta_b, 2 delta_b]. A token whose update moves
-    # back toward mu (A (rho - 1) <= 0) is always kept.
+    # delta_b' the sequence's `quantile` of D (0.9) clamped to [delta_b, budget_scale delta_b]. A token whose update
+    # moves back toward mu (A (rho - 1) <= 0) is always kept.
     p, live = inp.params, prefix_live(inp)
     dtype = inp.log_ratio.dtype
     pos = _positions(live, dtype)
@@ -104,8 +111,8 @@ def _cppo(inp: ISInputs):
     z = w * div
     spent, weight_before = torch.cumsum(z, dim=-1) - z, torch.cumsum(w, dim=-1) - w  # S_<t, W_<t
     nan = torch.full((), float("nan"), dtype=dtype, device=div.device)
-    p90 = torch.nanquantile(torch.where(live, div, nan), 0.9, dim=-1, keepdim=True).nan_to_num(p["delta_b"])
-    budget = torch.clamp(p90, p["delta_b"], 2.0 * p["delta_b"])
+    high = torch.nanquantile(torch.where(live, div, nan), p["quantile"], dim=-1, keepdim=True).nan_to_num(p["delta_b"])
+    budget = torch.clamp(high, p["delta_b"], p["budget_scale"] * p["delta_b"])
     limit = torch.clamp(p["delta"] + budget * weight_before - spent, max=p["delta"])
     toward = inp.advantages * (inp.ratio - 1.0) <= 0.0
     keep = live & (toward | (z <= limit))
