@@ -44,6 +44,10 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     settings = [study.run_config(model, 3, 20, flags, eval_path).engines.config for flags in study.REGIMES.values()]
     assert all(replace(s, quantization=None) == cfg.engines.config for s in settings)
     assert {s.quantization for s in settings} == {None, "fp8_per_channel"}
+    # the study samples unfiltered (top-p 1, no top-k, no minimum length): the trainer replays no filter, so its
+    # log-probs are those every committed run used
+    assert cfg.loss.sampling_filter is None and cfg.rollout.top_p == 1.0 and cfg.rollout.top_k == -1
+    assert cfg.rollout.min_new_tokens == 0
 
 
 def _run(seed, regime, correction, final_eval, reward=0.3):
