@@ -1,11 +1,11 @@
-"""The drift picture (trainer/drift_plot.py) and the per-position gap it is drawn from."""
+"""The drift picture (trainer/drift_plot.py), from metrics rows (the per-position gap it is drawn from:
+tests/test_engine_outputs.py)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 
 from reinforce_pro.trainer.drift_plot import drift_table, main, write_drift
 
@@ -43,24 +43,3 @@ def test_a_png_is_written_from_metrics_and_the_command_refuses_files_without_the
     empty.write_text(json.dumps({"step": 1, "rollout/reward_mean": 0.1}) + "\n")
     assert main([str(empty)]) == 2 and "has no rollout_pos/logprob_abs_diff/* metrics" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.jsonl")]) == 2
-
-
-def test_the_gap_by_position_is_the_mean_over_each_buckets_tokens():
-    from reinforce_pro.algos.kl import build_kl_controller
-    from reinforce_pro.experience import Experience
-    from reinforce_pro.trainer.experience_builder import ExperienceBuilder, ExperienceConfig
-
-    rollout = torch.zeros(2, 5)
-    old = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.1, 0.5, 0.0, 9.0]])
-    mask = torch.tensor([[True] * 5, [True] * 4 + [False]])
-    exp = Experience(
-        sequences=torch.zeros(2, 7, dtype=torch.long), attention_mask=torch.ones(2, 7, dtype=torch.long),
-        action_mask=mask, old_log_probs=old, rollout_log_probs=rollout, advantages=torch.zeros(2, 5),
-        returns=torch.zeros(2, 5), rewards=torch.zeros(2),
-    )  # fmt: skip
-    builder = ExperienceBuilder([], None, None, None, ExperienceConfig(), build_kl_controller(0.0, None, 1))
-    m = builder.old_log_prob_metrics(exp)
-    # buckets [0, 2), [2, 4), [4, 8): (0.1 + 0.2 + 0.3 + 0.1) / 4, (0.3 + 0.4 + 0.5 + 0.0) / 4, 0.5 (9.0 is masked)
-    assert m["rollout_pos/logprob_abs_diff/0-1"] == pytest.approx(0.175)
-    assert m["rollout_pos/logprob_abs_diff/2-3"] == pytest.approx(0.3)
-    assert m["rollout_pos/logprob_abs_diff/4-7"] == pytest.approx(0.5)

@@ -181,7 +181,8 @@ def loss(
         vllm_is_anchor=vllm_is_anchor,
         position_metrics=is_position_metrics,
     )
-    # the trainer scores the distribution the engine samples from: its filters, replayed (models/sampling_filter.py)
+    # the trainer scores the distribution the engine samples from: its filters, replayed (models/sampling_filter.py);
+    # a minimum length acts once the workers add the model's stop ids (with_engine_stop_ids)
     replay = SamplingFilter(top_k=top_k, top_p=top_p, min_tokens=min_new_tokens)
     return PolicyLossConfig(
         surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient,
