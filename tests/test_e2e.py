@@ -1148,6 +1148,7 @@ def test_the_trainer_replays_the_engines_sampling_filter(engine, tiny_model, set
     """On equal fp32 weights the engine's log-probs (vLLM's processed ones: its support renormalised) and the
     trainer's agree to 1e-5 under every filter the CLI accepts, where the full softmax misses them by the log of
     the kept mass."""
+    from safetensors.torch import load_file, save
     from transformers import AutoModelForCausalLM
 
     from reinforce_pro.models.logprobs import token_log_probs
@@ -1156,6 +1157,8 @@ def test_the_trainer_replays_the_engines_sampling_filter(engine, tiny_model, set
 
     cfg = RolloutConfig(max_new_tokens=6, **setting)
     filt = with_engine_stop_ids(SamplingFilter(cfg.top_k, cfg.top_p, min_tokens=cfg.min_new_tokens), tiny_model)
+    # the shared engine holds whatever an earlier test's run synced into it: give it the weights scored here
+    ray.get(engine.update_weights.remote(save(load_file(Path(tiny_model) / "model.safetensors"))))
     ray.get(engine.reseed.remote(3))
     prompt = [1, 21, 15, 27, 33]
     generations = ray.get(engine.generate.remote([prompt] * 16, sampling_params(cfg)))

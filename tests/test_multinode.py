@@ -90,7 +90,7 @@ def close(key: str, a: float, b: float) -> bool:
     """Equal up to float order. The fp32 engine-trainer log-prob gaps are themselves float noise (1e-7 to 3e-6,
     by reduction order from run to run: a CI run saw 2.9e-7 against 1.8e-7), so they are compared at 1e-5, still
     far below a real mismatch (a bf16 engine: 5e-3)."""
-    noise = key.startswith("rollout/logprob_abs_diff")
+    noise = key.startswith(("rollout/logprob_abs_diff", "rollout_pos/logprob_abs_diff"))
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5 if noise else 1e-7)
 
 
