@@ -7,9 +7,10 @@ run's metrics.jsonl renders it again:
 
 Left: the mean |trainer - engine log-prob| of the step's response tokens before its update
 (`rollout_pos/logprob_abs_diff/<positions>`), by bucket of response positions (rows) and step (columns), on a
-log colour scale: a stale engine lights whole columns, a partial rollout the later positions of a column, a
-low-precision engine a faint floor everywhere. Right: the fraction of tokens the correction masked
-(`is/token_masked_frac`) and the staleness the step trained on (`async/staleness_mean`), over the same steps.
+log colour scale: a stale engine lights whole columns, drift that grows within a response (a partial rollout
+spanning many weight versions) the later positions of a column, a low-precision engine a faint floor everywhere.
+Right: the fraction of tokens the correction masked (`is/token_masked_frac`) and the staleness the step trained
+on (`async/staleness_mean`), over the same steps.
 """
 
 from __future__ import annotations
