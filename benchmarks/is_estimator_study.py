@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS
-from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS
+from reinforce_pro.algos.is_correction import DIVERGENCE_BANDS, IS_CORRECTIONS
 from reinforce_pro.algos.losses import PolicyLoss
 
 CORRECTIONS = ["none", *IS_CORRECTIONS]

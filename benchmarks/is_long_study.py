@@ -72,7 +72,9 @@ REGIMES = {
 CORRECTIONS = [
     "none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis", "minpro", "ctpo", "cppo",
     "dppo-tv", "kpop", "trm", "opsm", "geo-seq-mask", "token-tv", "token-binary-kl", "seq-tv", "seq-binary-kl",
+    "reinforce_pro-tv", "reinforce_pro-sign", "reinforce_pro-pos", "dppo-ratio", "cppo-nosign", "cppo-flat",
 ]  # fmt: skip
+ANCHORED = "+rollout"  # an arm's suffix: the correction under --vllm_is_anchor rollout (is_correction.py)
 REFERENCES = ("none", "tis", "sync")  # every correction is compared with these (sync: the undisturbed `none`)
 ENDPOINTS = {"final_eval": "held-out greedy accuracy at the last step", "final_reward": "training reward, last 10"}
 # prefill tokens per engine step on CPU: the batch's 256 prompts (~5,600 tokens) in one step instead of 11 chunks of
@@ -159,14 +161,17 @@ def warm_start(seed: int, workdir: Path, code: dict, cache: Path | None = None) 
 
 def correction_arm(text: str) -> str:
     """A correction of CORRECTIONS at its band, or at another: NAME@LOW,HIGH (e.g. reinforce_pro@0.9,1.1, a
-    strength the screening tries); the argparse type of --corrections."""
-    name = text.partition("@")[0]
+    strength the screening tries), either with the suffix +rollout for the rollout anchor (reinforce_pro+rollout);
+    the argparse type of --corrections."""
+    name = text.removesuffix(ANCHORED).partition("@")[0]
     try:
         band = split_arm(text)[1]
     except ValueError:
         band = ()  # not numbers: refused below as a malformed band
-    if name not in CORRECTIONS or (band is not None and name == "none"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a correction of {', '.join(CORRECTIONS)}, or NAME@LOW,HIGH")
+    if name not in CORRECTIONS or (name == "none" and text != name):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a correction of {', '.join(CORRECTIONS)}, or NAME@LOW,HIGH, either with {ANCHORED}"
+        )
     if band is not None and len(band) != 2:
         raise argparse.ArgumentTypeError(f"{text!r}: the band is LOW,HIGH, e.g. {name}@0.9,1.1")
     if band is not None and not 0 <= band[0] < band[1]:
@@ -180,21 +185,27 @@ def arm_order(correction: str) -> tuple[int, str]:
 
 
 def split_arm(correction: str) -> tuple[str, tuple[float, float] | None]:
-    """NAME@LOW,HIGH -> (NAME, (LOW, HIGH)); a plain name -> (name, None)."""
-    name, _, band = correction.partition("@")
+    """NAME@LOW,HIGH -> (NAME, (LOW, HIGH)); a plain name -> (name, None); the anchor's suffix dropped."""
+    name, _, band = correction.removesuffix(ANCHORED).partition("@")
     return name, (tuple(float(v) for v in band.split(",")) if band else None)
+
+
+def arm_anchor(correction: str) -> str:
+    """The arm's --vllm_is_anchor: `rollout` for NAME...+rollout, else the default `old`."""
+    return "rollout" if correction.endswith(ANCHORED) else "old"
 
 
 def with_correction(cfg, correction: str, save: Path):
     """`cfg` with one IS correction (`none`: IS off) at its band (a divergence gate's own [0, HIGH]) or the
-    arm's own (NAME@LOW,HIGH), writing to `save`."""
+    arm's own (NAME@LOW,HIGH), under the arm's anchor, writing to `save`."""
     from reinforce_pro.algos.is_correction import default_band
 
     name, band = split_arm(correction)
     surrogate = replace(cfg.loss.surrogate, enable_vllm_is_correction=name != "none")
     if name != "none":
         band = band or default_band(name, tuple(surrogate.vllm_is_truncated_threshold))
-        surrogate = replace(surrogate, vllm_is_correction_type=name, vllm_is_truncated_threshold=band)
+        surrogate = replace(surrogate, vllm_is_correction_type=name, vllm_is_truncated_threshold=band,
+                            vllm_is_anchor=arm_anchor(correction))  # fmt: skip
     return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
 
 

@@ -15,8 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band
-from reinforce_pro.algos.is_rivals import NEEDS_ADVANTAGES
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, NEEDS_ADVANTAGES, compute_is_weights, default_band
 
 LOW, HIGH = 0.5, 2.0
 L2, L4, L8, L9 = (math.log(x) for x in (2, 4, 8, 9))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,27 @@ def test_an_arm_may_run_a_correction_at_another_band():
             study.correction_arm(bad)
     assert study.split_arm("icepop") == ("icepop", None)
     assert study.split_arm("reinforce_pro@0.9,1.1") == ("reinforce_pro", (0.9, 1.1))
+
+
+def test_an_arm_may_run_a_correction_under_the_rollout_anchor():
+    import argparse
+
+    from reinforce_pro.cli.flags_to_config import run_config
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    for arm in ("reinforce_pro+rollout", "reinforce_pro@0.9,1.1+rollout"):
+        assert study.correction_arm(arm) == arm and study.arm_anchor(arm) == "rollout"
+    assert study.split_arm("reinforce_pro@0.9,1.1+rollout") == ("reinforce_pro", (0.9, 1.1))
+    assert study.arm_anchor("reinforce_pro") == "old"
+    for bad in ("none+rollout", "reinforce_pro+old", "reinforce_pro+rollout@0.9,1.1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            study.correction_arm(bad)
+    cfg = run_config(parse_args(["--pretrain", "m"]))
+    for arm, anchor in (("reinforce_pro+rollout", "rollout"), ("cppo", "old")):
+        surrogate = study.with_correction(cfg, arm, Path("out")).loss.surrogate
+        assert surrogate.vllm_is_anchor == anchor and surrogate.enable_vllm_is_correction
+        assert surrogate.vllm_is_correction_type == study.split_arm(arm)[0]
+    assert study.arm_order("reinforce_pro+rollout") > study.arm_order("reinforce_pro")
 
 
 def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_short(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from reinforce_pro.algos.is_correction import (
     default_band,
     validate_is_config,
 )
+from reinforce_pro.algos.is_correction import NEEDS_ADVANTAGES as SIGN_GATES  # the rivals' and the variants'
 from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
 
 P = [0.5, 0.9, 0.2, 0.6]
@@ -252,7 +253,7 @@ def test_bad_settings_are_one_clear_error(name, band, params, message):
         validate_is_config(name, *band, params)
 
 
-@pytest.mark.parametrize("name", sorted(NEEDS_ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(SIGN_GATES))
 def test_a_sign_gate_without_advantages_says_so(name):
     old, rollout, mask = four_tokens()
     with pytest.raises(ValueError, match=f"{name} gates on the advantage's sign"):

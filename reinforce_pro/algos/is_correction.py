@@ -13,8 +13,10 @@ policy loss. `IS_CORRECTIONS` maps the `--vllm_is_correction_type` names to thei
 | reinforce_pro | rho_t if low <= exp(mean_{s<=t} r_s) <= high else 0              | REINFORCE Pro (this repo) |
 | reinforce_pro-tis | clamp(rho_t, low, high) where reinforce_pro keeps, else 0    | this repo                 |
 
-and the published rivals (is_rivals.py): minpro, ctpo, cppo, dppo-tv, kpop, trm, opsm, geo-seq-mask, and
-OpenRLHF 0.11.2's divergence gates token-tv, token-binary-kl, seq-tv, seq-binary-kl.
+the published rivals (is_rivals.py): minpro, ctpo, cppo, dppo-tv, kpop, trm, opsm, geo-seq-mask, and
+OpenRLHF 0.11.2's divergence gates token-tv, token-binary-kl, seq-tv, seq-binary-kl; and the mechanism variants
+(is_mechanisms.py), each moving one ingredient between reinforce_pro and cppo / dppo-tv: reinforce_pro-tv,
+reinforce_pro-sign, reinforce_pro-pos, dppo-ratio, cppo-nosign, cppo-flat.
 
 The anchor: r compares the trainer's old policy with the rollout policy (`--vllm_is_anchor old`, the default);
 under `--vllm_is_anchor rollout` it compares the current policy (detached) with the rollout policy, as DPPO,
@@ -46,13 +48,17 @@ from itertools import pairwise
 
 import torch
 
-from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs, prefix_live
-from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS, FRACTION_PARAMS, NEEDS_ADVANTAGES, RIVAL_PARAMS, RIVALS
+from reinforce_pro.algos.is_inputs import LOG_RATIO_BOUND, ISInputs, in_band, is_inputs, prefix_geomean, prefix_live
+from reinforce_pro.algos.is_mechanisms import MECHANISM_BANDS, MECHANISM_NEEDS_ADVANTAGES, MECHANISM_PARAMS, MECHANISMS
+from reinforce_pro.algos.is_rivals import DIVERGENCE_BANDS as RIVAL_BANDS
+from reinforce_pro.algos.is_rivals import FRACTION_PARAMS, RIVAL_PARAMS, RIVALS
+from reinforce_pro.algos.is_rivals import NEEDS_ADVANTAGES as RIVALS_NEEDING_ADVANTAGES
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.algos.stats import Stat, extreme_stat, mean_stat
 from reinforce_pro.userfile import import_user_file
 
-__all__ = ["LOG_RATIO_BOUND", "ISInputs", "IS_CORRECTIONS", "compute_is_weights", "is_inputs", "position_metrics"]
+__all__ = ["DIVERGENCE_BANDS", "IS_CORRECTIONS", "LOG_RATIO_BOUND", "NEEDS_ADVANTAGES", "ISInputs",
+           "compute_is_weights", "is_inputs", "position_metrics"]  # fmt: skip
 
 
 # A correction returns (weights (B, T), keep (B, T) bool: the filter's decision, extra metrics).
@@ -75,9 +81,7 @@ def _seq_mask_tis(inp: ISInputs):
 
 
 def _reinforce_pro(inp: ISInputs):
-    # log_ratio is already 0 off the valid tokens, so its cumsum is the sum over valid tokens <= t.
-    count = torch.cumsum(inp.valid, dim=-1, dtype=torch.int32).clamp_(min=1)  # int cumsum: faster on CPU
-    prefix_is = torch.cumsum(inp.log_ratio, dim=-1).div_(count).exp_()  # (B, T) geometric mean of rho_{<=t}
+    prefix_is = prefix_geomean(inp)  # (B, T) geometric mean of rho_{<=t}
     live = prefix_live(inp)  # a non-finite action token poisons every later prefix of its sequence
     keep = live & in_band(prefix_is, inp.low, inp.high)
     metrics = {
@@ -103,7 +107,13 @@ IS_CORRECTIONS: dict[str, Correction] = {
     "reinforce_pro": _reinforce_pro,
     "reinforce_pro-tis": _reinforce_pro_tis,
     **RIVALS,
+    **MECHANISMS,
 }
+# Over the whole table: each correction's own settings, the gates that read the advantage's sign, and the
+# divergence gates' suggested bands [0, HIGH].
+CORRECTION_PARAMS = {**RIVAL_PARAMS, **MECHANISM_PARAMS}
+NEEDS_ADVANTAGES = RIVALS_NEEDING_ADVANTAGES | MECHANISM_NEEDS_ADVANTAGES
+DIVERGENCE_BANDS = {**RIVAL_BANDS, **MECHANISM_BANDS}
 
 
 def load_user_correction(path: str) -> Correction:
@@ -142,9 +152,9 @@ DEFAULT_BAND = (0.5, 5.0)  # the band of the start-up try of a user's correction
 
 
 def correction_params(correction_type: str | Correction, overrides: Mapping[str, float] | None = None) -> dict:
-    """The correction's own settings (is_rivals.RIVAL_PARAMS) with `overrides` applied; ValueError naming
+    """The correction's own settings (CORRECTION_PARAMS) with `overrides` applied; ValueError naming
     --vllm_is_correction_args for a key the correction does not have or a value that is not a finite number >= 0."""
-    defaults = RIVAL_PARAMS.get(correction_type, {}) if isinstance(correction_type, str) else {}
+    defaults = CORRECTION_PARAMS.get(correction_type, {}) if isinstance(correction_type, str) else {}
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
@@ -234,7 +244,7 @@ def compute_is_weights(
     old_log_probs: (B, T) log-probs of the sampled tokens under the gated policy (the trainer's old policy, or the
     current one under the rollout anchor); rollout_log_probs: the rollout engine's; action_mask: (B, T) 1 on
     trained tokens. advantages: (B, T) or (B,), needed by the gates that read the advantage's sign
-    (is_rivals.NEEDS_ADVANTAGES). params: overrides of the correction's settings. mask_only: return the keep
+    (NEEDS_ADVANTAGES). params: overrides of the correction's settings. mask_only: return the keep
     decision as 0/1 weights (the rollout anchor, whose surrogate ratio already carries the IS weight). Metrics are
     Stats of 0-dim tensors (`float(m[key])` reads one), merged over micro-batches and ranks by algos/stats.py.
     """

@@ -49,6 +49,14 @@ def prefix_live(inp: ISInputs) -> torch.Tensor:
     return inp.valid & ~(torch.cumsum(inp.nonfinite, dim=-1, dtype=torch.int32) > 0)
 
 
+def prefix_geomean(inp: ISInputs) -> torch.Tensor:
+    """(B, T) geometric mean of rho over the valid action tokens up to and including each column (1 before the
+    first): reinforce_pro's prefix statistic."""
+    # log_ratio is already 0 off the valid tokens, so its cumsum is the sum over valid tokens <= t.
+    count = torch.cumsum(inp.valid, dim=-1, dtype=torch.int32).clamp_(min=1)  # int cumsum: faster on CPU
+    return torch.cumsum(inp.log_ratio, dim=-1).div_(count).exp_()
+
+
 def is_inputs(
     numerator_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,

@@ -72,6 +72,13 @@ def _positions(live: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cumsum(live, dim=-1, dtype=torch.int32).to(dtype)
 
 
+def position_weights(live: torch.Tensor, w_min: float, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) CPPO's w_t: 1 at a sequence's first live token falling linearly to w_min at its last, 0 elsewhere."""
+    pos = _positions(live, dtype)
+    n = live.sum(dim=-1, keepdim=True).to(dtype)
+    return torch.where(live, 1.0 - (1.0 - w_min) * (pos - 1.0) / (n - 1.0).clamp(min=1.0), 0.0)
+
+
 def _minpro(inp: ISInputs):
     # MinPRO replaces the prefix product prod_{s<t} rho_s by the smallest ratio seen before t. The running
     # minimum starts at the empty prefix's ratio 1, so the factor only ever down-weights: this project's reading
@@ -96,17 +103,15 @@ def _ctpo(inp: ISInputs):
     return clipped.exp(), live, {"is/cum_log_ratio_mean": mean_stat(cum, live)}
 
 
-def _cppo(inp: ISInputs):
+def _cppo(inp: ISInputs, toward_exempt: bool = True):
     # CPPO (arXiv 2606.10968, Eq. 8-11, as UniRL's cppo.py computes it): a Binary-TV divergence D_t = |p - mu|,
     # weighted by w_t falling linearly from 1 to w_min along the response (early drift compounds longest),
     # kept while within c_t = min(delta, delta + delta_b' W_<t - S_<t): the budget the prefix has left, with
     # delta_b' the sequence's `quantile` of D (0.9) clamped to [delta_b, budget_scale delta_b]. A token whose update
-    # moves back toward mu (A (rho - 1) <= 0) is always kept.
+    # moves back toward mu (A (rho - 1) <= 0) is always kept (unless not `toward_exempt`: is_mechanisms.py).
     p, live = inp.params, prefix_live(inp)
     dtype = inp.log_ratio.dtype
-    pos = _positions(live, dtype)
-    n = live.sum(dim=-1, keepdim=True).to(dtype)
-    w = torch.where(live, 1.0 - (1.0 - p["w_min"]) * (pos - 1.0) / (n - 1.0).clamp(min=1.0), 0.0)
+    w = position_weights(live, p["w_min"], dtype)
     div = torch.where(live, (inp.prob - inp.rollout_prob).abs(), 0.0)
     z = w * div
     spent, weight_before = torch.cumsum(z, dim=-1) - z, torch.cumsum(w, dim=-1) - w  # S_<t, W_<t
@@ -115,7 +120,7 @@ def _cppo(inp: ISInputs):
     budget = torch.clamp(high, p["delta_b"], p["budget_scale"] * p["delta_b"])
     limit = torch.clamp(p["delta"] + budget * weight_before - spent, max=p["delta"])
     toward = inp.advantages * (inp.ratio - 1.0) <= 0.0
-    keep = live & (toward | (z <= limit))
+    keep = live & ((toward & toward_exempt) | (z <= limit))
     return inp.ratio, keep, {"is/cppo_budget_left_mean": mean_stat(limit - z, live)}
 
 
