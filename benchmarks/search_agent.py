@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -92,9 +91,8 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     start = time.perf_counter()
     info, warm, index = prepare(seed, workdir)
     server = make_server(index, port=0, max_concurrency=16)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     os.environ.update({k: v for k, v in SETTINGS.items() if k.startswith("SEARCH_")})
-    os.environ["SEARCH_RETRIEVER_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    os.environ["SEARCH_RETRIEVER_URL"] = server.start()
     engine = ray.remote(VLLMEngine).options(num_cpus=1).remote(
         EngineConfig(model_path=warm, dtype="float32", max_model_len=SETTINGS["max_len"], seed=seed)
     )  # fmt: skip
@@ -122,7 +120,7 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
         after = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
     rl_wall = time.perf_counter() - rl_start
     ray.kill(engine)
-    server.shutdown()
+    server.stop()
     curve = [h.get("rollout/reward_mean") for h in history]
     return {"seed": seed, "steps": len(history), "before": before, "after": after, "rl_wall_s": rl_wall,
             "wall_s": time.perf_counter() - start, "sft_loss_last": info["sft/loss_last"],

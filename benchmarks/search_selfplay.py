@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -143,8 +142,7 @@ def run_seed(seed: int, workdir: Path, code: dict) -> dict:
     kb_dir, model, warm = warm_start(seed, workdir)
     base = knowledge.load(kb_dir)
     server = make_server(BM25Index(base.passages), port=0, max_concurrency=16)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    os.environ["SEARCH_RETRIEVER_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    os.environ["SEARCH_RETRIEVER_URL"] = server.start()
     os.environ.update(
         SEARCH_TOPK=str(SETTINGS["topk"]),
         SEARCH_INFO_CHARS=str(SETTINGS["info_chars"]),
@@ -168,8 +166,7 @@ def run_seed(seed: int, workdir: Path, code: dict) -> dict:
                        "solver_episodes": trained_solver_episodes(arm, history),
                        "wall_s": time.perf_counter() - arm_start, "curves": curves(history)}  # fmt: skip
     ray.kill(engine)
-    server.shutdown()
-    server.server_close()
+    server.stop()
     return {**record, "wall_s": time.perf_counter() - start}
 
 

@@ -7,10 +7,11 @@
   query, best first (without return_scores: the documents alone), as Search-R1's retrieval_server.py answers.
 - `GET /health` -> `{"status": "ok", "passages": N}`.
 - Errors are JSON `{"error": "..."}`: 400 for a malformed request (a body nested too deeply to parse included),
-  413 for a body over 1 MB, 503 when `--max_concurrency` requests are being served and no slot frees within 2 s
-  (the client backs off, retries).
-- A connection silent for IDLE_TIMEOUT seconds is closed, and at most MAX_CONNECTIONS are open at once (one more
-  is closed as it arrives): idle or slow clients cannot pile up threads.
+  404 for another path, 408 for a body that stops arriving, 413 for a body over 1 MB, 503 when
+  `--max_concurrency` requests are being served and no slot frees within 2 s (the client backs off, retries).
+- FastAPI on uvicorn (reinforce_pro/serving.py): an idle or slow client holds a socket, not a thread, and a
+  connection silent for IDLE_TIMEOUT seconds is closed, so silent connections cannot take the slots real
+  requests need.
 The server binds to 127.0.0.1 only. BM25 is the `bm25s` package (numpy only, lowercased words of 2+ characters,
 English stop words removed).
 """
@@ -24,15 +25,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-MAX_BODY = 1 << 20
-DRAIN_LIMIT = 16 << 20  # an over-long body up to this size is read before the 413 (see do_POST)
-MAX_QUERIES = 256
-MAX_TOPK = 50
+from reinforce_pro.search.retriever_app import MAX_BODY, MAX_QUERIES, MAX_TOPK, build_app, parse_request
+
+if TYPE_CHECKING:
+    from reinforce_pro.serving import LoopbackServer
+
+__all__ = ["MAX_BODY", "MAX_QUERIES", "MAX_TOPK", "BM25Index", "RetrieverClient", "RetrieverError", "make_server",
+           "parse_request"]  # fmt: skip
+
 IDLE_TIMEOUT = 10.0  # seconds a connection may stay silent (between requests or mid-request) before it is closed
-MAX_CONNECTIONS = 64  # open connections served at once; one more is closed at once (each holds a thread)
+MAX_CONNECTIONS = 64  # requests in progress at once; one more is answered 503 at once
 
 
 class BM25Index:
@@ -77,116 +82,19 @@ class BM25Index:
 
 
 # ------------------------------------------------------------------------------------------ the service
-def parse_request(body: bytes) -> tuple[list[str], int, bool]:
-    """(queries, topk, return_scores) of a /retrieve body; ValueError with what is wrong."""
-    try:
-        request = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"the body is not JSON: {e}") from None
-    except RecursionError:  # [[[[...]]]] thousands deep: the parser gives up before any check could run
-        raise ValueError("the body is nested too deeply to be a request") from None
-    if not isinstance(request, dict):
-        raise ValueError('the body must be an object: {"queries": [...], "topk": 3, "return_scores": true}')
-    queries, topk = request.get("queries"), request.get("topk", 3)
-    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries) or not queries:
-        raise ValueError('"queries" must be a non-empty list of strings')
-    if len(queries) > MAX_QUERIES:
-        raise ValueError(f'at most {MAX_QUERIES} "queries" per request, got {len(queries)}')
-    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
-        raise ValueError(f'"topk" must be an integer in [1, {MAX_TOPK}], got {topk!r}')
-    return queries, topk, bool(request.get("return_scores", False))
-
-
-class BoundedThreadingServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with at most `max_connections` connection threads: one more connection is closed as it
-    is accepted, before a thread is made for it."""
-
-    daemon_threads = True
-    # the listen backlog (socketserver's default is 5): a burst of connections beyond it is not refused but
-    # delayed by the kernel's SYN-ACK retry (about 1 s each), so the backlog holds at least MAX_CONNECTIONS
-    request_queue_size = 2 * MAX_CONNECTIONS
-
-    def __init__(self, address, handler, max_connections: int) -> None:
-        super().__init__(address, handler)
-        self._connections = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._connections.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # the thread did not start: give its place back
-            self._connections.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._connections.release()
-
-
 def make_server(
     index: BM25Index, port: int = 0, max_concurrency: int = 8, queue_timeout: float = 2.0,
     idle_timeout: float = IDLE_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-) -> ThreadingHTTPServer:  # fmt: skip
-    """An HTTP server on 127.0.0.1:`port` (0: a free one; `server.server_address[1]` says which), not started.
-    At most `max_concurrency` requests are searched at once; one more waits up to `queue_timeout` s, then 503. A
-    connection silent for `idle_timeout` s is closed; at most `max_connections` are open at once."""
-    slots = threading.BoundedSemaphore(max_concurrency)
+) -> LoopbackServer:  # fmt: skip
+    """The service on 127.0.0.1:`port` (0: a free one; `.url` says which), not started (`.start()`, `.stop()`).
+    At most `max_concurrency` requests are searched at once (each in a worker thread); one more waits up to
+    `queue_timeout` s, then 503. A connection silent for `idle_timeout` s is closed, and a body that stops
+    arriving for that long ends its request with 408; past `max_connections` requests in progress, one more is
+    answered 503 at once. Idle connections hold a socket each, never a thread."""
+    from reinforce_pro.serving import LoopbackServer
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = idle_timeout  # the socket's timeout: a read that waits longer ends the connection
-
-        def log_message(self, *args) -> None:  # one line per request is noise during training
-            pass
-
-        def _reply(self, status: int, payload: dict) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            if self.path != "/health":
-                return self._reply(404, {"error": f"no such path {self.path}; use POST /retrieve or GET /health"})
-            self._reply(200, {"status": "ok", "passages": len(index.passages)})
-
-        def do_POST(self) -> None:
-            if self.path != "/retrieve":
-                return self._reply(404, {"error": f"no such path {self.path}; use POST /retrieve"})
-            declared = self.headers.get("Content-Length") or "0"
-            # "abc" or "²" (a latin-1 header byte str.isdigit accepts) would raise in int(), "-1" would read until
-            # the client hangs up
-            if not (declared.isascii() and declared.isdigit()):
-                self.close_connection = True
-                return self._reply(400, {"error": f"Content-Length must be a byte count, got {declared[:40]!r}"})
-            length = int(declared)
-            if length > MAX_BODY:
-                # Read (and drop) a moderately large body before answering: a client still sending when the
-                # server closes sees a broken pipe instead of the 413. A huge one is not read: the connection closes.
-                remaining = length if length <= DRAIN_LIMIT else 0
-                while remaining > 0 and (chunk := self.rfile.read(min(1 << 16, remaining))):
-                    remaining -= len(chunk)
-                self.close_connection = True
-                return self._reply(413, {"error": f"body of {length} bytes; at most {MAX_BODY}"})
-            body = self.rfile.read(length)
-            if not slots.acquire(timeout=queue_timeout):  # wait a little for a slot, then refuse
-                return self._reply(503, {"error": f"busy: {max_concurrency} requests in flight"})
-            try:
-                queries, topk, scores = parse_request(body)
-                hits = index.search(queries, topk)
-            except ValueError as e:
-                return self._reply(400, {"error": str(e)})
-            finally:
-                slots.release()
-            result = [[{"document": doc, "score": s} if scores else doc for doc, s in row] for row in hits]
-            self._reply(200, {"result": result})
-
-    return BoundedThreadingServer(("127.0.0.1", port), Handler, max_connections)
+    app = build_app(index, max_concurrency, queue_timeout, idle_timeout, max_connections)
+    return LoopbackServer(app, port, idle_timeout, name="retriever")
 
 
 # ------------------------------------------------------------------------------------------ the client
@@ -252,14 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     index = BM25Index.from_jsonl(args.corpus)
     server = make_server(index, args.port, args.max_concurrency)
-    print(f"[retriever] {len(index.passages)} passages; serving http://127.0.0.1:{server.server_address[1]} "
-          "(POST /retrieve, GET /health)", flush=True)  # fmt: skip
+    print(f"[retriever] {len(index.passages)} passages; serving {server.url} (POST /retrieve, GET /health)",
+          flush=True)  # fmt: skip
     try:
-        server.serve_forever()
+        server.run()
     except KeyboardInterrupt:
         pass
-    finally:
-        server.server_close()
     return 0
 
 

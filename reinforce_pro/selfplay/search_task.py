@@ -127,16 +127,14 @@ class SearchTask(SelfPlayTask):
                 from reinforce_pro.search.retriever import BM25Index, make_server
 
                 self._server = make_server(BM25Index(self.kb.passages), port=0, max_concurrency=16)
-                threading.Thread(target=self._server.serve_forever, name="retriever", daemon=True).start()
-                self._url = f"http://127.0.0.1:{self._server.server_address[1]}"
+                self._url = self._server.start()
             return self._url
 
     def close(self) -> None:
         """Stop the retrieval service this task started (if any)."""
         with self._lock:
             if self._server is not None:
-                self._server.shutdown()
-                self._server.server_close()
+                self._server.stop()
                 self._server, self._url = None, None
 
     def score(self, question: Question, responses: list[str], judge: Judge | None = None) -> ScoredResponses:
