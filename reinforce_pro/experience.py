@@ -44,19 +44,22 @@ class Samples:
     policy_version: torch.Tensor | None = None
     # (B, T) long, --partial_rollout: the engines' version that sampled each response token (0 on padding)
     token_version: torch.Tensor | None = None
+    # (F,) the last F rows are extra segments of agent episodes (agents/trajectory.py): the index of the row whose
+    # advantage each shares (its episode's lead row, among the first B - F rows); None: no such rows
+    fork_of: list[int] | None = None
 
     @property
     def num_actions(self) -> int:
         return self.action_mask.size(1)
 
     def select(self, rows: torch.Tensor) -> Samples:
-        """Rows `rows` (1-D long) of every per-row field; batch-level fields (metrics, advantage_segments)
-        do not survive a row selection and are dropped."""
+        """Rows `rows` (1-D long) of every per-row field; batch-level fields (metrics, advantage_segments,
+        fork_of) do not survive a row selection and are dropped."""
         picked = rows.tolist()
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("metrics", "advantage_segments"):
+            if f.name in ("metrics", "advantage_segments", "fork_of"):
                 continue
             if isinstance(value, torch.Tensor):
                 kwargs[f.name] = value[rows]

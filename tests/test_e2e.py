@@ -884,6 +884,73 @@ def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))
 
 
+def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_model):
+    """examples/python/agent_calculator_openai.py: the agent calls the run's loopback endpoint through the openai
+    client; its episodes train like the AgentInstance twin's (tests/test_openai_agents.py compares the rows)."""
+    pytest.importorskip("openai")
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_openai.py"
+    cfg, plan, history = run(
+        ["--agent_func_path", str(calculator), "--advantage_estimator", "reinforce_baseline", "--max_samples", "16",
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--label_key", "label"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        assert row["agent/episodes"] == 8 * 4 and row["agent/dropped_episodes"] == 0
+        assert 1 <= row["agent/calls_mean"] <= 4 and row["agent/segment_forks"] == 0  # completions extend as text
+        assert 0 < row["agent/env_token_frac"] < 1 and "is/token_masked_frac" in row and "policy/grad_norm" in row
+        assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
+
+
+def test_openai_endpoint_rows_are_the_engines_ids_bit_for_bit(engine, tiny_model):
+    """The real engine behind the endpoint: every trained row is exactly the ids each call gave the engine and
+    the ids (and log-probs) it sampled, the SDK's text in between never re-tokenised into the sample."""
+    pytest.importorskip("openai")
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from reinforce_pro.agents.agent_file import load_agent
+    from reinforce_pro.agents.openai_agents import OpenAIAgentSource
+    from reinforce_pro.agents.runner import AgentConfig
+    from reinforce_pro.rollout.sampler import RolloutConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    given, sampled = [], []
+
+    def sample(prompts, sampling):
+        out = ray.get(engine.generate.remote(prompts, sampling))
+        given.extend(prompts)
+        sampled.extend(out)
+        return out
+
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_openai.py"
+    cfg = RolloutConfig(n_samples_per_prompt=4, max_new_tokens=8)
+    source = OpenAIAgentSource(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=sample), load_agent(calculator),
+                               AgentConfig(max_len=64))  # fmt: skip
+    try:
+        samples = source.generate([{"prompt": f"{a}+{a + 1}=", "label": str(2 * a + 1)} for a in range(1, 5)])
+    finally:
+        source.close()
+    assert samples.metrics["agent/segment_forks"] == 0 and len(sampled) == samples.metrics["agent/calls_mean"] * 16
+    t = samples.num_actions
+    for row in range(16):
+        ids = samples.sequences[row][samples.attention_mask[row] == 1].tolist()
+        calls = [k for k, g in enumerate(given) if ids[: len(g)] == g and ids[len(g) :][: len(sampled[k].token_ids)]
+                 == sampled[k].token_ids]  # fmt: skip
+        last = max(calls, key=lambda k: len(given[k]))
+        assert ids == given[last] + sampled[last].token_ids  # the row ends with the last call, exactly
+        prompt_len = int(samples.attention_mask[row, :-t].sum())
+        lp, act = samples.rollout_log_probs[row], samples.action_mask[row]
+        for k in calls:  # every call's sampled ids sit at their place, trained, with the engine's log-probs
+            start = len(given[k]) - prompt_len
+            n = len(sampled[k].token_ids)
+            assert act[start : start + n].all()
+            torch.testing.assert_close(lp[start : start + n], torch.tensor(sampled[k].log_probs), rtol=0, atol=0)
+        assert int(act.sum()) == sum(len(sampled[k].token_ids) for k in calls)  # and nothing else is trained
+
+
 def test_agent_run_with_dynamic_filtering_filters_on_the_environments_rewards(tmp_path, engine, tiny_model):
     """OpenRLHF's agent scripts pass --dynamic_filtering: groups are kept by the environment's scores (there is
     no reward function to call). A range that keeps every group: two steps of 8 groups, all kept."""

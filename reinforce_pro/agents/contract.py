@@ -19,6 +19,7 @@ For history / target dialogues (docs/agents.md) it may also define
     def build_prompt(self, states) -> str     # states: {"content", "turn_id", "memory": [str, ...]}
 
 An `AgentExecutor` class, if the file has one (OpenRLHF files do), is ignored: the rollout loop is ours.
+A file without `AgentInstance` may instead hold an agent written to the OpenAI SDK (agents/agent_file.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def load_agent_class(path: str | Path) -> type:
     cls = getattr(module, "AgentInstance", None)
     if not inspect.isclass(cls):
         raise AgentFileError(f"--agent_func_path {path}: defines no class AgentInstance")
+    return checked_instance_class(cls, path)
+
+
+def checked_instance_class(cls: type, path) -> type:
     for name in ("reset", "step"):
         if not inspect.iscoroutinefunction(getattr(cls, name, None)):
             raise AgentFileError(f"--agent_func_path {path}: AgentInstance.{name} must be an async method")

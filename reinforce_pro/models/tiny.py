@@ -3,8 +3,8 @@ locally (nothing is downloaded) and saved as an ordinary HF model directory that
 transformers all load like any other.
 
 The tokenizer maps each printable ASCII character and the newline to one token, plus <pad>, <bos>, <eos>,
-<unk>. Its chat template renders a conversation as "<bos>user: ...\nassistant: " so that
-`--apply_chat_template` works on the built-in model too.
+<unk>. Its chat template renders a conversation as "<bos>user: ...\nassistant: " (an assistant turn of the
+history closed by <eos>), so that `--apply_chat_template` and multi-turn chat agents work on the built-in model.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Qwen2Tokenizer whatever tokenizer_config.json says, and Qwen2Tokenizer byte-level-encodes its input: a
 # vocabulary of plain " " would lose every space once the model is saved and loaded (ids: space 4, newline 99).
 CHARS = ["Ġ" if c == 32 else chr(c) for c in range(32, 127)] + ["Ċ"]
+# An assistant turn in the history ends with <eos>, where the model's own turn ended: a multi-turn agent's next
+# prompt then extends the ids the engine sampled (agents/trajectory.py), as Qwen's <|im_end|> does.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 

@@ -191,5 +191,5 @@ class RunPlan:
     reward_source: str
     summary: dict
     task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
-    agent_cls: type | None = None  # --agent_func_path: the AgentInstance class, loaded once here
+    agent_cls: object | None = None  # --agent_func_path: the AgentInstance class or an OpenAIAgent, loaded once here
     log_dir: Path | None = None  # where actors write their output (run_dir/logs); None with --verbose

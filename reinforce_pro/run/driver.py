@@ -70,8 +70,10 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
         print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
     kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
-    # self-play tasks and agent environments score their own rollouts: no reward function
-    reward_fn = None if plan.task or plan.agent_cls else wiring.reward_function(cfg, plan, use_gpu, groups)
+    # self-play tasks and AgentInstance environments score their own rollouts: no reward function (an OpenAI-SDK
+    # agent may leave the scoring to it, as OpenRLHF's executor does)
+    scored = plan.task or plan.reward_source.startswith("agent:")
+    reward_fn = None if scored else wiring.reward_function(cfg, plan, use_gpu, groups)
     builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
     sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
     source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
@@ -100,6 +102,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             logger.close()
         if plan.task is not None:
             getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
+        getattr(source, "close", lambda: None)()  # the endpoint an OpenAI-SDK agent's episodes call
         groups.release()
     return history
 

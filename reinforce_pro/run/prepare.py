@@ -98,10 +98,11 @@ def prepare(cfg: RunConfig) -> RunPlan:
             )
     agent_cls = None
     if cfg.agent is not None:
-        from reinforce_pro.agents.contract import AgentFileError, load_agent_class
+        from reinforce_pro.agents.agent_file import load_agent
+        from reinforce_pro.agents.contract import AgentFileError
 
         try:
-            agent_cls = load_agent_class(cfg.agent.func_path)
+            agent_cls = load_agent(cfg.agent.func_path)
         except AgentFileError as e:
             raise UserInputError(str(e)) from None
     if models.remote_rm_url:
@@ -147,8 +148,8 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
         raise UserInputError(f"{len(prompts)} prompts, fewer than --rollout_batch_size {cfg.loop.rollout_batch_size}")
     if task is not None:
         source = f"selfplay:{task.name}"
-    elif cfg.agent is not None:
-        source = f"agent:{Path(cfg.agent.func_path).resolve()}"
+    elif isinstance(agent_cls, type):  # an AgentInstance environment scores its episodes (an OpenAI-SDK agent
+        source = f"agent:{Path(cfg.agent.func_path).resolve()}"  # may leave them to the reward function below)
     elif cfg.models.remote_rm_url:
         source = str(Path(cfg.models.remote_rm_url).resolve())
     elif cfg.models.reward_pretrain:

@@ -165,8 +165,11 @@ class ExperienceBuilder:
 
     def advantages(self, samples: Samples, rewards, kl, values) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) advantages and returns, computed separately for each of samples.advantage_segments (self-play
-        keeps solver groups and proposer samples apart), by default the whole batch as one segment."""
-        segments = samples.advantage_segments or [(0, len(rewards), self.cfg.n_samples_per_prompt)]
+        keeps solver groups and proposer samples apart), by default the whole batch as one segment. Extra segments
+        of agent episodes (samples.fork_of) take their episode's advantage (the mean over its lead row's tokens)."""
+        forks = len(samples.fork_of or [])
+        leads = len(rewards) - forks
+        segments = samples.advantage_segments or [(0, leads, self.cfg.n_samples_per_prompt)]
         advantages = torch.zeros(samples.action_mask.shape, dtype=torch.float32)
         returns = torch.zeros_like(advantages)
         for start, end, group_size in segments:
@@ -185,6 +188,11 @@ class ExperienceBuilder:
                 turn_rewards=samples.turn_rewards[rows] if samples.turn_rewards is not None else None,
             )
             advantages[rows], returns[rows] = compute_advantages(self.cfg.advantage_estimator, inp)
+        for k, lead in enumerate(samples.fork_of or []):
+            row, mask = leads + k, samples.action_mask[leads + k].float()
+            lead_mask = samples.action_mask[lead]
+            advantages[row] = masked_mean(advantages[lead], lead_mask) * mask
+            returns[row] = masked_mean(returns[lead], lead_mask) * mask
         return advantages, returns
 
     def _metrics(self, samples: Samples, reward: RewardOutput) -> dict[str, float]:

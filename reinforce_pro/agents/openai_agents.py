@@ -1,0 +1,213 @@
+"""Agents written to the OpenAI SDK: the two file shapes `--agent_func_path` accepts besides `AgentInstance`,
+and the rollout source that runs them against the endpoint (agents/openai_endpoint.py).
+
+A plain function (the shape most agent code already has):
+
+    async def run_agent(client, prompt, label) -> {"reward": float, "scores": float, "extra_logs": {...}}
+
+`client` is an `openai.AsyncOpenAI` whose base URL is the episode's session (any model name is served).
+
+OpenRLHF's executor file (examples/python/agent_func_openai_server_executor.py): a class whose
+`async def run_agent(self, prompt, label, session_id)` calls `self.client` with
+`extra_body={"session_id": session_id}`. Its `run_agent` runs here unchanged: the class is created without
+calling its `__init__`, and given what OpenRLHF's executor sets before calling it (`client`, `model_name`,
+`sampling_params`, `hf_tokenizer`, `max_length`). A result without a reward (OpenRLHF's default `run_agent`
+returns {}) is scored by the run's reward function, as OpenRLHF does.
+
+Each episode is one session; its calls become token-exact rows (agents/trajectory.py). An episode whose agent
+raises, times out or never calls the endpoint is dropped with the rest of its prompt's group (the group
+baseline needs every sample of it), counted in `agent/dropped_episodes`; a step where every group drops stops
+the run with the first error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import types
+from dataclasses import dataclass
+
+from reinforce_pro.agents.contract import AgentFileError
+from reinforce_pro.agents.episode import Episode, episodes_to_samples
+from reinforce_pro.agents.openai_endpoint import Endpoint
+from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.agents.trajectory import segment_episode
+from reinforce_pro.experience import Samples
+from reinforce_pro.rollout.sampler import pad_token_id, sampling_params
+
+EPISODE_TIMEOUT_S = 600.0  # an agent that has not returned by then is dropped (a hung tool, a lost request)
+
+
+@dataclass
+class OpenAIAgent:
+    """What an agent file of either OpenAI shape provides: a coroutine (client, base_url, session, prompt,
+    label) -> result dict, made by `load_openai_agent`."""
+
+    kind: str  # "function" or "executor"
+    target: object  # the function, or the executor class
+    path: str
+
+
+def load_openai_agent(module: types.ModuleType, path: str) -> OpenAIAgent | None:
+    """The file's OpenAI-shape agent, or None if it has none (an AgentInstance file)."""
+    fn = getattr(module, "run_agent", None)
+    if fn is not None:
+        if not inspect.iscoroutinefunction(fn):
+            raise AgentFileError(f"--agent_func_path {path}: run_agent must be an async function")
+        if len(inspect.signature(fn).parameters) < 3:
+            raise AgentFileError(f"--agent_func_path {path}: run_agent takes (client, prompt, label)")
+        return OpenAIAgent("function", fn, path)
+    classes = [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__
+               and inspect.iscoroutinefunction(getattr(c, "run_agent", None))]  # fmt: skip
+    if len(classes) > 1:
+        names = ", ".join(c.__name__ for c in classes)
+        raise AgentFileError(f"--agent_func_path {path}: several classes define run_agent ({names}): keep one")
+    return OpenAIAgent("executor", classes[0], path) if classes else None
+
+
+class OpenAIAgentSource:
+    """Runs n episodes of the agent per prompt against the endpoint, then turns each session's trajectory into
+    rows. The endpoint is started here and stopped with the run (`close`)."""
+
+    def __init__(self, sampler, agent: OpenAIAgent, cfg: AgentConfig):
+        self.sampler, self.agent, self.cfg = sampler, agent, cfg
+        self.sampling = sampling_params(sampler.cfg)
+        self.endpoint = Endpoint(sampler.tokenizer, sampler.sample, self.sampling, cfg.max_len)
+        self.endpoint.start()
+        self.executor = self._executor() if agent.kind == "executor" else None
+        self.timeout_s = EPISODE_TIMEOUT_S
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def use_partial(self, partial) -> None:
+        raise ValueError("--partial_rollout with an OpenAI-SDK agent is not supported yet: use an AgentInstance file")
+
+    def close(self) -> None:
+        self.endpoint.stop()
+
+    def _executor(self):
+        """OpenRLHF's executor, made as its execute() would have made it, without its __init__."""
+        import openai
+
+        cls = self.agent.target
+        executor = cls.__new__(cls)
+        executor.client = openai.AsyncOpenAI(base_url=f"{self.endpoint.url}/v1", api_key="none", max_retries=0)
+        executor.model_name = self.endpoint.model_name
+        executor.sampling_params = types.SimpleNamespace(**self.sampling, logprobs=1)
+        executor.hf_tokenizer, executor.max_length = self.sampler.tokenizer, self.cfg.max_len
+        return executor
+
+    def generate(self, batch: list[dict]) -> Samples:
+        n = self.sampler.cfg.n_samples_per_prompt
+        jobs = [(item["prompt"], item["label"]) for item in batch for _ in range(n)]
+        sessions = [self.endpoint.open_session() for _ in jobs]
+        self.endpoint.set_live(len(jobs))
+        try:
+            results = asyncio.run(self._run_all(jobs, sessions))
+        finally:
+            trajectories = [self.endpoint.close_session(s).trajectory for s in sessions]
+            self.endpoint.set_live(0)
+        return self._samples(jobs, results, trajectories, n)
+
+    async def _run_all(self, jobs, sessions) -> list:
+        import httpx
+        import openai
+
+        limits = httpx.Limits(max_connections=len(jobs) + 8, max_keepalive_connections=len(jobs) + 8)
+        async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s) as http:
+
+            async def one(job, sid):
+                try:
+                    if self.executor is not None:
+                        return await asyncio.wait_for(self.executor.run_agent(*job, sid), self.timeout_s)
+                    client = openai.AsyncOpenAI(base_url=f"{self.endpoint.url}/s/{sid}/v1", api_key="none",
+                                                http_client=http, max_retries=0)  # fmt: skip
+                    return await asyncio.wait_for(self.agent.target(client, *job), self.timeout_s)
+                except Exception as e:  # the agent's code: its episode is dropped and counted
+                    return e
+                finally:
+                    self.endpoint.set_live(self.endpoint.batcher.live - 1)
+
+            return await asyncio.gather(*(one(job, sid) for job, sid in zip(jobs, sessions, strict=True)))
+
+    def _samples(self, jobs, results, trajectories, n: int) -> Samples:
+        failures = [_failure(r, t) for r, t in zip(results, trajectories, strict=True)]
+        groups = range(len(jobs) // n)
+        kept = [g for g in groups if not any(failures[g * n : (g + 1) * n])]
+        if not kept:
+            first = next(f for f in failures if f)
+            raise AgentFileError(f"--agent_func_path {self.agent.path}: every episode of the step failed; the first: "
+                                 f"{first}")  # fmt: skip
+        if len(kept) < len(groups):
+            print(
+                f"[agent] {sum(map(bool, failures))} episodes failed (first: {next(f for f in failures if f)}); "
+                f"dropping their {len(groups) - len(kept)} prompt groups this step",
+                file=sys.stderr,
+                flush=True,
+            )
+        rewards = [results[g * n + j].get("reward") for g in kept for j in range(n)]
+        if any(r is None for r in rewards) and not all(r is None for r in rewards):
+            raise AgentFileError(
+                f"--agent_func_path {self.agent.path}: run_agent returned a reward for some "
+                "episodes and none for others: return one always, or never (the reward function)"
+            )
+        leads, forks, fork_of = [], [], []
+        for g_index, g in enumerate(kept):
+            for j in range(n):
+                i = g * n + j
+                rows = [segment_episode(seg, i, g_index, jobs[i][0], jobs[i][1], jobs[i][0])
+                        for seg in trajectories[i].segments]  # fmt: skip
+                _set_result(rows, results[i])
+                lead = len(leads)
+                leads.append(rows[-1])  # the last segment holds the answer the reward judged
+                forks += rows[:-1]
+                fork_of += [lead] * (len(rows) - 1)
+        episodes = leads + forks
+        tokenizer = self.sampler.tokenizer
+        responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+        samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.cfg.reward_mode)
+        if rewards[0] is None:
+            samples.rewards = None  # the run's reward function scores them (experience_builder.rewards)
+        samples.fork_of = fork_of if forks else None
+        samples.metrics = {
+            "agent/episodes": float(len(jobs)),
+            "agent/dropped_episodes": float(len(jobs) - len(kept) * n),
+            "agent/calls_mean": sum(t.calls for t in trajectories) / len(jobs),
+            "agent/segment_forks": float(sum(t.forks for t in trajectories)),
+            "agent/rows": float(len(episodes)),
+            "agent/env_token_frac": sum(a is False for e in episodes for a in e.action)
+            / max(1, sum(len(e.tokens) for e in episodes)),
+            "agent/truncated_frac": sum(e.truncated for e in leads) / len(leads),
+        }
+        return samples
+
+
+def _failure(result, trajectory) -> str | None:
+    """Why an episode cannot be trained, or None."""
+    if isinstance(result, BaseException):
+        kind = "timed out" if isinstance(result, TimeoutError) else f"raised {type(result).__name__}"
+        return f"run_agent {kind}: {result}"
+    if result is not None and not isinstance(result, dict):
+        return f"run_agent must return a dict (reward, scores, extra_logs), got {type(result).__name__}"
+    if not trajectory.segments:
+        return "run_agent never called the endpoint"
+    reward = (result or {}).get("reward")
+    if reward is not None and not isinstance(reward, int | float):
+        return f"run_agent returned a non-numeric reward {reward!r}"
+    return None
+
+
+def _set_result(rows: list[Episode], result: dict | None) -> None:
+    """Every row of an episode carries its reward, score and logs."""
+    result = result or {}
+    reward = float(result.get("reward") or 0.0)
+    score = float(result.get("scores", reward) or 0.0)
+    extra = {k: float(v) for k, v in (result.get("extra_logs") or {}).items() if isinstance(v, int | float)}
+    for e in rows:
+        e.turn_rewards, e.turn_scores = [reward], [score]
+        e.extra_logs = {k: [v] for k, v in extra.items()}

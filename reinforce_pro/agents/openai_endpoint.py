@@ -1,0 +1,249 @@
+"""An OpenAI-compatible endpoint in front of the rollout engines, on loopback, for agents written to the SDK.
+
+    client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{session}/v1", api_key="none")
+    reply = await client.chat.completions.create(model="policy", messages=[...])
+
+Served: POST /v1/chat/completions and /v1/completions, GET /v1/models and /health; each /v1 route also under
+/s/<session>/v1 (a session is a base URL, as in NVIDIA's Molt), or given as the `X-Session-Id` header or a
+`session_id` body field (OpenRLHF's example executor sends it through `extra_body`). Every request is tokenised
+here (the tokenizer's chat template for chat), sampled by the engines from exactly those ids, and recorded in
+its session's trajectory (agents/trajectory.py) with the engine's ids and log-probs: training never
+re-tokenises text. The response carries the ids too (`token_ids`, as OpenRLHF's executor returns them).
+
+Requests of all sessions are batched: the endpoint waits until every live agent has a request pending, or
+`batch_wait_s` after the first, then makes one engine call per sampling setting. Sampling follows the run:
+the trainer scores tokens under the run's temperature and filters (models/sampling_filter.py), so a request
+may lower `max_tokens` and set `stop`, and a temperature, top-p or top-k different from the run's is refused
+with a 400 that names it. Errors are OpenAI's JSON (`{"error": {"message", "type", "code"}}`), so the SDK
+raises its usual exceptions; nothing a client sends can stop the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from reinforce_pro.agents.openai_app import EndpointError, build_app
+from reinforce_pro.agents.trajectory import Call, Trajectory
+
+# Sampling fields a request may send only with the run's own value (or the neutral one): the trainer replays the
+# run's settings, not a request's.
+PINNED = ("temperature", "top_p", "top_k", "min_p")
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
+Sample = Callable[[list[list[int]], dict], list]  # Sampler.sample: (prompt ids, sampling) -> [Generation]
+
+
+@dataclass
+class Session:
+    id: str
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    open: bool = True
+    # The last call's prompt text plus its completion, as the engine's ids decode (special tokens kept) and as
+    # the client was shown it (a stop string cut off): a next prompt that starts with either extends the ids.
+    seen_texts: tuple[str, ...] = ()
+
+
+class Batcher:
+    """Collects the sessions' requests on the server's event loop and samples them together."""
+
+    def __init__(self, sample: Sample, wait_s: float):
+        self.sample, self.wait_s = sample, wait_s
+        self.pending: list[tuple[list[int], dict, asyncio.Future]] = []
+        self.live = 0  # agents still running: when all of them wait, the batch is complete
+        self.calls = 0  # engine calls made
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing = False
+
+    async def generate(self, prompt_ids: list[int], sampling: dict):
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt_ids, sampling, future))
+        self.poke()
+        return await future
+
+    def poke(self) -> None:
+        """Flush if every live agent waits; otherwise make sure a flush comes within wait_s."""
+        if self._flushing or not self.pending:
+            return
+        if len(self.pending) >= self.live:
+            asyncio.get_running_loop().create_task(self._flush())
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.wait_s, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._timer = None
+        if not self._flushing and self.pending:
+            asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        if self._flushing or not self.pending:
+            return
+        self._flushing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self.pending = self.pending, []
+        try:
+            groups: dict[str, list[int]] = {}
+            for k, (_, sampling, _) in enumerate(batch):
+                groups.setdefault(json.dumps(sampling, sort_keys=True), []).append(k)
+            loop = asyncio.get_running_loop()
+            for key, members in groups.items():
+                prompts = [batch[k][0] for k in members]
+                try:  # the engines are called off the loop: the endpoint keeps answering meanwhile
+                    generations = await loop.run_in_executor(None, self.sample, prompts, json.loads(key))
+                    self.calls += 1
+                except Exception as e:  # an engine failure fails these requests (503), not the endpoint
+                    failure = EndpointError(503, f"the engines failed: {type(e).__name__}: {e}", "engine")
+                    generations = [failure] * len(members)
+                for k, g in zip(members, generations, strict=True):
+                    future = batch[k][2]
+                    if not future.done():  # a client that went away has cancelled its future
+                        future.set_exception(g) if isinstance(g, Exception) else future.set_result(g)
+        finally:
+            self._flushing = False
+            self.poke()  # requests that arrived during the flush
+
+
+class Endpoint:
+    """The server (uvicorn in a daemon thread, its own event loop), its sessions and its batcher."""
+
+    def __init__(self, tokenizer, sample: Sample, sampling: dict, max_len: int, model_name: str = "policy",
+                 batch_wait_s: float = 0.05):  # fmt: skip
+        self.tokenizer, self.sampling, self.max_len, self.model_name = tokenizer, dict(sampling), max_len, model_name
+        self.batcher = Batcher(sample, batch_wait_s)
+        self.sessions: dict[str, Session] = {}
+        self.ended: set[str] = set()  # sessions closed: their late requests get 410, not 404
+        self.url = ""
+        self._server = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, seen by the first request
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle (called from the driver)
+    def start(self) -> str:
+        """Start serving on 127.0.0.1 at a free port; returns the base URL (http://127.0.0.1:PORT)."""
+        from reinforce_pro.serving import LoopbackServer
+
+        self._server = LoopbackServer(build_app(self), idle_timeout=30.0, name="openai-endpoint")
+        self.url = self._server.start()
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.alive
+
+    def open_session(self) -> str:
+        sid = secrets.token_hex(12)
+        with self._lock:
+            self.sessions[sid] = Session(sid)
+        return sid
+
+    def close_session(self, sid: str) -> Session:
+        """End a session: later requests to it get 410. Returns it (its trajectory) and forgets it."""
+        with self._lock:
+            session = self.sessions.pop(sid)
+        session.open = False
+        self.ended.add(sid)
+        return session
+
+    def set_live(self, count: int) -> None:
+        """How many agents are running (thread-safe): the batcher flushes once they all wait."""
+        self.batcher.live = count
+        if self._loop is not None and self.serving:
+            self._loop.call_soon_threadsafe(self.batcher.poke)
+
+    # ------------------------------------------------------------------ requests (on the server's loop)
+    def session_for(self, path_sid: str | None, header_sid: str | None, body: dict) -> Session:
+        self._loop = asyncio.get_running_loop()
+        sid = path_sid or header_sid or body.get("session_id")
+        if sid is None:
+            raise EndpointError(400, "no session: use the base URL /s/<session>/v1, the X-Session-Id header or a "
+                                "session_id field (extra_body)", "session_missing")  # fmt: skip
+        session = self.sessions.get(str(sid))
+        if session is None:
+            if str(sid) in self.ended:
+                raise EndpointError(410, f"session {sid} has ended: its episode is over", "session_ended")
+            raise EndpointError(404, f"unknown session {sid!r}", "session_unknown")
+        return session
+
+    def sampling_for(self, body: dict, prompt_len: int) -> dict:
+        """The run's sampling with what a request may change: max_tokens (up to the run's and to the room the
+        episode has left) and stop; anything the trainer could not replay is refused."""
+        for key in PINNED:
+            if body.get(key) is not None and float(body[key]) != float(self.sampling.get(key, _DEFAULTS[key])):
+                raise EndpointError(400, f"{key} {body[key]} differs from the run's {self.sampling.get(key)}: the "
+                                    f"trainer scores tokens under the run's sampling settings, so a request cannot "
+                                    f"change it (set it for the run: --{key})", "sampling_pinned", key)  # fmt: skip
+        for key, neutral in NEUTRAL.items():
+            if body.get(key) not in (None, neutral) and body.get(key) != {}:
+                raise EndpointError(400, f"{key} is not served: the trainer could not replay it", "unsupported", key)
+        if body.get("n", 1) != 1:
+            raise EndpointError(400, "n must be 1: one completion per request (open more sessions)", "unsupported", "n")
+        if body.get("stream"):
+            raise EndpointError(400, "stream is not served: ask without streaming", "unsupported", "stream")
+        room = self.max_len - prompt_len
+        if room <= 0:
+            raise EndpointError(400, f"the prompt has {prompt_len} tokens; the episode's limit is {self.max_len} "
+                                "(--max_len)", "context_length_exceeded", "messages")  # fmt: skip
+        limit = self.sampling["max_tokens"]
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+            raise EndpointError(400, f"max_tokens must be a positive integer, got {asked!r}", "invalid", "max_tokens")
+        if asked is not None and asked > limit:
+            raise EndpointError(400, f"max_tokens {asked} is above the run's {limit} (--max_new_tokens)",
+                                "max_tokens_exceeded", "max_tokens")  # fmt: skip
+        sampling = {**self.sampling, "max_tokens": min(asked or limit, room)}
+        stop = body.get("stop")
+        if stop is not None:
+            stops = [stop] if isinstance(stop, str) else stop
+            if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops) and len(stops) <= 8):
+                raise EndpointError(400, "stop must be a string or a list of up to 8 non-empty strings", "invalid",
+                                    "stop")  # fmt: skip
+            sampling["stop"] = stops
+        return sampling
+
+    def prompt_ids(self, session: Session, text: str, with_bos: bool) -> list[int]:
+        """The ids of a prompt `text`. Where it extends the session's conversation as text, only the new part is
+        tokenised and appended to the ids the engine already saw and sampled (so the next turn continues the
+        same token sequence, whatever a fresh tokenisation of the whole text would give); otherwise the whole
+        text is tokenised, and the trajectory starts a new segment (`with_bos`: BOS first, as prompts are)."""
+        for seen in session.seen_texts:
+            if text.startswith(seen):
+                return session.trajectory.last_full() + self._encode(text[len(seen) :])
+        ids = self._encode(text)
+        bos = self.tokenizer.bos_token_id
+        if with_bos and bos is not None and ids[:1] != [bos]:
+            ids = [bos] + ids
+        return ids
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    async def complete(self, session: Session, prompt_text: str | None, prompt_ids: list[int], body: dict) -> Call:
+        """Sample from exactly `prompt_ids` and record the call in the session's trajectory; `prompt_text`: the
+        prompt as text (None for token ids in), which the next prompt's text is matched against."""
+        sampling = self.sampling_for(body, len(prompt_ids))
+        generation = await self.batcher.generate(prompt_ids, sampling)
+        shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
+        for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
+            if stop in shown:
+                shown = shown[: shown.index(stop)]
+        call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
+                    generation.finish_reason, shown)  # fmt: skip
+        if not session.open:  # the episode ended while this request waited: nothing is recorded
+            raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
+        session.trajectory.add(call)
+        session.seen_texts = (prompt_text + raw, prompt_text + shown) if prompt_text is not None else ()
+        return call
+
+
+_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}

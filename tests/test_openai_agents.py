@@ -1,0 +1,424 @@
+"""Agents written to the OpenAI SDK (agents/openai_endpoint.py, openai_app.py, openai_agents.py, trajectory.py):
+the real `openai` client against the live loopback endpoint, with a scripted engine (its ids and log-probs known),
+so that every id of every trained row can be checked against what the engine sampled. The real engine's
+token-exactness and a training run are in tests/test_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from reinforce_pro.agents.agent_file import load_agent  # noqa: E402
+from reinforce_pro.agents.contract import AgentFileError  # noqa: E402
+from reinforce_pro.agents.openai_agents import OpenAIAgent, OpenAIAgentSource  # noqa: E402
+from reinforce_pro.agents.openai_app import MAX_BODY_BYTES  # noqa: E402
+from reinforce_pro.agents.openai_endpoint import Endpoint  # noqa: E402
+from reinforce_pro.agents.runner import AgentConfig  # noqa: E402
+from reinforce_pro.rollout.sampler import RolloutConfig  # noqa: E402
+from reinforce_pro.rollout.vllm_engine import Generation  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "python"
+RUN_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "skip_special_tokens": False}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pytest.importorskip("transformers")
+    from reinforce_pro.models.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+class ScriptedEngine:
+    """Replies to a prompt with the next scripted text for the longest key its decoded prompt ends with, ending
+    in <eos> unless the reply says "~" (then finish "length"); log-prob -0.01 * (call number) per token."""
+
+    def __init__(self, tokenizer, replies: dict[str, list[str]], delay_s: float = 0.0):
+        self.tok, self.replies, self.delay_s = tokenizer, {k: list(v) for k, v in replies.items()}, delay_s
+        self.calls: list[int] = []  # prompts per engine call
+        self.given: list[list[int]] = []  # every prompt's ids, in order
+        self.sampled: list[Generation] = []
+
+    def __call__(self, prompt_ids: list[list[int]], sampling: dict) -> list[Generation]:
+        time.sleep(self.delay_s)
+        self.calls.append(len(prompt_ids))
+        out = []
+        for ids in prompt_ids:
+            text = self.tok.decode(ids, skip_special_tokens=True)
+            key = max((k for k in self.replies if k in text), key=len)
+            reply = self.replies[key].pop(0) if len(self.replies[key]) > 1 else self.replies[key][0]
+            length = reply.endswith("~")
+            token_ids = self.tok(reply.rstrip("~"), add_special_tokens=False)["input_ids"]
+            token_ids = token_ids[: sampling["max_tokens"]] + ([] if length else [self.tok.eos_token_id])
+            g = Generation(token_ids, [-0.01 * len(self.sampled) - 0.001 * i for i in range(len(token_ids))],
+                           "length" if length else "stop")  # fmt: skip
+            self.given.append(list(ids))
+            self.sampled.append(g)
+            out.append(g)
+        return out
+
+
+def source_for(tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128) -> OpenAIAgentSource:
+    cfg = RolloutConfig(n_samples_per_prompt=n, max_new_tokens=24)
+    sampler = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=engine)
+    return OpenAIAgentSource(sampler, agent, AgentConfig(max_len=max_len))
+
+
+def prompt_of(samples, row: int) -> list[int]:
+    """The row's prompt ids, left padding removed."""
+    t = samples.num_actions
+    return samples.sequences[row, :-t][samples.attention_mask[row, :-t] == 1].tolist()
+
+
+def agent_file(tmp_path: Path, body: str) -> OpenAIAgent:
+    path = tmp_path / "agent.py"
+    path.write_text(body)
+    agent = load_agent(path)
+    assert isinstance(agent, OpenAIAgent)
+    return agent
+
+
+# ---------------------------------------------------------------------------------------------- the SDK, live
+def test_calculator_written_to_the_sdk_trains_the_ids_the_engine_sampled(tokenizer):
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["calc(3+4)", "7"], "5+5=": ["10"]})
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    try:
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}])
+    finally:
+        source.close()
+    assert engine.calls == [2, 1]  # turn 1 of both episodes in one engine call, then the live one
+    assert samples.rewards.rewards.tolist() == pytest.approx([0.8, 1.0])
+    assert samples.metrics["agent/segment_forks"] == 0 and samples.metrics["agent/rows"] == 2
+    # row 0, bit for bit: prompt <bos>3+4=, the engine's first reply (with its <eos>), the tool's text, the answer
+    start = [tokenizer.bos_token_id] + tokenizer("3+4=")["input_ids"]
+    (given1, first), (given2, answer) = [
+        (g, s) for g, s in zip(engine.given, engine.sampled, strict=True) if g[:5] == start
+    ]
+    feedback = tokenizer(" -> 7; answer: ", add_special_tokens=False)["input_ids"]
+    want = first.token_ids + feedback + answer.token_ids
+    response = samples.sequences[0, -samples.num_actions :][: len(want)]
+    assert response.tolist() == want and given2 == given1 + first.token_ids + feedback
+    assert samples.action_mask[0, : len(want)].tolist() == [True] * len(first.token_ids) + [False] * len(
+        feedback
+    ) + [True] * len(answer.token_ids)  # fmt: skip
+    lp = torch.tensor(first.log_probs + [0.0] * len(feedback) + answer.log_probs, dtype=torch.float32)
+    torch.testing.assert_close(samples.rollout_log_probs[0, : len(want)], lp, rtol=0, atol=0)  # as stored
+    assert prompt_of(samples, 0) == given1 == start
+
+
+def test_an_episode_that_runs_out_of_room_ends_unanswered_not_dropped(tokenizer):
+    """The endpoint refuses a prompt over --max_len with context_length_exceeded; the example agent ends there."""
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["calc(3+4)"]})
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1, max_len=40)
+    try:
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+    finally:
+        source.close()
+    assert samples.metrics["agent/dropped_episodes"] == 0 and samples.rewards.rewards.tolist() == [0.0]
+    assert 1 <= samples.metrics["agent/calls_mean"] < 4  # it called until the prompt no longer fit
+
+
+def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
+    """The SDK calculator and agent_calculator.py's AgentInstance, on one scripted engine: the same rows."""
+    from reinforce_pro.agents.agent_source import AgentSource
+    from reinforce_pro.agents.contract import load_agent_class
+
+    script = {"3+4=": ["calc(3+4)", "7"], "5+5=": ["9"]}
+    batch = [{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}]
+    sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    try:
+        a = sdk.generate(batch)
+    finally:
+        sdk.close()
+    sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=12), tokenizer=tokenizer, sample=twin_engine)
+    b = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=128)).generate(
+        batch
+    )  # fmt: skip
+    for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist()
+
+
+QWEN3_LIKE = (  # drops the <think> block of every assistant turn but the last, as Qwen3's template does
+    "{{ bos_token }}{% for m in messages %}{% set c = m['content'] %}"
+    "{% if m['role'] == 'assistant' and not loop.last and '</think>' in c %}{% set c = c.split('</think>')[-1] %}"
+    "{% endif %}{{ m['role'] }}: {{ c }}{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def test_a_template_that_rewrites_history_starts_a_new_segment(tokenizer, tmp_path):
+    rewriting = copy.deepcopy(tokenizer)
+    rewriting.chat_template = QWEN3_LIKE
+    engine = ScriptedEngine(rewriting, {"q": ["<think>hmm</think>a"], "more": ["b"]})
+    agent = agent_file(tmp_path, CHAT_AGENT)
+    source = source_for(rewriting, engine, agent, n=2)
+    try:
+        samples = source.generate([{"prompt": "q", "label": None}])
+    finally:
+        source.close()
+    # each episode: call 1 sampled after "user: q", call 2 after a history whose <think> was dropped -> 2 rows
+    assert samples.metrics["agent/segment_forks"] == 2 and samples.metrics["agent/rows"] == 4
+    assert samples.fork_of == [0, 1]  # rows 2, 3 (the first segments) share the advantage of rows 0, 1
+    assert samples.rewards.rewards.tolist() == [1.0, 1.0, 1.0, 1.0]  # both segments carry the episode's reward
+    for row, given in ((0, engine.given[2]), (2, engine.given[0])):  # each row's prompt: what its call was given
+        prompt = samples.sequences[row, : -samples.num_actions][
+            samples.attention_mask[row, : -samples.num_actions] == 1
+        ]
+        assert prompt.tolist() == given
+    assert "<think>" not in rewriting.decode(engine.given[2])  # the rewritten history the engine was given
+    builder = SimpleNamespace(cfg=SimpleNamespace(n_samples_per_prompt=2, advantage_estimator="reinforce_baseline",
+                              use_kl_loss=True, gamma=1.0, lambd=1.0, std_norm=False, reward_clip_range=None),
+                              kl_ctl=SimpleNamespace(value=0.0))  # fmt: skip
+    from reinforce_pro.trainer.experience_builder import ExperienceBuilder
+
+    samples.rewards.rewards[:] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    adv, _ = ExperienceBuilder.advantages(builder, samples, samples.rewards.rewards, None, None)
+    for fork, lead in ((2, 0), (3, 1)):
+        m = samples.action_mask[fork]
+        assert adv[fork][m].unique().tolist() == [adv[lead][samples.action_mask[lead]].mean().item()]
+        assert (adv[fork][~m] == 0).all()
+
+
+CHAT_AGENT = """
+async def run_agent(client, prompt, label):
+    messages = [{"role": "user", "content": prompt}]
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "more"}]
+    await client.chat.completions.create(model="policy", messages=messages)
+    return {"reward": 1.0}
+"""
+
+# OpenRLHF's examples/python/agent_func_openai_server_executor.py: its run_agent, unchanged, in a file whose class
+# subclasses nothing (OpenRLHF's base class is not installed here; the body is what must run unchanged).
+OPENRLHF_EXECUTOR = """
+class AgentExecutor:
+    async def run_agent(self, prompt: str, label: str, session_id: str):
+        await self.client.chat.completions.create(
+            model=self.model_name,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=self.sampling_params.max_tokens,
+            temperature=self.sampling_params.temperature,
+            top_p=self.sampling_params.top_p,
+            logprobs=self.sampling_params.logprobs is not None,
+            top_logprobs=self.sampling_params.logprobs or 1,
+            extra_body={"session_id": session_id},
+        )
+        return {}
+"""
+
+
+def test_openrlhfs_executor_run_agent_runs_unchanged_and_the_reward_function_scores(tokenizer, tmp_path):
+    engine = ScriptedEngine(tokenizer, {"2+2=": ["4"]})
+    agent = agent_file(tmp_path, OPENRLHF_EXECUTOR)
+    assert agent.kind == "executor"
+    source = source_for(tokenizer, engine, agent, n=2)
+    try:
+        samples = source.generate([{"prompt": "2+2=", "label": "4"}])
+    finally:
+        source.close()
+    assert samples.rewards is None  # run_agent returned {}: the run's reward function scores the rows
+    assert samples.responses == ["4", "4"] and samples.metrics["agent/rows"] == 2
+    assert engine.given[0] == tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": "2+2="}],
+                                        tokenize=False, add_generation_prompt=True), add_special_tokens=False)[
+        "input_ids"]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- hostile clients
+@pytest.fixture
+def live(tokenizer):
+    engine = ScriptedEngine(tokenizer, {"": ["ok"]}, delay_s=0.05)
+    endpoint = Endpoint(tokenizer, engine, RUN_SAMPLING, max_len=64, batch_wait_s=0.01)
+    endpoint.start()
+    yield endpoint, engine
+    endpoint.stop()
+
+
+def post(endpoint, path, timeout=10.0, **kw):
+    return httpx.post(endpoint.url + path, timeout=timeout, **kw)
+
+
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "body, status, code",
+    [
+        pytest.param(b"{not json", 400, "invalid_json", id="bad-json"),
+        pytest.param(b"[1, 2]", 400, "invalid_json", id="not-an-object"),
+        pytest.param({**CHAT, "max_tokens": 13}, 400, "max_tokens_exceeded", id="max-tokens-over-the-run"),
+        pytest.param({**CHAT, "max_tokens": -1}, 400, "invalid", id="max-tokens-negative"),
+        pytest.param({**CHAT, "temperature": 0.3}, 400, "sampling_pinned", id="another-temperature"),
+        pytest.param({**CHAT, "top_p": 0.9}, 400, "sampling_pinned", id="another-top-p"),
+        pytest.param({**CHAT, "presence_penalty": 1.0}, 400, "unsupported", id="a-penalty"),
+        pytest.param({**CHAT, "n": 2}, 400, "unsupported", id="n"),
+        pytest.param({**CHAT, "stream": True}, 400, "unsupported", id="stream"),
+        pytest.param({**CHAT, "messages": []}, 400, "invalid", id="no-messages"),
+        pytest.param({**CHAT, "messages": [{"content": "x"}]}, 400, "invalid", id="no-role"),
+        pytest.param(
+            {**CHAT, "messages": [{"role": "user", "content": "x" * 80}]},
+            400,
+            "context_length_exceeded",
+            id="prompt-over-the-episode-limit",
+        ),  # fmt: skip
+    ],
+)
+def test_a_bad_request_is_an_openai_error_and_the_endpoint_keeps_serving(live, body, status, code):
+    endpoint, _ = live
+    sid = endpoint.open_session()
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = post(endpoint, f"/s/{sid}/v1/chat/completions", **kw)
+    assert (r.status_code, r.json()["error"]["code"]) == (status, code)
+    ok = post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "ok"
+    assert endpoint.close_session(sid).trajectory.calls == 1  # refused requests record nothing
+
+
+def test_sessions_unknown_ended_missing_and_oversized_bodies(live):
+    endpoint, _ = live
+    assert post(endpoint, "/s/nope/v1/chat/completions", json=CHAT).status_code == 404
+    assert post(endpoint, "/v1/chat/completions", json=CHAT).json()["error"]["code"] == "session_missing"
+    sid = endpoint.open_session()
+    assert post(endpoint, "/v1/chat/completions", json=CHAT, headers={"X-Session-Id": sid}).status_code == 200
+    assert post(endpoint, "/v1/chat/completions", json={**CHAT, "session_id": sid}).status_code == 200
+    endpoint.close_session(sid)
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT).status_code == 410
+    big = {**CHAT, "junk": "x" * MAX_BODY_BYTES}
+    sid = endpoint.open_session()
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=big).status_code == 413
+    assert httpx.get(endpoint.url + "/health").json()["status"] == "ok"
+    models = httpx.get(f"{endpoint.url}/s/{sid}/v1/models").json()
+    assert models["data"][0]["id"] == "policy"
+
+
+def test_many_concurrent_sessions_are_batched_and_all_answered(live):
+    endpoint, engine = live
+    sessions = [endpoint.open_session() for _ in range(200)]
+    endpoint.set_live(len(sessions))
+
+    async def main():
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=300), timeout=30) as http:
+            clients = [openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{s}/v1", api_key="x", http_client=http)
+                       for s in sessions]  # fmt: skip
+            return await asyncio.gather(*(c.chat.completions.create(**CHAT) for c in clients))
+
+    replies = asyncio.run(main())
+    assert [r.choices[0].message.content for r in replies] == ["ok"] * 200
+    assert sum(engine.calls) == 200 and len(engine.calls) <= 5  # batched, not 200 engine calls
+    assert all(endpoint.close_session(s).trajectory.calls == 1 for s in sessions)
+
+
+def test_a_client_that_disconnects_mid_generation_leaves_the_endpoint_serving(live):
+    endpoint, engine = live
+    engine.delay_s = 0.5
+    sid = endpoint.open_session()
+    with pytest.raises(httpx.ReadTimeout):
+        post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT, timeout=0.1)
+    engine.delay_s = 0.0
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+
+
+def test_idle_connections_do_not_take_the_endpoint(live):
+    import socket
+
+    endpoint, _ = live
+    port = int(endpoint.url.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]  # connect, send nothing
+    try:
+        sid = endpoint.open_session()
+        assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT, timeout=5).status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_stop_string_cuts_the_text_not_the_ids(live):
+    endpoint, engine = live
+    engine.replies = {"": ["ab;cd"]}
+    sid = endpoint.open_session()
+    r = post(endpoint, f"/s/{sid}/v1/completions", json={"model": "p", "prompt": "x", "stop": [";"]}).json()
+    assert r["choices"][0]["text"] == "ab"  # what the client is shown
+    assert r["token_ids"]["completion_token_ids"] == engine.sampled[-1].token_ids  # what the engine sampled
+    nxt = post(endpoint, f"/s/{sid}/v1/completions", json={"model": "p", "prompt": "xab then"}).json()
+    assert nxt["token_ids"]["prompt_token_ids"][: len(engine.given[0]) + len(engine.sampled[0].token_ids)] == (
+        engine.given[0] + engine.sampled[0].token_ids
+    )  # the next turn continues the engine's ids, stop string and <eos> included
+    assert endpoint.close_session(sid).trajectory.forks == 0
+
+
+@pytest.mark.parametrize(
+    "body, failure",
+    [
+        pytest.param(
+            "async def run_agent(client, prompt, label):\n    raise RuntimeError('tool down')\n",
+            "raised RuntimeError: tool down",
+            id="raises",
+        ),  # fmt: skip
+        pytest.param(
+            "async def run_agent(client, prompt, label):\n    return {'reward': 1.0}\n",
+            "never called the endpoint",
+            id="never-calls",
+        ),  # fmt: skip
+        pytest.param(
+            CHAT_AGENT.replace('return {"reward": 1.0}', "return 'done'"), "must return a dict", id="returns-junk"
+        ),  # fmt: skip
+    ],
+)
+def test_an_agent_that_fails_everywhere_stops_with_its_error(tokenizer, tmp_path, body, failure):
+    source = source_for(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), agent_file(tmp_path, body))
+    try:
+        with pytest.raises(AgentFileError, match=failure):
+            source.generate([{"prompt": "q", "label": None}])
+    finally:
+        source.close()
+
+
+def test_a_failing_episode_drops_its_group_and_is_counted(tokenizer, tmp_path, capsys):
+    body = CHAT_AGENT.replace(
+        "    messages = [", "    if prompt == 'bad':\n        raise ValueError('x')\n    messages = ["
+    )
+    source = source_for(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), agent_file(tmp_path, body), n=2)
+    try:
+        samples = source.generate([{"prompt": "good", "label": None}, {"prompt": "bad", "label": None}])
+    finally:
+        source.close()
+    assert samples.metrics["agent/dropped_episodes"] == 2 and samples.metrics["agent/rows"] == 2
+    assert samples.prompts == ["good", "good"] and "raised ValueError" in capsys.readouterr().err
+
+
+def test_agent_file_shapes_are_told_apart_and_bad_ones_refused(tmp_path):
+    assert load_agent(EXAMPLES / "agent_calculator_openai.py").kind == "function"
+    assert isinstance(load_agent(EXAMPLES / "agent_calculator.py"), type)  # AgentInstance stays as it is
+    for body, message in (
+        ("def run_agent(client, prompt, label):\n    return {}\n", "must be an async function"),
+        ("async def run_agent(client):\n    return {}\n", "takes \\(client, prompt, label\\)"),
+        ("x = 1\n", "defines none of"),
+    ):
+        path = tmp_path / "a.py"
+        path.write_text(body)
+        with pytest.raises(AgentFileError, match=message):
+            load_agent(path)
+
+
+def test_the_endpoint_listens_on_loopback_only_and_stops(tokenizer):
+    endpoint = Endpoint(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), RUN_SAMPLING, max_len=64)
+    url = endpoint.start()
+    assert url.startswith("http://127.0.0.1:")
+    assert endpoint.serving
+    endpoint.stop()
+    assert not endpoint.serving
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
