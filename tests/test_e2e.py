@@ -884,14 +884,17 @@ def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))
 
 
-def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_model):
+@pytest.mark.parametrize("mode", list(ASYNC))
+def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_model, mode):
     """examples/python/agent_calculator_openai.py: the agent calls the run's loopback endpoint through the openai
-    client; its episodes train like the AgentInstance twin's (tests/test_openai_agents.py compares the rows)."""
+    client (synchronously, or from the producer thread of --async_train while the trainer syncs weights); its
+    episodes train like the AgentInstance twin's (tests/test_openai_agents.py compares the rows)."""
     pytest.importorskip("openai")
     calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_openai.py"
     cfg, plan, history = run(
         ["--agent_func_path", str(calculator), "--advantage_estimator", "reinforce_baseline", "--max_samples", "16",
-         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--label_key", "label"],
+         "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--label_key", "label",
+         *ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert len(history) == 2
@@ -1245,6 +1248,33 @@ def test_the_trainer_replays_the_engines_sampling_filter(engine, tiny_model, set
     assert torch.cat(full, dim=1).mean().item() > 1e-3  # the setting did filter: without the replay they differ
 
 
+def test_a_response_cut_by_a_stop_string_trains_the_ids_the_engine_returned(engine, tiny_model):
+    """A stop string (self-play roles, agents' requests): the engine cuts the text, and its ids and log-probs stay
+    one per token, all finite, ending with the token that completed the stop string; those ids are what a row
+    trains, each weighted like any token. The trainer's log-probs of them agree with the engine's (fp32)."""
+    from safetensors.torch import load_file, save
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinforce_pro.models.logprobs import token_log_probs
+
+    ray.get(engine.update_weights.remote(save(load_file(Path(tiny_model) / "model.safetensors"))))
+    ray.get(engine.reseed.remote(5))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt = [1, 21, 15, 27, 33]
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "stop": ["e", "a", "o", " "]}
+    generations = ray.get(engine.generate.remote([prompt] * 16, sampling))
+    cut = [g for g in generations if g.finish_reason == "stop" and tokenizer.decode(g.token_ids)[-1:] in "eao "]
+    assert cut  # some responses ended on a stop string
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    for g in generations:
+        assert len(g.log_probs) == len(g.token_ids) and all(math.isfinite(x) for x in g.log_probs)
+        seq = torch.tensor([prompt + g.token_ids])
+        with torch.no_grad():
+            logits = forward_logits(model, seq, torch.ones_like(seq), predicting=len(g.token_ids))
+        lp, _ = token_log_probs(logits, seq[:, -len(g.token_ids) :])
+        assert (lp[0] - torch.tensor(g.log_probs)).abs().max().item() < 1e-5
+
+
 def test_a_run_under_sampling_filters_sees_no_mismatch_at_equal_weights(tmp_path, engine, tiny_model, digit_reward):
     """The whole path (flags -> the policy's and the reference's replay -> the metrics): with top-p, top-k and
     a minimum length at once, the fp32 engine and trainer agree before every step's update, and the IS weights
@@ -1258,5 +1288,6 @@ def test_a_run_under_sampling_filters_sees_no_mismatch_at_equal_weights(tmp_path
     rows = read_metrics(plan.run_dir / "metrics.jsonl")
     assert len(rows) == 2 and cfg.loss.sampling_filter.top_p == 0.8
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-5 for r in rows), rows
+    assert all(r["rollout/outside_filter_frac"] == 0 for r in rows)  # both sides keep the same support
     assert abs(rows[0]["kl/ref_kl_mean"]) < 1e-6  # policy and reference start equal, under the same filter
     assert all(r["is/token_masked_frac"] == 0 and r["is/ratio_min"] > 1 - 1e-5 for r in rows)

@@ -153,6 +153,35 @@ def test_packed_and_padded_forwards_replay_the_minimum_length_at_the_same_positi
     assert (padded[real] > plain[real] + 1e-6).all()  # the support was narrowed at every position
 
 
+def test_the_tokens_outside_the_trainers_filter_reach_the_policys_old_log_prob_pass(tmp_path):
+    """batched_log_probs (the policy's old-log-prob pass) hands back, aligned with the log-probs, which sampled
+    tokens the trainer's filter would have removed: the same positions on the padded and the packed forward."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.workers.base import batched_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m"), dtype=torch.float32).eval()
+    seq = torch.tensor([[0, 0, 1, 5, 6, 7, 8, 9, 10], [1, 4, 5, 6, 7, 8, 9, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0, 0]])
+    filt = SamplingFilter(top_k=50)  # half the vocabulary: some of these tokens in it, some not
+    with torch.no_grad():
+        logits = model(seq, attention_mask=mask).logits[:, -6:-1]
+    want = ~kept_support(logits.reshape(-1, logits.size(-1)), filt).gather(-1, seq[:, -5:].reshape(-1, 1))
+    want = want.reshape(2, 5) & torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    for packed in (False, True):
+        outside = []
+        with torch.no_grad():
+            lp = batched_log_probs(model, seq, mask, 5, 1.0, micro=1, packed=packed, sampling_filter=filt,
+                                   outside=outside)  # fmt: skip
+        real = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+        assert outside[0].shape == lp.shape and outside[0][real].bool().tolist() == want[real].tolist()
+        assert 0 < int(want.sum()) < int(real.sum()) and torch.isfinite(lp[real]).all()
+    none = []
+    batched_log_probs(model, seq, mask, 5, 1.0, micro=2, outside=none)
+    assert none == []  # no filter replayed: nothing to report
+
+
 def test_the_start_of_run_line_tells_rounding_noise_from_a_real_difference():
     from reinforce_pro.trainer.experience_builder import agreement_line
 

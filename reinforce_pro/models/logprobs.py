@@ -62,16 +62,21 @@ def action_log_probs(
 def token_log_probs(
     step_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy=False,
     sampling_filter: SamplingFilter | None = None, positions: torch.Tensor | None = None,
+    outside: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(B, T) log-probs of `targets` (B, T) under the logits that predict them (B, T, V), temperature
     applied first (vLLM's processed_logprobs), then the engine's `sampling_filter` (its support renormalised;
     `positions`: each target's index in its response, for a minimum length; for (B, T, V) logits 0..T-1), and
-    the (B, T) entropy of that distribution if asked. Also takes (N, V) logits with (N,) targets."""
+    the (B, T) entropy of that distribution if asked. Also takes (N, V) logits with (N,) targets. `outside`: a
+    list that receives, under an active filter, the (B, T) bool of targets the trainer's filter would have
+    removed (kept in the support all the same: sampling_filter.py)."""
     step_logits = step_logits.float()
     if temperature != 1.0:
         step_logits = step_logits / temperature
     if sampling_filter is not None and sampling_filter.active:
-        step_logits, _ = apply_filter(step_logits, targets, sampling_filter, positions)
+        step_logits, removed = apply_filter(step_logits, targets, sampling_filter, positions)
+        if outside is not None:
+            outside.append(removed)
     if not with_entropy:
         return _TokenLogProbs.apply(step_logits, targets), None
     log_z = torch.logsumexp(step_logits, dim=-1)
@@ -105,17 +110,23 @@ class _TokenLogProbs(torch.autograd.Function):
 def response_log_probs(
     model, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0,
     with_entropy: bool = False, packed: bool = False, sampling_filter: SamplingFilter | None = None,
+    outside: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(B, T) log-probs (and entropy) of the response tokens under `model`, from a padded forward or, with
     `packed` (--packing_samples), a padding-free one (models/packing.py), under the engine's `sampling_filter`
-    (token_log_probs). Padding positions of the packed path hold 0; action_mask excludes them either way."""
+    (token_log_probs; `outside` receives its (B, T) flags). Padding positions of the packed path hold 0;
+    action_mask excludes them either way."""
     if not packed:  # only the logits that predict the response
         logits = forward_logits(model, sequences, attention_mask, predicting=num_actions)
-        return token_log_probs(logits, sequences[:, -num_actions:], temperature, with_entropy, sampling_filter)
+        targets = sequences[:, -num_actions:]
+        return token_log_probs(logits, targets, temperature, with_entropy, sampling_filter, outside=outside)
     logits, real = response_logits(model, sequences, attention_mask, num_actions, accepts_logits_to_keep(model))
     targets = sequences[:, -num_actions:][real]
     positions = real.nonzero(as_tuple=True)[1]  # each real token's response column, in the same row-major order
+    flags = [] if outside is not None else None
     log_probs, entropy = token_log_probs(
-        logits, targets, temperature, with_entropy, sampling_filter, positions
+        logits, targets, temperature, with_entropy, sampling_filter, positions, flags
     )  # (N,): the real tokens
+    if flags:
+        outside.append(scatter_real(real, flags[0]))
     return scatter_real(real, log_probs), (scatter_real(real, entropy) if entropy is not None else None)

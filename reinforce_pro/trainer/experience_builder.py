@@ -100,7 +100,9 @@ class ExperienceBuilder:
         """`old_log_probs=False`: leave Experience.old_log_probs None (the policy's training forward
         supplies them; the trainer then logs `old_log_prob_metrics` after training)."""
         seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
-        old_lp = _sharded_call(self.policy, "log_probs", seq, attn, t) if old_log_probs else None
+        old_lp = outside = None
+        if old_log_probs:  # with the tokens the trainer's replay of the engine's filter would have removed
+            old_lp, outside = _sharded_call(self.policy, "log_probs_and_outside", seq, attn, t).unbind(dim=1)
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
         reward = self.rewards(samples)
@@ -137,6 +139,9 @@ class ExperienceBuilder:
         metrics = {**self._metrics(samples, reward), **penalty_metrics, **samples.metrics}
         if old_lp is not None:
             metrics.update(self.old_log_prob_metrics(exp))
+            action = exp.action_mask.bool()
+            if action.any() and not outside.isnan().any():  # a filter was replayed (models/sampling_filter.py)
+                metrics["rollout/outside_filter_frac"] = float(outside[action].mean())
         return exp, metrics
 
     def old_log_prob_metrics(self, exp: Experience) -> dict[str, float]:

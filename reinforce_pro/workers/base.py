@@ -238,19 +238,27 @@ def batched_log_probs(
     packed: bool = False,
     log_probs_fn=None,
     sampling_filter: SamplingFilter | None = None,
+    outside: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a
     time; `packed`: padding-free forwards (--packing_samples); `log_probs_fn`: instead of
     models.logprobs.response_log_probs, with its arguments (the policy's ring under --ring_attn_size);
-    `sampling_filter`: the engine's filters, replayed (models/sampling_filter.py)."""
+    `sampling_filter`: the engine's filters, replayed (models/sampling_filter.py); `outside`: receives the
+    (B, T) float 0/1 of sampled tokens that filter would have removed, when it is active."""
     log_probs_fn = log_probs_fn or response_log_probs
     dev = device()
-    out = []
+    out, flags = [], []
     for rows in row_chunks(attention_mask, micro, max_tokens, packed):
         columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
-        lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter)
+        extra = {"outside": flags} if outside is not None else {}
+        lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter,
+                             **extra)  # fmt: skip
         out.append(pad_actions(lp.float().cpu(), num_actions))
+        if flags:
+            flags[-1] = pad_actions(flags[-1].float().cpu(), num_actions)
+    if outside is not None and len(flags) == len(out):
+        outside.append(torch.cat(flags, dim=0))
     return torch.cat(out, dim=0)
 
 

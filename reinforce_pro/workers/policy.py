@@ -92,12 +92,13 @@ class PolicyWorker:
         self.ring = join_rings(dist.rank, dist.world_size, forward.ring_size) if forward.ring_size > 1 else None
 
     def response_log_probs(self, model, sequences, attention_mask, num_actions, temperature, with_entropy=False,
-                           packed=False, sampling_filter=None):  # fmt: skip
+                           packed=False, sampling_filter=None, outside=None):  # fmt: skip
         """models.logprobs.response_log_probs, or under --ring_attn_size the ring's (every rank of the ring
-        gets the whole (B, T); its ranks were given the same rows)."""
+        gets the whole (B, T); its ranks were given the same rows; it reports no `outside` flags)."""
         if self.ring is None:
             return response_log_probs(
-                model, sequences, attention_mask, num_actions, temperature, with_entropy, packed, sampling_filter
+                model, sequences, attention_mask, num_actions, temperature, with_entropy, packed, sampling_filter,
+                outside,
             )  # fmt: skip
         ring = self.ring
         return ring_response_log_probs(
@@ -107,12 +108,20 @@ class PolicyWorker:
 
     def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
         """(B, T) log-probs of the response tokens under the current weights (the "old" policy)."""
+        return self.log_probs_and_outside(sequences, attention_mask, num_actions)[:, 0]
+
+    def log_probs_and_outside(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int):
+        """(B, 2, T): the old log-probs and, where the engine's sampling filter is replayed, 1 on each sampled
+        token that the trainer's filter would have removed (else 0): the two sides' filters disagreed there,
+        as a bf16 engine's logits near a top-p or top-k boundary make them (models/sampling_filter.py). NaN
+        where nothing was replayed (no filter, or the ring's forward)."""
         self.engine.eval()
-        fwd = self.forward
-        return batched_log_probs(
+        fwd, outside = self.forward, []
+        lp = batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
-            fwd.max_tokens, fwd.packing_samples, self.response_log_probs, self.loss_cfg.sampling_filter,
+            fwd.max_tokens, fwd.packing_samples, self.response_log_probs, self.loss_cfg.sampling_filter, outside,
         )  # fmt: skip
+        return torch.stack([lp, outside[0] if outside else torch.full_like(lp, float("nan"))], dim=1)  # NaN: none
 
     def train_minibatch(
         self, micro_batches: list[Experience], global_tokens: float, global_seqs: float, kl_coef: float = 0.0
