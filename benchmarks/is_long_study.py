@@ -396,6 +396,58 @@ def collapse_rates(runs: list[dict], regime: str, a: str, b: str) -> dict:
     return {"collapsed_design": sum(x), "collapsed_other": sum(y), "p_collapse": paired_rate_test(x, y)}
 
 
+# The mechanism screening's comparisons: (variant, parent, the one ingredient the variant moves); algos/is_mechanisms.py
+MECHANISM_PAIRS = (
+    ("reinforce_pro-tis", "reinforce_pro", "+ a truncated weight"),
+    ("reinforce_pro+rollout", "reinforce_pro", "+ the rollout anchor"),
+    ("reinforce_pro-tv", "reinforce_pro", "+ a probability-space prefix gate"),
+    ("reinforce_pro-sign", "reinforce_pro", "+ DPPO's advantage-sign rule"),
+    ("reinforce_pro-pos", "reinforce_pro", "+ CPPO's position weights"),
+    ("token-tv", "dppo-tv", "- DPPO's advantage sign"),
+    ("dppo-ratio", "dppo-tv", "- DPPO's probability space (a ratio band)"),
+    ("dppo-ratio", "icepop", "+ DPPO's sign on icepop's ratio band"),
+    ("cppo-nosign", "cppo", "- CPPO's exemption of tokens moving toward mu"),
+    ("cppo-flat", "cppo", "- CPPO's position weights"),
+)
+
+
+def mechanisms(runs: list[dict], regime: str = "stale4") -> list[dict]:
+    """Per MECHANISM_PAIRS entry whose two arms share a seed in `regime`: the held-out accuracy of each, the
+    paired differences seed by seed, and how many seeds collapsed under each."""
+    rows = []
+    for variant, parent, ingredient in MECHANISM_PAIRS:
+        a, b = (values(runs, regime, c, "final_eval") for c in (variant, parent))
+        seeds = sorted(set(a) & set(b))
+        if not seeds:
+            continue
+        diffs = [a[s] - b[s] for s in seeds]
+        masked = [statistics.fmean(values(runs, regime, c, "masked_frac").get(s) or 0.0 for s in seeds)
+                  for c in (variant, parent)]  # fmt: skip
+        rows.append({"variant": variant, "parent": parent, "ingredient": ingredient, "seeds": seeds,
+                     "variant_eval": statistics.fmean(a[s] for s in seeds),
+                     "parent_eval": statistics.fmean(b[s] for s in seeds), "diffs": diffs,
+                     "lower": sum(d < 0 for d in diffs), "higher": sum(d > 0 for d in diffs),
+                     "masked": masked, **collapse_rates(runs, regime, variant, parent)})  # fmt: skip
+    return rows
+
+
+def render_mechanisms(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Mechanisms (exploratory, stale4): each variant against the correction it moves one ingredient of "
+             "(algos/is_mechanisms.py), held-out accuracy at the last step, paired by seed:", "",
+             "| ingredient | variant - parent | seeds | held-out variant / parent | difference by seed | lower / "
+             "higher | masked variant / parent | seeds collapsed variant / parent |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        by_seed = ", ".join(f"{d:+.3f}" for d in r["diffs"])
+        lines.append(f"| {r['ingredient']} | {r['variant']} - {r['parent']} | {len(r['seeds'])} | "
+                     f"{r['variant_eval']:.3f} / {r['parent_eval']:.3f} | {by_seed} | {r['lower']} / {r['higher']} | "
+                     f"{r['masked'][0]:.2%} / {r['masked'][1]:.2%} | "
+                     f"{r['collapsed_design']} / {r['collapsed_other']} |")  # fmt: skip
+    return lines
+
+
 def verdict(d: dict, margin: float) -> str:
     """What a Holm-adjusted comparison establishes: better, worse, equivalent within the margin, or not
     established (with the smallest difference these seeds could have detected)."""
@@ -512,6 +564,7 @@ def render(payload: dict, out_dir: Path) -> str:
               f"that the difference to `none` lies within ±{margin} (small: equivalent).",
               f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
     lines += render_head_to_head(head_to_head(runs, margin), margin)
+    lines += render_mechanisms(mechanisms(runs))
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)
     lines.append(f"\n{pairing(runs)}")

@@ -96,6 +96,22 @@ def test_an_arm_may_run_a_correction_at_another_band():
     assert study.split_arm("reinforce_pro@0.9,1.1") == ("reinforce_pro", (0.9, 1.1))
 
 
+def test_the_mechanism_table_pairs_each_variant_with_its_parent_seed_by_seed(tmp_path):
+    runs = []
+    for seed, (parent, variant) in zip((1, 2, 3), ((0.6, 0.7), (0.5, 0.45), (0.7, 0.8)), strict=True):
+        runs += [_run(seed, "stale4", "cppo", parent), _run(seed, "stale4", "cppo-nosign", variant)]
+    collapsed = _run(4, "stale4", "cppo-nosign", 0.1)
+    collapsed["rewards"] = [0.3] * 10 + [0.0] * 30  # below its start for 30 steps: a reward collapse
+    runs += [_run(4, "stale4", "cppo", 0.6), collapsed, _run(1, "stale4", "reinforce_pro-sign", 0.5)]
+    (row,) = study.mechanisms(runs)  # reinforce_pro-sign has no parent run: no row
+    assert (row["variant"], row["parent"], row["seeds"]) == ("cppo-nosign", "cppo", [1, 2, 3, 4])
+    assert row["diffs"] == pytest.approx([0.1, -0.05, 0.1, -0.5])
+    assert (row["lower"], row["higher"]) == (2, 2) and (row["collapsed_design"], row["collapsed_other"]) == (1, 0)
+    text = "\n".join(study.render_mechanisms([row]))
+    assert "| - CPPO's exemption of tokens moving toward mu | cppo-nosign - cppo | 4 |" in text
+    assert "+0.100, -0.050, +0.100, -0.500 | 2 / 2 |" in text and "| 1 / 0 |" in text
+
+
 def test_an_arm_may_run_a_correction_under_the_rollout_anchor():
     import argparse
 
