@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -319,6 +320,41 @@ def test_many_concurrent_sessions_are_batched_and_all_answered(live):
     assert [r.choices[0].message.content for r in replies] == ["ok"] * 200
     assert sum(engine.calls) == 200 and len(engine.calls) <= 5  # batched, not 200 engine calls
     assert all(endpoint.close_session(s).trajectory.calls == 1 for s in sessions)
+
+
+def test_with_several_engines_each_session_stays_on_one_and_they_run_at_once(tokenizer):
+    """Sessions are pinned round robin: every turn of an episode goes to the engine its first did (its prefix
+    cache), and the engines' calls of one batch overlap."""
+    seen, lock = [], threading.Lock()
+    base = ScriptedEngine(tokenizer, {"": ["ok"]})
+
+    def sample(prompts, sampling, engines=None):
+        with lock:
+            seen.append((engines[0], len(prompts), time.perf_counter()))
+        time.sleep(0.2)
+        return base(prompts, sampling)
+
+    endpoint = Endpoint(tokenizer, sample, RUN_SAMPLING, max_len=64, engines=["e0", "e1"])
+    endpoint.start()
+    try:
+        sessions = [endpoint.open_session() for _ in range(4)]
+        endpoint.set_live(4)
+
+        async def episode(sid):
+            c = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="x", max_retries=0)
+            for _ in range(2):
+                await c.completions.create(model="p", prompt="hi")
+
+        async def main():
+            await asyncio.gather(*(episode(s) for s in sessions))
+
+        asyncio.run(main())
+    finally:
+        endpoint.stop()
+    assert [endpoint.close_session(s).engine for s in sessions] == [0, 1, 0, 1]
+    assert sorted((e, n) for e, n, _ in seen) == [("e0", 2), ("e0", 2), ("e1", 2), ("e1", 2)]
+    first = sorted(t for _, _, t in seen)[:2]
+    assert first[1] - first[0] < 0.15  # the two engines' first calls overlapped (each takes 0.2 s)
 
 
 def test_a_client_that_disconnects_mid_generation_leaves_the_endpoint_serving(live):

@@ -73,7 +73,8 @@ class OpenAIAgentSource:
     def __init__(self, sampler, agent: OpenAIAgent, cfg: AgentConfig):
         self.sampler, self.agent, self.cfg = sampler, agent, cfg
         self.sampling = sampling_params(sampler.cfg)
-        self.endpoint = Endpoint(sampler.tokenizer, sampler.sample, self.sampling, cfg.max_len)
+        engines = getattr(sampler, "engines", None)  # several: each session pinned to one
+        self.endpoint = Endpoint(sampler.tokenizer, sampler.sample, self.sampling, cfg.max_len, engines=engines)
         self.endpoint.start()
         self.executor = self._executor() if agent.kind == "executor" else None
         self.timeout_s = EPISODE_TIMEOUT_S

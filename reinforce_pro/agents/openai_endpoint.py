@@ -40,6 +40,7 @@ Sample = Callable[[list[list[int]], dict], list]  # Sampler.sample: (prompt ids,
 @dataclass
 class Session:
     id: str
+    engine: int | None = None  # the engine it is pinned to (Endpoint's engines), None: any
     trajectory: Trajectory = field(default_factory=Trajectory)
     open: bool = True
     # The last call's prompt text plus its completion, as the engine's ids decode (special tokens kept) and as
@@ -50,17 +51,19 @@ class Session:
 class Batcher:
     """Collects the sessions' requests on the server's event loop and samples them together."""
 
-    def __init__(self, sample: Sample, wait_s: float):
-        self.sample, self.wait_s = sample, wait_s
-        self.pending: list[tuple[list[int], dict, asyncio.Future]] = []
+    def __init__(self, sample: Sample, wait_s: float, engines: list | None = None):
+        self.sample, self.wait_s, self.engines = sample, wait_s, engines or []
+        self.pending: list[tuple[list[int], dict, int | None, asyncio.Future]] = []
         self.live = 0  # agents still running: when all of them wait, the batch is complete
         self.calls = 0  # engine calls made
         self._timer: asyncio.TimerHandle | None = None
         self._flushing = False
 
-    async def generate(self, prompt_ids: list[int], sampling: dict):
+    async def generate(self, prompt_ids: list[int], sampling: dict, engine: int | None = None):
+        """The engines' Generation for `prompt_ids`; `engine`: the index of the engine the session is pinned to
+        (None: the sampler splits the batch over its engines)."""
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt_ids, sampling, future))
+        self.pending.append((prompt_ids, sampling, engine, future))
         self.poke()
         return await future
 
@@ -87,34 +90,45 @@ class Batcher:
             self._timer = None
         batch, self.pending = self.pending, []
         try:
-            groups: dict[str, list[int]] = {}
-            for k, (_, sampling, _) in enumerate(batch):
-                groups.setdefault(json.dumps(sampling, sort_keys=True), []).append(k)
-            loop = asyncio.get_running_loop()
-            for key, members in groups.items():
-                prompts = [batch[k][0] for k in members]
-                try:  # the engines are called off the loop: the endpoint keeps answering meanwhile
-                    generations = await loop.run_in_executor(None, self.sample, prompts, json.loads(key))
-                    self.calls += 1
-                except Exception as e:  # an engine failure fails these requests (503), not the endpoint
-                    failure = EndpointError(503, f"the engines failed: {type(e).__name__}: {e}", "engine")
-                    generations = [failure] * len(members)
-                for k, g in zip(members, generations, strict=True):
-                    future = batch[k][2]
-                    if not future.done():  # a client that went away has cancelled its future
-                        future.set_exception(g) if isinstance(g, Exception) else future.set_result(g)
+            groups: dict[tuple[str, int | None], list[int]] = {}
+            for k, (_, sampling, engine, _) in enumerate(batch):
+                groups.setdefault((json.dumps(sampling, sort_keys=True), engine), []).append(k)
+            # one call per sampling setting and engine, the engines' calls at once (they are separate actors)
+            await asyncio.gather(
+                *(self._call(batch, key, engine, members) for (key, engine), members in groups.items())
+            )
         finally:
             self._flushing = False
             self.poke()  # requests that arrived during the flush
+
+    async def _call(self, batch: list, key: str, engine: int | None, members: list[int]) -> None:
+        prompts, loop = [batch[k][0] for k in members], asyncio.get_running_loop()
+        call = (self.sample, prompts, json.loads(key)) if engine is None else (self.sample_on, engine, prompts, key)
+        try:  # the engines are called off the loop: the endpoint keeps answering meanwhile
+            generations = await loop.run_in_executor(None, *call)
+            self.calls += 1
+        except Exception as e:  # an engine failure fails these requests (503), not the endpoint
+            failure = EndpointError(503, f"the engines failed: {type(e).__name__}: {e}", "engine")
+            generations = [failure] * len(members)
+        for k, g in zip(members, generations, strict=True):
+            future = batch[k][3]
+            if not future.done():  # a client that went away has cancelled its future
+                future.set_exception(g) if isinstance(g, Exception) else future.set_result(g)
+
+    def sample_on(self, engine: int, prompts: list[list[int]], key: str) -> list:
+        return self.sample(prompts, json.loads(key), engines=[self.engines[engine]])
 
 
 class Endpoint:
     """The server (uvicorn in a daemon thread, its own event loop), its sessions and its batcher."""
 
     def __init__(self, tokenizer, sample: Sample, sampling: dict, max_len: int, model_name: str = "policy",
-                 batch_wait_s: float = 0.05):  # fmt: skip
+                 batch_wait_s: float = 0.05, engines: list | None = None):  # fmt: skip
+        """`engines`: with more than one, each session is pinned to one of them (round robin as sessions open),
+        so that an episode's turns reuse that engine's prefix cache; `sample` then takes `engines=[engine]`."""
         self.tokenizer, self.sampling, self.max_len, self.model_name = tokenizer, dict(sampling), max_len, model_name
-        self.batcher = Batcher(sample, batch_wait_s)
+        self.batcher = Batcher(sample, batch_wait_s, engines if engines and len(engines) > 1 else None)
+        self._opened = 0
         self.sessions: dict[str, Session] = {}
         self.ended: set[str] = set()  # sessions closed: their late requests get 410, not 404
         self.url = ""
@@ -143,7 +157,9 @@ class Endpoint:
     def open_session(self) -> str:
         sid = secrets.token_hex(12)
         with self._lock:
-            self.sessions[sid] = Session(sid)
+            engines = len(self.batcher.engines)
+            self.sessions[sid] = Session(sid, self._opened % engines if engines else None)
+            self._opened += 1
         return sid
 
     def close_session(self, sid: str) -> Session:
@@ -231,7 +247,7 @@ class Endpoint:
         """Sample from exactly `prompt_ids` and record the call in the session's trajectory; `prompt_text`: the
         prompt as text (None for token ids in), which the next prompt's text is matched against."""
         sampling = self.sampling_for(body, len(prompt_ids))
-        generation = await self.batcher.generate(prompt_ids, sampling)
+        generation = await self.batcher.generate(prompt_ids, sampling, session.engine)
         shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
         for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
