@@ -884,7 +884,7 @@ def test_calculator_agent_run(tmp_path, engine, tiny_model, mode):
     assert {s["step_meta"]["group_id"] for s in steps if s["step"] == 1} == set(range(8))
 
 
-@pytest.mark.parametrize("mode", list(ASYNC))
+@pytest.mark.parametrize("mode", list(AGENT_ASYNC))
 def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_model, mode):
     """examples/python/agent_calculator_openai.py: the agent calls the run's loopback endpoint through the openai
     client (synchronously, or from the producer thread of --async_train while the trainer syncs weights); its
@@ -894,12 +894,15 @@ def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_mode
     cfg, plan, history = run(
         ["--agent_func_path", str(calculator), "--advantage_estimator", "reinforce_baseline", "--max_samples", "16",
          "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--label_key", "label",
-         *ASYNC[mode]],
+         *AGENT_ASYNC[mode]],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     assert len(history) == 2
     doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     for row in read_metrics(plan.run_dir / "metrics.jsonl"):
+        if mode == "async-partial":  # requests sampled in chunks of 2 tokens, weight syncs let in between
+            assert sum(row[f"async/partial_tokens_lag{d}"] for d in range(3)) == pytest.approx(1.0)
+        row = {re.sub(r"_lag\d+$", "_lag<d>", k): v for k, v in row.items()}  # one doc row names every lag d
         assert row["agent/episodes"] == 8 * 4 and row["agent/dropped_episodes"] == 0
         assert 1 <= row["agent/calls_mean"] <= 4 and row["agent/segment_forks"] == 0  # completions extend as text
         assert 0 < row["agent/env_token_frac"] < 1 and "is/token_masked_frac" in row and "policy/grad_norm" in row

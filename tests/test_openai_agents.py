@@ -129,6 +129,36 @@ def test_an_episode_that_runs_out_of_room_ends_unanswered_not_dropped(tokenizer)
     assert 1 <= samples.metrics["agent/calls_mean"] < 4  # it called until the prompt no longer fit
 
 
+def test_partial_rollouts_keep_the_version_that_sampled_each_token(tokenizer):
+    """--partial_rollout: the endpoint samples in chunks (Sampler.sample_in_chunks) on the thread that called
+    generate() (it holds the engine gate that lets syncs in between chunks); each trained token keeps the weight
+    version its chunk was sampled with, the environment's the version before them."""
+    from reinforce_pro.rollout.sampler import PartialRollout
+
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["calc(3+4)", "7"]})
+    chunks = []
+
+    def sample_in_chunks(prompts, partial, sampling):
+        assert threading.current_thread() is threading.main_thread()  # the gate holder's thread, not the server's
+        version = partial.between()
+        out = engine(prompts, sampling)
+        chunks.append(version)
+        return out, [[version] * (len(g.token_ids) - 1) + [version + 1] for g in out]  # a sync before the last
+
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    source.sampler.sample_in_chunks = sample_in_chunks
+    versions = iter(range(10, 20, 5))
+    source.use_partial(PartialRollout(chunk=4, between=lambda: next(versions)))
+    try:
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+    finally:
+        source.close()
+    first, answer = engine.sampled
+    feedback = len(tokenizer(" -> 7; answer: ", add_special_tokens=False)["input_ids"])
+    want = [10] * (len(first.token_ids) - 1) + [11] + [11] * feedback + [15] * (len(answer.token_ids) - 1) + [16]
+    assert chunks == [10, 15] and samples.token_version[0, : len(want)].tolist() == want
+
+
 def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     """The SDK calculator and agent_calculator.py's AgentInstance, on one scripted engine: the same rows."""
     from reinforce_pro.agents.agent_source import AgentSource

@@ -23,8 +23,11 @@ the run with the first error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
+import queue
 import sys
+import threading
 import types
 from dataclasses import dataclass
 
@@ -34,7 +37,7 @@ from reinforce_pro.agents.openai_endpoint import Endpoint
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.agents.trajectory import segment_episode
 from reinforce_pro.experience import Samples
-from reinforce_pro.rollout.sampler import pad_token_id, sampling_params
+from reinforce_pro.rollout.sampler import pad_token_id, sampling_params, token_versions
 
 EPISODE_TIMEOUT_S = 600.0  # an agent that has not returned by then is dropped (a hung tool, a lost request)
 
@@ -77,6 +80,7 @@ class OpenAIAgentSource:
         self.endpoint = Endpoint(sampler.tokenizer, sampler.sample, self.sampling, cfg.max_len, engines=engines)
         self.endpoint.start()
         self.executor = self._executor() if agent.kind == "executor" else None
+        self.partial = None
         self.timeout_s = EPISODE_TIMEOUT_S
 
     def state_dict(self) -> dict:
@@ -86,7 +90,15 @@ class OpenAIAgentSource:
         pass
 
     def use_partial(self, partial) -> None:
-        raise ValueError("--partial_rollout with an OpenAI-SDK agent is not supported yet: use an AgentInstance file")
+        """--partial_rollout: every request is sampled in chunks with weight syncs let in between, so one
+        completion may come from several policy versions; each token keeps the version that sampled it."""
+        self.partial = partial
+        self.endpoint.batcher.chunked = lambda prompts, sampling: self.sampler.sample_in_chunks(prompts, partial,
+                                                                                               sampling)  # fmt: skip
+        # between chunks a weight sync is let in through the engine gate, which the thread that called generate()
+        # holds: the engine calls run there, the agents on a thread of their own
+        self.caller = CallerThread()
+        self.endpoint.batcher.submit = self.caller.submit
 
     def close(self) -> None:
         self.endpoint.stop()
@@ -109,7 +121,10 @@ class OpenAIAgentSource:
         sessions = [self.endpoint.open_session() for _ in jobs]
         self.endpoint.set_live(len(jobs))
         try:
-            results = asyncio.run(self._run_all(jobs, sessions))
+            if self.partial is None:
+                results = asyncio.run(self._run_all(jobs, sessions))
+            else:
+                results = self.caller.serve_while(lambda: asyncio.run(self._run_all(jobs, sessions)))
         finally:
             trajectories = [self.endpoint.close_session(s).trajectory for s in sessions]
             self.endpoint.set_live(0)
@@ -175,6 +190,8 @@ class OpenAIAgentSource:
         if rewards[0] is None:
             samples.rewards = None  # the run's reward function scores them (experience_builder.rewards)
         samples.fork_of = fork_of if forks else None
+        if self.partial is not None:
+            samples.token_version = token_versions([e.versions for e in episodes], samples.num_actions)
         samples.metrics = {
             "agent/episodes": float(len(jobs)),
             "agent/dropped_episodes": float(len(jobs) - len(kept) * n),
@@ -186,6 +203,43 @@ class OpenAIAgentSource:
             "agent/truncated_frac": sum(e.truncated for e in leads) / len(leads),
         }
         return samples
+
+
+class CallerThread:
+    """Calls submitted from other threads, run on the thread inside serve_while (the caller of generate())."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        self.queue.put((future, fn, args))
+        return future
+
+    def serve_while(self, work):
+        """Run `work()` on a thread of its own, serving submitted calls here until it returns; its result."""
+        out: list = []
+        thread = threading.Thread(target=lambda: out.append(_result_or_error(work)), name="agents", daemon=True)
+        thread.start()
+        while thread.is_alive() or not self.queue.empty():
+            try:
+                future, fn, args = self.queue.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            try:
+                future.set_result(fn(*args))
+            except Exception as e:  # handed back to the waiting request (a 503)
+                future.set_exception(e)
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+
+def _result_or_error(work):
+    try:
+        return work()
+    except BaseException as e:  # re-raised on the caller's thread
+        return e
 
 
 def _failure(result, trajectory) -> str | None:

@@ -53,6 +53,12 @@ class Batcher:
 
     def __init__(self, sample: Sample, wait_s: float, engines: list | None = None):
         self.sample, self.wait_s, self.engines = sample, wait_s, engines or []
+        # --partial_rollout: (prompts, sampling) -> (generations, each token's weight version), sampled in chunks
+        # with weight syncs let in between (Sampler.sample_in_chunks); None: whole responses
+        self.chunked: Callable | None = None
+        # where engine calls run: None, a worker thread of the server's loop; else submit(fn, *args) ->
+        # concurrent.futures.Future (partial rollouts: the thread that holds the engine gate, openai_agents.py)
+        self.submit: Callable | None = None
         self.pending: list[tuple[list[int], dict, int | None, asyncio.Future]] = []
         self.live = 0  # agents still running: when all of them wait, the batch is complete
         self.calls = 0  # engine calls made
@@ -104,8 +110,12 @@ class Batcher:
     async def _call(self, batch: list, key: str, engine: int | None, members: list[int]) -> None:
         prompts, loop = [batch[k][0] for k in members], asyncio.get_running_loop()
         call = (self.sample, prompts, json.loads(key)) if engine is None else (self.sample_on, engine, prompts, key)
+        if self.chunked is not None:
+            call = (self.chunked, prompts, json.loads(key))
         try:  # the engines are called off the loop: the endpoint keeps answering meanwhile
-            generations = await loop.run_in_executor(None, *call)
+            out = await (loop.run_in_executor(None, *call) if self.submit is None else asyncio.wrap_future(
+                self.submit(*call)))  # fmt: skip
+            generations = list(zip(*out, strict=True)) if self.chunked is not None else [(g, None) for g in out]
             self.calls += 1
         except Exception as e:  # an engine failure fails these requests (503), not the endpoint
             failure = EndpointError(503, f"the engines failed: {type(e).__name__}: {e}", "engine")
@@ -247,14 +257,14 @@ class Endpoint:
         """Sample from exactly `prompt_ids` and record the call in the session's trajectory; `prompt_text`: the
         prompt as text (None for token ids in), which the next prompt's text is matched against."""
         sampling = self.sampling_for(body, len(prompt_ids))
-        generation = await self.batcher.generate(prompt_ids, sampling, session.engine)
+        generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine)
         shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
         for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
             if stop in shown:
                 shown = shown[: shown.index(stop)]
         call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
-                    generation.finish_reason, shown)  # fmt: skip
+                    generation.finish_reason, shown, versions)  # fmt: skip
         if not session.open:  # the episode ended while this request waited: nothing is recorded
             raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
         session.trajectory.add(call)

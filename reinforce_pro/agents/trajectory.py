@@ -25,6 +25,7 @@ class Call:
     log_probs: list[float]  # the engine's log-prob of each completion id
     finish_reason: str  # "stop" or "length"
     text: str = ""  # the completion decoded (for the episode's text)
+    versions: list[int] | None = None  # --partial_rollout: the weight version that sampled each completion id
 
     @property
     def full(self) -> list[int]:
@@ -75,7 +76,7 @@ def segment_episode(segment: list[Call], index: int, group: int, prompt: str, la
             e.add_environment(list(between), "")
             spans.append([start, len(e.tokens), "environment"])
         start = len(e.tokens)
-        e.add_model(list(call.completion_ids), list(call.log_probs), call.text)
+        e.add_model(list(call.completion_ids), list(call.log_probs), call.text, call.versions)
         spans.append([start, len(e.tokens), "model"])
         previous = call.full
     e.truncated = segment[-1].finish_reason == "length"
