@@ -294,6 +294,7 @@ CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
         pytest.param({**CHAT, "max_tokens": -1}, 400, "invalid", id="max-tokens-negative"),
         pytest.param({**CHAT, "temperature": 0.3}, 400, "sampling_pinned", id="another-temperature"),
         pytest.param({**CHAT, "top_p": 0.9}, 400, "sampling_pinned", id="another-top-p"),
+        pytest.param({**CHAT, "temperature": "hot"}, 400, "invalid", id="a-temperature-that-is-no-number"),
         pytest.param({**CHAT, "presence_penalty": 1.0}, 400, "unsupported", id="a-penalty"),
         pytest.param({**CHAT, "n": 2}, 400, "unsupported", id="n"),
         pytest.param({**CHAT, "stream": True}, 400, "unsupported", id="stream"),

@@ -204,7 +204,10 @@ class Endpoint:
         """The run's sampling with what a request may change: max_tokens (up to the run's and to the room the
         episode has left) and stop; anything the trainer could not replay is refused."""
         for key in PINNED:
-            if body.get(key) is not None and float(body[key]) != float(self.sampling.get(key, _DEFAULTS[key])):
+            value = body.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise EndpointError(400, f"{key} must be a number, got {value!r}", "invalid", key)
+            if value is not None and float(value) != float(self.sampling.get(key, _DEFAULTS[key])):
                 raise EndpointError(400, f"{key} {body[key]} differs from the run's {self.sampling.get(key)}: the "
                                     f"trainer scores tokens under the run's sampling settings, so a request cannot "
                                     f"change it (set it for the run: --{key})", "sampling_pinned", key)  # fmt: skip
