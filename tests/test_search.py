@@ -147,24 +147,30 @@ def test_timeout_and_bounded_concurrency(kb):
         with pytest.raises(RetrieverError, match="unreachable"):  # the client gives up after its timeout
             RetrieverClient(url, timeout=0.5, retries=0).retrieve(["home"])
         time.sleep(1.5)
-        results, errors = [], []
-
-        def call():
-            try:
-                results.append(RetrieverClient(url, timeout=5, retries=0).retrieve(["home"]))
-            except RetrieverError as e:
-                errors.append(str(e))
-
-        threads = [threading.Thread(target=call) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results, errors = _at_once(url, 3)
         assert len(results) == 1 and len(errors) == 2  # one slot: the others wait 0.2 s, then 503
         assert all("HTTP 503" in e and "busy" in e for e in errors)
         assert slow.max_in_flight == 1
     finally:
         server.stop()
+
+
+def _at_once(url: str, n: int) -> tuple[list, list[str]]:
+    """`n` retrievals from `n` threads at once: (the results, the errors' messages)."""
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(RetrieverClient(url, timeout=5, retries=0).retrieve(["home"]))
+        except RetrieverError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=call) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
 
 
 def _closed_by_server(sock, within: float) -> bool:
@@ -210,19 +216,7 @@ def test_more_requests_than_max_connections_get_503_at_once(kb):
     slow = _Slow(BM25Index(kb.passages), seconds=1.0)
     server, url = serve(slow, max_concurrency=8, max_connections=2)
     try:
-        errors = []
-
-        def call():
-            try:
-                RetrieverClient(url, timeout=5, retries=0).retrieve(["home"])
-            except RetrieverError as e:
-                errors.append(str(e))
-
-        threads = [threading.Thread(target=call) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _, errors = _at_once(url, 4)
         assert len(errors) == 2 and all("HTTP 503" in e for e in errors) and slow.max_in_flight == 2
     finally:
         server.stop()
