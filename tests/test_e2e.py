@@ -909,6 +909,31 @@ def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_mode
         assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
 
 
+@pytest.mark.parametrize(("shape", "mode"), [("agent_calculator.py", "sync"),
+                                           ("agent_calculator_openai.py", "async-partial")])  # fmt: skip
+def test_an_agent_run_evaluates_held_out_episodes(tmp_path, engine, tiny_model, shape, mode):
+    """--eval_dataset with --agent_func_path: step 0 and the last step log eval/<dataset>/* over the agent's
+    held-out episodes, in the AgentInstance shape and in the SDK shape while chunked training episodes are in
+    flight (the held-out ones use an endpoint of their own)."""
+    pytest.importorskip("openai")
+    from reinforce_pro.data.arithmetic import arithmetic_records
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in arithmetic_records(4, seed=1234)))
+    agent = Path(__file__).resolve().parents[1] / "examples" / "python" / shape
+    cfg, plan, history = run(
+        ["--agent_func_path", str(agent), "--advantage_estimator", "reinforce_baseline", "--max_samples", "16",
+         "--label_key", "label", "--eval_dataset", str(held), "--eval_n_samples_per_prompt", "2", "--eval_steps",
+         "2", "--eval_before_training", *AGENT_ASYNC[mode]],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    evals = [r for r in read_metrics(plan.run_dir / "metrics.jsonl") if "eval/held/score_mean" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    for r in evals:
+        assert r["eval/held/num_prompts"] == 4 and 0 <= r["eval/held/score_mean"] <= r["eval/held/pass@2"] <= 1
+        assert r["eval/held/response_length_mean"] >= 1  # every episode sampled at least one token
+
+
 def test_openai_endpoint_rows_are_the_engines_ids_bit_for_bit(engine, tiny_model):
     """The real engine behind the endpoint: every trained row is exactly the ids each call gave the engine and
     the ids (and log-probs) it sampled, the SDK's text in between never re-tokenised into the sample."""

@@ -49,10 +49,12 @@ class ScriptedEngine:
         self.calls: list[int] = []  # prompts per engine call
         self.given: list[list[int]] = []  # every prompt's ids, in order
         self.sampled: list[Generation] = []
+        self.temperatures: list[float] = []  # each call's
 
     def __call__(self, prompt_ids: list[list[int]], sampling: dict) -> list[Generation]:
         time.sleep(self.delay_s)
         self.calls.append(len(prompt_ids))
+        self.temperatures.append(sampling["temperature"])
         out = []
         for ids in prompt_ids:
             text = self.tok.decode(ids, skip_special_tokens=True)
@@ -69,8 +71,8 @@ class ScriptedEngine:
         return out
 
 
-def source_for(tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128) -> OpenAIAgentSource:
-    cfg = RolloutConfig(n_samples_per_prompt=n, max_new_tokens=24)
+def source_for(tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128, max_new: int = 24):
+    cfg = RolloutConfig(n_samples_per_prompt=n, max_new_tokens=max_new)
     sampler = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=engine)
     return OpenAIAgentSource(sampler, agent, AgentConfig(max_len=max_len))
 
@@ -179,6 +181,65 @@ def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
     assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist()
+
+
+# ------------------------------------------------------------------------------------ held-out evaluation
+def test_held_out_episodes_of_both_agent_shapes_score_alike_at_the_eval_temperature(tokenizer):
+    """--eval_dataset with --agent_func_path: the SDK calculator and its AgentInstance twin, on one script, give
+    the same eval metrics, sampled at the eval temperature; the endpoint is back at the run's afterwards."""
+    from reinforce_pro.agents.agent_source import AgentSource
+    from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.trainer.evaluation import evaluate_agent
+
+    script = {"3+4=": ["calc(3+4)"], "answer: ": ["7"], "5+5=": ["9"], "2+2=": ["4"]}
+    prompts = [{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}, {"prompt": "2+2=", "label": "4"}]
+    sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    try:
+        a = evaluate_agent(sdk, None, prompts, "held", 2, temperature=0.25)
+        assert sdk.endpoint.sampling["temperature"] == 1.0
+    finally:
+        sdk.close()
+    sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=12), tokenizer=tokenizer, sample=twin_engine)
+    twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=128))
+    b = evaluate_agent(twin, None, prompts, "held", 2, temperature=0.25)
+    # per prompt: tool then right (0.8, score 1), wrong (0, 0), right at once (1, 1); two episodes each
+    assert a["eval/held/pass@2"] == b["eval/held/pass@2"] == pytest.approx(2 / 3)
+    assert a["eval/held/score_mean"] == b["eval/held/score_mean"] == pytest.approx(2 / 3)
+    assert a["eval/held/reward_mean"] == b["eval/held/reward_mean"] == pytest.approx(1.8 / 3)
+    assert a["eval/held/response_length_mean"] == b["eval/held/response_length_mean"]
+    assert a["eval/held/num_prompts"] == 3
+    assert set(sdk_engine.temperatures) == set(twin_engine.temperatures) == {0.25}
+
+
+def test_a_held_out_episode_that_fails_scores_zero_and_a_missing_reward_goes_to_the_reward_function(
+    tokenizer, tmp_path
+):
+    agent = agent_file(tmp_path, """
+async def run_agent(client, prompt, label):
+    reply = await client.completions.create(model="policy", prompt=prompt)
+    if prompt == "boom":
+        raise RuntimeError("the tool is down")
+    return {"extra_logs": {}}
+""")  # fmt: skip
+    engine = ScriptedEngine(tokenizer, {"ok": ["right"], "no": ["wrong"], "boom": ["right"]})
+    source = source_for(tokenizer, engine, agent, n=1)
+    judged = []
+
+    def score(prompts, responses, labels):  # the run's reward function: 1 when the response is the label
+        judged.extend(zip(prompts, responses, strict=True))
+        values = torch.tensor([float(r == lab) for r, lab in zip(responses, labels, strict=True)])
+        return SimpleNamespace(rewards=values, scores=values)
+
+    batch = [{"prompt": p, "label": "right"} for p in ("ok", "no", "boom")]
+    try:
+        from reinforce_pro.trainer.evaluation import evaluate_agent
+
+        m = evaluate_agent(source, score, batch, "held", 1, temperature=0.6)
+    finally:
+        source.close()
+    assert ("ok", "right") in judged and ("no", "wrong") in judged
+    assert m["eval/held/score_mean"] == pytest.approx(1 / 3)  # "boom" said "right" but raised: it scores 0
 
 
 QWEN3_LIKE = (  # drops the <think> block of every assistant turn but the last, as Qwen3's template does

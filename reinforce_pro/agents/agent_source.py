@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.runner import AgentConfig, AgentRunner
 from reinforce_pro.experience import Samples
@@ -30,16 +32,33 @@ class AgentSource:
 
     def generate(self, batch: list[dict]) -> Samples:
         n, tokenizer = self.sampler.cfg.n_samples_per_prompt, self.sampler.tokenizer
-        dialogue = [isinstance(item["prompt"], list) for item in batch]
-        if any(dialogue) and not all(dialogue):
-            raise ValueError("a batch mixes dialogue records (a list of turns) with plain prompts: use one kind")
-        episodes = self.runner.run_dialogues(batch, n) if all(dialogue) else self.runner.run_episodes(batch, n)
+        dialogue = _dialogues(batch)
+        episodes = self.runner.run_dialogues(batch, n) if dialogue else self.runner.run_episodes(batch, n)
         responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
         samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.agent_cfg.reward_mode)
-        samples.metrics = agent_metrics(episodes, dialogues=all(dialogue))
+        samples.metrics = agent_metrics(episodes, dialogues=dialogue)
         if self.partial is not None:
             samples.token_version = token_versions([e.versions for e in episodes], samples.num_actions)
         return samples
+
+    def evaluate(self, batch: list[dict], n: int, temperature: float, score=None) -> tuple[torch.Tensor, ...]:
+        """Held-out episodes (--eval_dataset), n per prompt at `temperature`, whole (never in chunks), trained on
+        nothing: (last scores, summed rewards, tokens the model sampled), flat in prompt order."""
+        sampling = {**self.runner.sampling, "temperature": temperature}
+        runner = AgentRunner(self.runner.agent_cls, self.sampler.tokenizer, self.sampler.sample, sampling,
+                             self.agent_cfg)  # fmt: skip
+        episodes = runner.run_episodes(batch, n)  # plain prompts only (wiring.eval_set refuses dialogues)
+        scores = torch.tensor([e.turn_scores[-1] if e.turn_scores else 0.0 for e in episodes])
+        rewards = torch.tensor([float(sum(e.turn_rewards)) for e in episodes])
+        lengths = torch.tensor([float(sum(e.action)) for e in episodes])
+        return scores, rewards, lengths
+
+
+def _dialogues(batch: list[dict]) -> bool:
+    dialogue = [isinstance(item["prompt"], list) for item in batch]
+    if any(dialogue) and not all(dialogue):
+        raise ValueError("a batch mixes dialogue records (a list of turns) with plain prompts: use one kind")
+    return all(dialogue)
 
 
 def agent_metrics(episodes: list[Episode], dialogues: bool) -> dict[str, float]:

@@ -31,6 +31,8 @@ import threading
 import types
 from dataclasses import dataclass
 
+import torch
+
 from reinforce_pro.agents.contract import AgentFileError
 from reinforce_pro.agents.episode import Episode, episodes_to_samples
 from reinforce_pro.agents.openai_endpoint import Endpoint
@@ -76,10 +78,12 @@ class OpenAIAgentSource:
     def __init__(self, sampler, agent: OpenAIAgent, cfg: AgentConfig):
         self.sampler, self.agent, self.cfg = sampler, agent, cfg
         self.sampling = sampling_params(sampler.cfg)
-        engines = getattr(sampler, "engines", None)  # several: each session pinned to one
-        self.endpoint = Endpoint(sampler.tokenizer, sampler.sample, self.sampling, cfg.max_len, engines=engines)
-        self.endpoint.start()
-        self.executor = self._executor() if agent.kind == "executor" else None
+        self.endpoint = self._endpoint(self.sampling)
+        self.executor = self._executor(self.endpoint)
+        # --eval_dataset: held-out episodes get an endpoint of their own (made at the first evaluation), so
+        # that under --async_train the episodes of a training step in flight keep their sampling and batching
+        self.eval_endpoint: Endpoint | None = None
+        self.eval_executor = None
         self.partial = None
         self.timeout_s = EPISODE_TIMEOUT_S
 
@@ -102,35 +106,84 @@ class OpenAIAgentSource:
 
     def close(self) -> None:
         self.endpoint.stop()
+        if self.eval_endpoint is not None:
+            self.eval_endpoint.stop()
 
-    def _executor(self):
-        """OpenRLHF's executor, made as its execute() would have made it, without its __init__."""
+    def _endpoint(self, sampling: dict) -> Endpoint:
+        engines = getattr(self.sampler, "engines", None)  # several: each session pinned to one
+        endpoint = Endpoint(self.sampler.tokenizer, self.sampler.sample, sampling, self.cfg.max_len, engines=engines)
+        endpoint.start()
+        return endpoint
+
+    def _executor(self, endpoint: Endpoint):
+        """OpenRLHF's executor, made as its execute() would have made it, without its __init__ (None for the
+        plain function shape)."""
         import openai
 
+        if self.agent.kind != "executor":
+            return None
         cls = self.agent.target
         executor = cls.__new__(cls)
-        executor.client = openai.AsyncOpenAI(base_url=f"{self.endpoint.url}/v1", api_key="none", max_retries=0)
-        executor.model_name = self.endpoint.model_name
-        executor.sampling_params = types.SimpleNamespace(**self.sampling, logprobs=1)
+        executor.client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/v1", api_key="none", max_retries=0)
+        executor.model_name = endpoint.model_name
+        executor.sampling_params = types.SimpleNamespace(**endpoint.sampling, logprobs=1)
         executor.hf_tokenizer, executor.max_length = self.sampler.tokenizer, self.cfg.max_len
         return executor
 
     def generate(self, batch: list[dict]) -> Samples:
         n = self.sampler.cfg.n_samples_per_prompt
-        jobs = [(item["prompt"], item["label"]) for item in batch for _ in range(n)]
-        sessions = [self.endpoint.open_session() for _ in jobs]
-        self.endpoint.set_live(len(jobs))
-        try:
-            if self.partial is None:
-                results = asyncio.run(self._run_all(jobs, sessions))
-            else:
-                results = self.caller.serve_while(lambda: asyncio.run(self._run_all(jobs, sessions)))
-        finally:
-            trajectories = [self.endpoint.close_session(s).trajectory for s in sessions]
-            self.endpoint.set_live(0)
+        jobs, results, trajectories = self._episodes(batch, n, self.endpoint, self.executor, self.partial is not None)
         return self._samples(jobs, results, trajectories, n)
 
-    async def _run_all(self, jobs, sessions) -> list:
+    def evaluate(self, batch: list[dict], n: int, temperature: float, score) -> tuple[torch.Tensor, ...]:
+        """Held-out episodes (--eval_dataset), n per prompt, trained on nothing: (scores, rewards, tokens the
+        model sampled), flat in prompt order. They run against an endpoint of their own, which samples at
+        `temperature` (a request may not change it, as in training) and whole responses, never in chunks. A
+        failed episode scores 0; without a reward from the agent the run's reward function scores the text of
+        its last segment."""
+        sampling = {**self.sampling, "temperature": temperature}
+        if self.eval_endpoint is None or self.eval_endpoint.sampling != sampling:
+            if self.eval_endpoint is not None:
+                self.eval_endpoint.stop()
+            self.eval_endpoint = self._endpoint(sampling)
+            self.eval_executor = self._executor(self.eval_endpoint)
+        jobs, results, trajectories = self._episodes(batch, n, self.eval_endpoint, self.eval_executor, False)
+        failed = [_failure(r, t) is not None for r, t in zip(results, trajectories, strict=True)]
+        lasts = [segment_episode(t.segments[-1], i, i // n, job[0], job[1], job[0]) if t.segments else None
+                 for i, (job, t) in enumerate(zip(jobs, trajectories, strict=True))]  # fmt: skip
+        lengths = torch.tensor([float(sum(len(c.completion_ids) for seg in t.segments for c in seg))
+                                for t in trajectories])  # fmt: skip
+        kept = [r for r, f in zip(results, failed, strict=True) if not f]
+        if kept and all(r.get("reward") is None for r in kept):  # the run's reward function scores them
+            tokenizer = self.sampler.tokenizer
+            responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) if e else "" for e in lasts]
+            out = score([job[0] for job in jobs], responses, [job[1] for job in jobs])
+            rewards, scores = out.rewards.float(), out.scores.float()
+        else:
+            for e, r, f in zip(lasts, results, failed, strict=True):
+                if not f:
+                    _set_result([e], r)
+            rewards = torch.tensor([0.0 if f else e.turn_rewards[0] for e, f in zip(lasts, failed, strict=True)])
+            scores = torch.tensor([0.0 if f else e.turn_scores[0] for e, f in zip(lasts, failed, strict=True)])
+        ok = torch.tensor([not f for f in failed], dtype=torch.float32)
+        return scores * ok, rewards * ok, lengths
+
+    def _episodes(self, batch: list[dict], n: int, endpoint: Endpoint, executor, serve: bool) -> tuple[list, ...]:
+        """n episodes of the agent per prompt against `endpoint`: (the (prompt, label) jobs, what each run_agent
+        returned or raised, each session's trajectory). `serve`: the engine calls run on this thread (partial
+        rollouts: it holds the engine gate), the agents on the caller thread."""
+        jobs = [(item["prompt"], item["label"]) for item in batch for _ in range(n)]
+        sessions = [endpoint.open_session() for _ in jobs]
+        endpoint.set_live(len(jobs))
+        try:
+            run = lambda: asyncio.run(self._run_all(jobs, sessions, endpoint, executor))  # noqa: E731
+            results = self.caller.serve_while(run) if serve else run()
+        finally:
+            trajectories = [endpoint.close_session(s).trajectory for s in sessions]
+            endpoint.set_live(0)
+        return jobs, results, trajectories
+
+    async def _run_all(self, jobs, sessions, endpoint: Endpoint, executor) -> list:
         import httpx
         import openai
 
@@ -139,15 +192,15 @@ class OpenAIAgentSource:
 
             async def one(job, sid):
                 try:
-                    if self.executor is not None:
-                        return await asyncio.wait_for(self.executor.run_agent(*job, sid), self.timeout_s)
-                    client = openai.AsyncOpenAI(base_url=f"{self.endpoint.url}/s/{sid}/v1", api_key="none",
+                    if executor is not None:
+                        return await asyncio.wait_for(executor.run_agent(*job, sid), self.timeout_s)
+                    client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none",
                                                 http_client=http, max_retries=0)  # fmt: skip
                     return await asyncio.wait_for(self.agent.target(client, *job), self.timeout_s)
                 except Exception as e:  # the agent's code: its episode is dropped and counted
                     return e
                 finally:
-                    self.endpoint.set_live(self.endpoint.batcher.live - 1)
+                    endpoint.set_live(endpoint.batcher.live - 1)
 
             return await asyncio.gather(*(one(job, sid) for job, sid in zip(jobs, sessions, strict=True)))
 

@@ -252,9 +252,8 @@ def invalid_agent(args) -> str | None:
         return None
     checks = [
         (
-            not (args.absolute_zero or args.eval_dataset),
-            "--agent_func_path: the environment scores episodes; --absolute_zero and --eval_dataset are not "
-            "supported with it",
+            not args.absolute_zero,
+            "--agent_func_path: the environment scores episodes; --absolute_zero is not supported with it",
         ),
         (
             not (args.remote_rm_url or args.reward_pretrain),

@@ -84,7 +84,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
         trainer = PPOTrainer(
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
-            wiring.eval_set(cfg, plan, tokenizer),
+            wiring.eval_set(cfg, plan, tokenizer, source),
             engines_hold_start_weights=groups.owned_engines and wiring.engines_load_policy_weights(cfg),
         )  # fmt: skip
         if resume_from is not None:

@@ -303,9 +303,10 @@ def selfplay_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: S
     return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len)
 
 
-def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer) -> EvalSet | None:
+def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer, source=None) -> EvalSet | None:
     """--eval_dataset read like --prompt_data (same keys and template); self-play evaluates its task's
-    held-out ladder instead, when --eval_steps or --eval_before_training asks for evaluations."""
+    held-out ladder instead, when --eval_steps or --eval_before_training asks for evaluations. With
+    --agent_func_path, `source` (the run's agent source) plays the held-out episodes."""
     ev, data = cfg.evaluation, cfg.data
     if plan.task is not None and (cfg.loop.eval_steps > 0 or cfg.loop.eval_before_training):
         from reinforce_pro.selfplay.ladder import LadderEval
@@ -318,7 +319,13 @@ def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer) -> EvalSet | None:
     label_key = data.label_key or ("label" if data.prompt_data is None else None)  # built-in data has labels
     spec = PromptConfig(data.input_key, label_key, data.input_template, data.apply_chat_template)
     prompts = build_prompts(records, spec, tokenizer, ev.dataset)
-    return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples_per_prompt, ev.temperature)
+    agent = source if plan.agent_cls is not None else None
+    if agent is not None and any(isinstance(p["prompt"], list) for p in prompts):
+        raise ValueError(
+            f"--eval_dataset {ev.dataset}: dialogue records (a list of turns) cannot be evaluated with "
+            "--agent_func_path (a dialogue trains a row per target turn and has no one score)"
+        )
+    return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples_per_prompt, ev.temperature, agent)
 
 
 def resume_checkpoint(cfg: RunConfig, plan: RunPlan) -> Path | None:

@@ -1,6 +1,10 @@
 """Held-out evaluation (--eval_dataset, --eval_steps): k samples per prompt at --eval_temperature, scored by
 the run's reward function. pass@k is the mean over prompts of the best score among the k samples (the
-usual pass@k when scores are 0/1); reward_mean averages every sample."""
+usual pass@k when scores are 0/1); reward_mean averages every sample.
+
+With --agent_func_path a sample is an episode of the agent, scored as in training (the environment's last score,
+or the run's reward function when an OpenAI-SDK agent returns no reward); an episode that fails scores 0, so a
+failing agent cannot raise its own number by dropping out. Its length is the tokens the model sampled."""
 
 from __future__ import annotations
 
@@ -28,7 +32,21 @@ def evaluate(
     sampling = {**sampling_params(sampler.cfg), "temperature": temperature}
     _, generations, responses = sampler.sample_texts(texts, sampling)
     out = score(texts, responses, labels)
-    scores = out.scores.view(len(prompts), n)
     lengths = torch.tensor([float(len(g.token_ids)) for g in generations])
-    values = [scores.max(dim=1).values.mean(), out.scores.mean(), out.rewards.mean(), lengths.mean(), len(prompts)]
+    return summarise(name, n, out.scores, out.rewards, lengths)
+
+
+def evaluate_agent(source, score: Callable[..., RewardOutput], prompts: list[dict], name: str, n: int,
+                   temperature: float) -> dict[str, float]:  # fmt: skip
+    """The same metrics over n episodes per prompt of the run's agent (`source`: AgentSource or
+    OpenAIAgentSource, whose `evaluate` runs them without training anything)."""
+    scores, rewards, lengths = source.evaluate(prompts, n, temperature, score)
+    return summarise(name, n, scores, rewards, lengths)
+
+
+def summarise(name: str, n: int, scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor) -> dict:
+    """eval/<name>/*: scores, rewards and lengths are flat, n per prompt in prompt order."""
+    prompts = len(scores) // n
+    best = scores.view(prompts, n).max(dim=1).values.mean()
+    values = [best, scores.mean(), rewards.mean(), lengths.mean(), prompts]
     return {key: float(v) for key, v in zip(eval_metric_names(name, n), values, strict=True)}

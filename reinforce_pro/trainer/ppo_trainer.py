@@ -26,7 +26,7 @@ from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
-from reinforce_pro.trainer.evaluation import evaluate
+from reinforce_pro.trainer.evaluation import evaluate, evaluate_agent
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder, agreement_line
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
@@ -86,15 +86,19 @@ class LoopConfig:
 
 @dataclass
 class EvalSet:
-    """--eval_dataset: k samples per prompt, scored by the run's reward function. Self-play runs use their
-    task's held-out ladder instead (selfplay/ladder.py), with the same `name` and `run`."""
+    """--eval_dataset: k samples (or agent episodes) per prompt, scored by the run's reward function (or the
+    agent's environment). Self-play runs use their task's held-out ladder instead (selfplay/ladder.py), with the
+    same `name` and `run`."""
 
     name: str
     prompts: list[dict]  # [{"prompt", "label"}]
     n_samples: int
     temperature: float
+    source: object | None = None  # --agent_func_path: the run's agent source, whose episodes are evaluated
 
     def run(self, sampler, score) -> dict[str, float]:
+        if self.source is not None:
+            return evaluate_agent(self.source, score, self.prompts, self.name, self.n_samples, self.temperature)
         return evaluate(sampler, score, self.prompts, self.name, self.n_samples, self.temperature)
 
 
