@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import queue
+import ssl
 import sys
 import threading
 import types
@@ -187,22 +189,26 @@ class OpenAIAgentSource:
         import httpx
         import openai
 
-        limits = httpx.Limits(max_connections=len(jobs) + 8, max_keepalive_connections=len(jobs) + 8)
-        async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s) as http:
+        # a connection pool per session: one pool shared by every session scans all of its connections on each
+        # request (httpcore), which cost a third of the agents' time at 64 sessions (benchmarks/
+        # bench_agent_endpoint.py); the endpoint is plain http, so the clients share one unused TLS context
+        # rather than each loading the CA bundle
+        tls, limits = _tls_context(), httpx.Limits(max_connections=2, max_keepalive_connections=2)
 
-            async def one(job, sid):
-                try:
-                    if executor is not None:
-                        return await asyncio.wait_for(executor.run_agent(*job, sid), self.timeout_s)
+        async def one(job, sid):
+            try:
+                if executor is not None:
+                    return await asyncio.wait_for(executor.run_agent(*job, sid), self.timeout_s)
+                async with httpx.AsyncClient(verify=tls, limits=limits, timeout=self.timeout_s) as http:
                     client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none",
                                                 http_client=http, max_retries=0)  # fmt: skip
                     return await asyncio.wait_for(self.agent.target(client, *job), self.timeout_s)
-                except Exception as e:  # the agent's code: its episode is dropped and counted
-                    return e
-                finally:
-                    endpoint.set_live(endpoint.batcher.live - 1)
+            except Exception as e:  # the agent's code: its episode is dropped and counted
+                return e
+            finally:
+                endpoint.set_live(endpoint.batcher.live - 1)
 
-            return await asyncio.gather(*(one(job, sid) for job, sid in zip(jobs, sessions, strict=True)))
+        return await asyncio.gather(*(one(job, sid) for job, sid in zip(jobs, sessions, strict=True)))
 
     def _samples(self, jobs, results, trajectories, n: int) -> Samples:
         failures = [_failure(r, t) for r, t in zip(results, trajectories, strict=True)]
@@ -256,6 +262,11 @@ class OpenAIAgentSource:
             "agent/truncated_frac": sum(e.truncated for e in leads) / len(leads),
         }
         return samples
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class CallerThread:
