@@ -183,6 +183,43 @@ def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist()
 
 
+def test_the_search_agent_written_to_the_sdk_is_its_agentinstance_twin(tokenizer, monkeypatch):
+    """examples/python/agent_search_openai.py against agent_search.py, one scripted search-then-answer episode
+    per question against one live retrieval service: the same rows, rewards and per-episode logs."""
+    pytest.importorskip("bm25s")
+    from reinforce_pro.agents.agent_source import AgentSource
+    from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.search import knowledge
+    from reinforce_pro.search.retriever import BM25Index, make_server
+
+    kb = knowledge.build(entities=20, seed=3)
+    server = make_server(BM25Index(kb.passages), port=0)
+    monkeypatch.setenv("SEARCH_RETRIEVER_URL", server.start())
+    monkeypatch.setenv("SEARCH_TOPK", "2")
+    questions = [q for q in kb.train if q["hops"] == 1][:2]
+    script = {q["question"]: [f"<search>{q['question'].rstrip('?')}</search>", f"<answer>{q['answer']}</answer>"]
+              for q in questions}  # fmt: skip
+    script[questions[1]["question"]][1] = "<answer>nobody</answer>"  # one right, one wrong
+    batch = [{"prompt": q["question"], "label": q["label"]} for q in questions]
+    sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_search_openai.py"), 1, 512, max_new=64)
+    try:
+        a = sdk.generate(batch)
+        sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=64), tokenizer=tokenizer, sample=twin_engine)
+        twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_search.py"), AgentConfig(max_len=512))
+        b = twin.generate(batch)
+    finally:
+        sdk.close()
+        server.stop()
+    for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist() == [1.0, 0.0]
+    for key in ("searches", "searched", "hit", "correct", "invalid"):
+        assert a.rewards.extra_logs[key].tolist() == b.rewards.extra_logs[key].tolist(), key
+    assert a.rewards.extra_logs["searches"].tolist() == [1.0, 1.0]
+    assert "<information>Doc 1(Title: " in tokenizer.decode(a.sequences[0])  # the service's passages, in the row
+
+
 # ------------------------------------------------------------------------------------ held-out evaluation
 def test_held_out_episodes_of_both_agent_shapes_score_alike_at_the_eval_temperature(tokenizer):
     """--eval_dataset with --agent_func_path: the SDK calculator and its AgentInstance twin, on one script, give
