@@ -369,3 +369,41 @@ def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episode
         p, adjusted = (float(v) for v in re.findall(r"p = ([0-9.]+), Holm over these 4: ([0-9.]+)", line)[0])
         assert adjusted >= p
     assert [study.matched_steps(n) for n in (0, 63, 64, 2000, 4736)] == [1, 1, 1, 16, 37]
+
+
+def _shape_run(arm: str, seed: int, after: float) -> dict:
+    return {"arm": arm, "seed": seed, "steps": 150, "before": 0.1, "after": after, "train_score_last20": after,
+            "generate_s": 0.5, "wall_s": 100.0, "forks": 0.0, "dropped": 0.0, "commit": "c" * 40, "clean": True,
+            "host_id": "h1"}  # fmt: skip
+
+
+def test_the_agent_shape_study_pairs_seeds_and_tests_equivalence(tmp_path):
+    from benchmarks import agent_shape_study as study
+
+    afters = {1: (0.30, 0.32), 2: (0.40, 0.37), 3: (0.25, 0.27), 4: (0.50, 0.51)}  # (AgentInstance, SDK)
+    runs = [_shape_run(arm, s, pair[k]) for s, pair in afters.items() for k, arm in enumerate(study.ARMS)]
+    runs.append(_shape_run("OpenAI SDK", 5, 0.9))  # its twin never ran: left out of the pairs
+    a = study.analyse(runs, margin=0.05)
+    assert a["seeds"] == [1, 2, 3, 4] and a["diffs"] == pytest.approx([0.02, -0.03, 0.02, 0.01])
+    assert a["mean"] == pytest.approx(0.005) and a["low"] < 0 < a["high"]
+    assert (a["lower"], a["higher"]) == (1, 3) and a["p_tost"] < 0.05  # within +/-0.05
+    payload = {"results": {"runs": runs}, "config": {"steps": 150, "margin": 0.05}}
+    table = study.render(payload, tmp_path)
+    assert "| 2 | 0.100 -> 0.400 | 0.100 -> 0.370 | -0.030 |" in table and "equivalent within the margin" in table
+    assert (tmp_path / "agent_shape_study.md").read_text().strip() == table.strip()
+
+
+def test_the_agent_endpoint_bench_splits_engine_time_from_the_rest_per_turn(tmp_path):
+    from benchmarks import bench_agent_endpoint as bench
+
+    def rollouts(rest_s: float) -> list[dict]:
+        return [{"wall_s": 2.0 + rest_s, "engine_s": 2.0, "engine_calls": 4, "turns": 100, "model_tokens": 500}] * 3
+
+    results = {"AgentInstance": bench.summarise(rollouts(0.1)), "OpenAI SDK": bench.summarise(rollouts(0.4))}
+    assert results["AgentInstance"]["median_rest_ms_per_turn"] == pytest.approx(1.0)
+    assert results["OpenAI SDK"]["median_rest_ms_per_turn"] == pytest.approx(4.0)
+    payload = {"results": results, "commit": "c" * 40,
+               "config": {"prompts": 16, "n": 4, "max_new_tokens": 8, "max_len": 128, "repeats": 4},
+               "machine": {"cpu": "a CPU", "cpu_count": 2, "torch": "2.13.0+cpu"}}  # fmt: skip
+    table = bench.render(payload, tmp_path)
+    assert "+3.0 ms per model turn" in table and "| OpenAI SDK | 2.40 | 2.00 | 4.0 | 20.0 | 100 | 4 | 500 |" in table
