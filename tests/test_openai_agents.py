@@ -493,7 +493,14 @@ def test_a_client_that_disconnects_mid_generation_leaves_the_endpoint_serving(li
     with pytest.raises(httpx.ReadTimeout):
         post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT, timeout=0.1)
     engine.delay_s = 0.0
+    session = endpoint.sessions[sid]
+    deadline = time.monotonic() + 5
+    while session.trajectory.abandoned == 0 and time.monotonic() < deadline:  # the engine call ends after 0.5 s
+        time.sleep(0.05)
+    # the generation the client never received is not in its trajectory: a retry starts the episode, no fork
+    assert session.trajectory.abandoned == 1 and session.trajectory.calls == 0
     assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+    assert session.trajectory.calls == 1 and session.trajectory.forks == 0
 
 
 def test_idle_connections_do_not_take_the_endpoint(live):

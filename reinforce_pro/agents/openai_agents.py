@@ -256,6 +256,7 @@ class OpenAIAgentSource:
             "agent/dropped_episodes": float(len(jobs) - len(kept) * n),
             "agent/calls_mean": sum(t.calls for t in trajectories) / len(jobs),
             "agent/segment_forks": float(sum(t.forks for t in trajectories)),
+            "agent/abandoned_calls": float(sum(t.abandoned for t in trajectories)),
             "agent/rows": float(len(episodes)),
             "agent/env_token_frac": sum(a is False for e in episodes for a in e.action)
             / max(1, sum(len(e.tokens) for e in episodes)),

@@ -50,7 +50,8 @@ def build_app(endpoint) -> FastAPI:
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
         text = chat_prompt_text(endpoint.tokenizer, body.get("messages"))
-        call = await endpoint.complete(session, text, endpoint.prompt_ids(session, text, with_bos=False), body)
+        ids = endpoint.prompt_ids(session, text, with_bos=False)
+        call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
         message = {"role": "assistant", "content": call.text}
         return response("chat.completion", body, call, {"message": message}, endpoint.tokenizer)
 
@@ -59,10 +60,12 @@ def build_app(endpoint) -> FastAPI:
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
         prompt = body.get("prompt")
         if isinstance(prompt, list):  # token ids in: exactly these
-            call = await endpoint.complete(session, None, completion_prompt_ids(endpoint.tokenizer, prompt), body)
+            ids = completion_prompt_ids(endpoint.tokenizer, prompt)
+            call = await endpoint.complete(session, None, ids, body, request.is_disconnected)
         else:
             text = completion_prompt_text(prompt)
-            call = await endpoint.complete(session, text, endpoint.prompt_ids(session, text, with_bos=True), body)
+            ids = endpoint.prompt_ids(session, text, with_bos=True)
+            call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
         return response("text_completion", body, call, {"text": call.text}, endpoint.tokenizer)
 
     for prefix in ("/v1", "/s/{sid}/v1"):

@@ -24,7 +24,7 @@ import asyncio
 import json
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from reinforce_pro.agents.openai_app import EndpointError, build_app
@@ -256,9 +256,12 @@ class Endpoint:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    async def complete(self, session: Session, prompt_text: str | None, prompt_ids: list[int], body: dict) -> Call:
+    async def complete(self, session: Session, prompt_text: str | None, prompt_ids: list[int], body: dict,
+                       gone: Callable[[], Awaitable[bool]] | None = None) -> Call:  # fmt: skip
         """Sample from exactly `prompt_ids` and record the call in the session's trajectory; `prompt_text`: the
-        prompt as text (None for token ids in), which the next prompt's text is matched against."""
+        prompt as text (None for token ids in), which the next prompt's text is matched against; `gone`: whether
+        the client has disconnected meanwhile (Starlette's request.is_disconnected): a generation it never
+        received is not recorded, so an agent that retries continues from what it saw, not from a fork."""
         sampling = self.sampling_for(body, len(prompt_ids))
         generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine)
         shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
@@ -270,6 +273,9 @@ class Endpoint:
                     generation.finish_reason, shown, versions)  # fmt: skip
         if not session.open:  # the episode ended while this request waited: nothing is recorded
             raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
+        if gone is not None and await gone():
+            session.trajectory.abandoned += 1
+            raise EndpointError(499, "the client disconnected before its completion was sent", "client_closed")
         session.trajectory.add(call)
         session.seen_texts = (prompt_text + raw, prompt_text + shown) if prompt_text is not None else ()
         return call

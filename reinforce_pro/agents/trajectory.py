@@ -37,6 +37,7 @@ class Trajectory:
     """The calls of one session, split into segments as they arrive."""
 
     segments: list[list[Call]] = field(default_factory=list)
+    abandoned: int = 0  # completions sampled for a client that had disconnected: not recorded
 
     @property
     def calls(self) -> int:
