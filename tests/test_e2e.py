@@ -982,12 +982,15 @@ def test_openai_endpoint_rows_are_the_engines_ids_bit_for_bit(engine, tiny_model
         assert int(act.sum()) == sum(len(sampled[k].token_ids) for k in calls)  # and nothing else is trained
 
 
-def test_agent_run_with_dynamic_filtering_filters_on_the_environments_rewards(tmp_path, engine, tiny_model):
+@pytest.mark.parametrize("agent", ["agent_calculator.py", "agent_calculator_openai.py"])
+def test_agent_run_with_dynamic_filtering_filters_on_the_environments_rewards(tmp_path, engine, tiny_model, agent):
     """OpenRLHF's agent scripts pass --dynamic_filtering: groups are kept by the environment's scores (there is
-    no reward function to call). A range that keeps every group: two steps of 8 groups, all kept."""
-    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
+    no reward function to call), in either agent shape. A range that keeps every group: two steps of 8 groups,
+    all kept."""
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / agent
+    turns = ["--agent_max_turns", "2"] if agent == "agent_calculator.py" else []  # the SDK file counts its own
     _, plan, history = run(
-        ["--agent_func_path", str(calculator), "--agent_max_turns", "2", "--advantage_estimator", "reinforce_baseline",
+        ["--agent_func_path", str(calculator), *turns, "--advantage_estimator", "reinforce_baseline",
          "--max_samples", "16", "--label_key", "label", "--dynamic_filtering", "--dynamic_filtering_reward_range",
          "-1", "2"],
         tmp_path, engine, tiny_model,

@@ -171,6 +171,31 @@ def test_select_and_concat_keep_every_optional_per_row_field():
     assert concat_samples([a, b]).policy_version is None
 
 
+def test_dynamic_filtering_judges_agent_groups_on_their_lead_rows_and_keeps_a_kept_episodes_forks():
+    """Rows of an SDK agent's step: 2 groups x 2 lead rows, then forks (extra segments) of leads 1 and 2. Group 0
+    (scores 0, 1) passes, group 1 (1, 1) does not; round 2's one group passes with its fork of lead 0."""
+    from reinforce_pro.trainer.dynamic_filter import generate_filtered
+
+    def step(scores: list[float], fork_of: list[int]) -> Samples:
+        s = _samples(3, 2, len(scores) + len(fork_of), fill=len(scores))
+        values = torch.tensor(scores + [scores[lead] for lead in fork_of])  # a fork carries its episode's score
+        s.rewards = RewardOutput(values, values, {})
+        s.labels = [f"lead{i}" for i in range(len(scores))] + [f"fork-of-{lead}" for lead in fork_of]
+        s.fork_of = fork_of
+        return s
+
+    rounds = [step([0.0, 1.0, 1.0, 1.0], [1, 2]), step([1.0, 0.0], [0])]
+    out, consumed, metrics = generate_filtered(
+        lambda records: rounds.pop(0), lambda s: s.rewards, 2, [(0, {}), (1, {})],
+        lambda k: [(2, {})][:k], batch_size=2, reward_range=(0.0, 1.0),
+    )  # fmt: skip
+    assert consumed == [0, 1, 2] and metrics["dynamic_filtering/groups_kept"] == 2
+    # leads of the kept groups first (round 1's group 0, round 2's group), then the kept forks in round order
+    assert out.labels == ["lead0", "lead1", "lead0", "lead1", "fork-of-1", "fork-of-0"]
+    assert out.fork_of == [1, 2]  # each fork points at its lead's row in the kept batch
+    assert out.rewards.scores.tolist() == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+
 # ---------------------------------------------------------------------------------------------- old log-probs
 
 

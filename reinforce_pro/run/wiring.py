@@ -405,9 +405,6 @@ def rollout_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: Sa
         from reinforce_pro.agents.openai_agents import OpenAIAgent, OpenAIAgentSource
 
         if isinstance(plan.agent_cls, OpenAIAgent):
-            if cfg.loop.dynamic_filtering_reward_range is not None:
-                raise ValueError("--dynamic_filtering with an OpenAI-SDK agent is not supported yet (a forked "
-                                 "episode gives its group more rows than --n_samples_per_prompt)")  # fmt: skip
             return OpenAIAgentSource(sampler, plan.agent_cls, cfg.agent.config)
         return AgentSource(sampler, plan.agent_cls, cfg.agent.config)
     return PromptSource(sampler)

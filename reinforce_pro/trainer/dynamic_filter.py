@@ -31,9 +31,11 @@ def generate_filtered(
     groups of `group_size` until `batch_size` pass (or the stream or MAX_ROUNDS run out).
 
     Returns the kept samples (None when no group passed), the dataset indices of every prompt consumed,
-    and `dynamic_filtering/*` metrics."""
+    and `dynamic_filtering/*` metrics. Agent episodes with extra segments (samples.fork_of, agents/trajectory.py):
+    groups are judged on their lead rows; a kept episode keeps its forks, which stay last in the batch."""
     n = group_size
     kept: list[Samples] = []
+    forks: list[tuple[Samples, list[int]]] = []  # the kept forks of a round, and their leads' rows in `kept`
     consumed: list[int] = []
     num_kept = tried = rounds = 0
     pending = first
@@ -42,11 +44,17 @@ def generate_filtered(
         consumed += [i for i, _ in pending]
         samples = generate([record for _, record in pending])
         samples.rewards = rewards(samples)
-        passed = group_pass_mask(samples.rewards.scores, n, *reward_range)
+        fork_of = samples.fork_of or []
+        leads = len(samples.rewards.scores) - len(fork_of)
+        passed = group_pass_mask(samples.rewards.scores[:leads], n, *reward_range)
         tried += len(pending)
         groups = passed.nonzero().flatten()[: batch_size - num_kept]
         if len(groups):
             rows = (groups.unsqueeze(1) * n + torch.arange(n)).flatten()
+            at = {int(r): num_kept * n + k for k, r in enumerate(rows)}  # a lead's row in the kept batch
+            extra = [k for k, lead in enumerate(fork_of) if lead in at]
+            if extra:
+                forks.append((samples.select(torch.tensor(extra) + leads), [at[fork_of[k]] for k in extra]))
             kept.append(samples.select(rows))
             num_kept += len(groups)
         missing = batch_size - num_kept
@@ -57,4 +65,8 @@ def generate_filtered(
         "dynamic_filtering/groups_kept": float(num_kept),
         "dynamic_filtering/rounds": float(rounds),
     }
-    return (concat_samples(kept) if kept else None), consumed, metrics
+    if not kept:
+        return None, consumed, metrics
+    out = concat_samples(kept + [part for part, _ in forks])
+    out.fork_of = [lead for _, leads_of in forks for lead in leads_of] or None
+    return out, consumed, metrics
