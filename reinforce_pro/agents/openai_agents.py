@@ -190,9 +190,9 @@ class OpenAIAgentSource:
         import openai
 
         # a connection pool per session: one pool shared by every session scans all of its connections on each
-        # request (httpcore), which cost a third of the agents' time at 64 sessions (benchmarks/
-        # bench_agent_endpoint.py); the endpoint is plain http, so the clients share one unused TLS context
-        # rather than each loading the CA bundle
+        # request (httpcore), a cost that grows with the sessions (benchmarks/bench_agent_endpoint.py); the
+        # endpoint is plain http, so the clients share one unused TLS context rather than each loading the CA
+        # bundle
         tls, limits = _tls_context(), httpx.Limits(max_connections=2, max_keepalive_connections=2)
 
         async def one(job, sid):
