@@ -55,7 +55,7 @@ def held_out(path: Path) -> Path:
     return path
 
 
-def run_one(arm: str, seed: int, steps: int, workdir: Path, eval_data: Path) -> dict:
+def run_one(arm: str, seed: int, steps: int, workdir: Path, eval_data: Path, outputs: tuple[Path, ...]) -> dict:
     run_dir = workdir / f"{arm.replace(' ', '_')}_{seed}"
     command = [
         sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *ARMS[arm], "--seed", str(seed),
@@ -74,7 +74,7 @@ def run_one(arm: str, seed: int, steps: int, workdir: Path, eval_data: Path) -> 
         "generate_s": statistics.median(r["time/generate"] for r in steps_rows), "wall_s": wall,
         "forks": sum(r.get("agent/segment_forks", 0.0) for r in steps_rows),
         "dropped": sum(r.get("agent/dropped_episodes", 0.0) for r in steps_rows),
-        **run_provenance(ROOT),
+        **run_provenance(ROOT, ignore=outputs),
     }  # fmt: skip
 
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                 if (arm, seed) in done:
                     continue
                 print(f"[{NAME}] seed {seed}, {arm} ...", flush=True)
-                runs.append(run_one(arm, seed, args.steps, Path(tmp), eval_data))
+                runs.append(run_one(arm, seed, args.steps, Path(tmp), eval_data, (path, path.with_suffix(".md"))))
                 print(f"[{NAME}] seed {seed}, {arm}: {runs[-1]['before']:.3f} -> {runs[-1]['after']:.3f} "
                       f"({runs[-1]['wall_s']:.0f} s)", flush=True)  # fmt: skip
                 write_result(NAME, config, {"runs": runs}, args.output)  # after every run: resumable

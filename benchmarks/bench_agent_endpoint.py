@@ -9,8 +9,9 @@ Takes:   ~3 minutes on 2 cores (one engine start, then `--repeats` rollouts of e
     python benchmarks/bench_agent_endpoint.py --render FILE     # re-render from a JSON
 
 One engine (rollout/vllm_engine.VLLMEngine, a Ray actor in a process of its own, called as the run's Sampler
-calls it) on the embedded default's architecture, randomly initialised, fp32. Each rollout is `--prompts` x `--n` calculator episodes of up to 4
-turns, at most `--max_new_tokens` tokens a turn, through agents/agent_source.AgentSource
+calls it) on the embedded default's architecture, randomly initialised, fp32. Each rollout is `--prompts` x
+`--n` calculator episodes of up to 4 turns, at most `--max_new_tokens` tokens a turn, through
+agents/agent_source.AgentSource
 (examples/python/agent_calculator.py) or agents/openai_agents.OpenAIAgentSource
 (examples/python/agent_calculator_openai.py). The engine calls are timed where they are made, so each rollout
 splits into the engine's own time and the rest (the agent loop; for the SDK shape also the HTTP requests, the

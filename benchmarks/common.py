@@ -74,19 +74,23 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def run_provenance(root: Path | None = None) -> dict:
+def run_provenance(root: Path | None = None, ignore: tuple[Path, ...] = ()) -> dict:
     """Where one run of a study came from, recorded per run: the commit, whether the tree was clean and, if not,
     a hash of its diff against the commit (so two runs from the same dirty tree can be told from two from
     different ones), the stable host id, the CPU and the start time. A study compares runs within one host kind
-    or blocks on `host_id`."""
+    or blocks on `host_id`. `ignore`: files the study itself writes (its result JSON and table), which would
+    otherwise make every run after its first look dirty when it writes them inside the tree."""
     root = root or Path(__file__).resolve().parent.parent
+    excluded = [f":(exclude){path.resolve().relative_to(root.resolve())}" for path in ignore
+                if path.resolve().is_relative_to(root.resolve())]  # fmt: skip
     cpu = cpu_model()
     out = {"commit": "unknown", "clean": False, "diff_sha256": None, "host_id": host_id(cpu), "cpu": cpu,
            "started": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
     try:
         out["commit"] = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=root, text=True).strip()
-        diff = subprocess.check_output(["git", "diff", "HEAD"], cwd=root)
-        untracked = subprocess.check_output(["git", "ls-files", "--others", "--exclude-standard"], cwd=root)
+        diff = subprocess.check_output(["git", "diff", "HEAD", "--", ".", *excluded], cwd=root)
+        untracked = subprocess.check_output(["git", "ls-files", "--others", "--exclude-standard", "--", ".",
+                                             *excluded], cwd=root)  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return out
     out["clean"] = not diff and not untracked

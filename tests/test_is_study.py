@@ -155,8 +155,11 @@ def test_each_run_records_its_commit_tree_state_and_host(tmp_path):
     assert not dirty["clean"] and dirty["commit"] == clean["commit"]
     assert dirty["diff_sha256"] and dirty["diff_sha256"] != other["diff_sha256"]
     (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "results.json").write_text("{}")  # the study's own output, untracked: ignored when named
+    assert run_provenance(tmp_path, ignore=(tmp_path / "results.json",))["clean"]
     (tmp_path / "new.py").write_text("")  # an untracked file makes the tree dirty too
     assert not run_provenance(tmp_path)["clean"]
+    assert not run_provenance(tmp_path, ignore=(tmp_path / "results.json",))["clean"]
     assert clean["host_id"] == other["host_id"] and len(clean["host_id"]) == 12 and clean["started"]
 
 
