@@ -165,19 +165,19 @@ def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     """The SDK calculator and agent_calculator.py's AgentInstance, on one scripted engine: the same rows."""
     from reinforce_pro.agents.agent_source import AgentSource
     from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.experience import concat_samples
 
     script = {"3+4=": ["calc(3+4)", "7"], "5+5=": ["9"]}
     batch = [{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}]
     sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
     sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
-    try:
-        a = sdk.generate(batch)
+    try:  # one prompt a call: the scripted log-probs follow the order the engine sees the requests in
+        a = concat_samples([sdk.generate([item]) for item in batch])
     finally:
         sdk.close()
     sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=12), tokenizer=tokenizer, sample=twin_engine)
-    b = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=128)).generate(
-        batch
-    )  # fmt: skip
+    twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=128))
+    b = concat_samples([twin.generate([item]) for item in batch])
     for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
     assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist()
@@ -189,6 +189,7 @@ def test_the_search_agent_written_to_the_sdk_is_its_agentinstance_twin(tokenizer
     pytest.importorskip("bm25s")
     from reinforce_pro.agents.agent_source import AgentSource
     from reinforce_pro.agents.contract import load_agent_class
+    from reinforce_pro.experience import concat_samples
     from reinforce_pro.search import knowledge
     from reinforce_pro.search.retriever import BM25Index, make_server
 
@@ -203,11 +204,11 @@ def test_the_search_agent_written_to_the_sdk_is_its_agentinstance_twin(tokenizer
     batch = [{"prompt": q["question"], "label": q["label"]} for q in questions]
     sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
     sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_search_openai.py"), 1, 512, max_new=64)
-    try:
-        a = sdk.generate(batch)
+    try:  # one question a call: the scripted log-probs follow the order the engine sees the requests in
+        a = concat_samples([sdk.generate([item]) for item in batch])
         sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=64), tokenizer=tokenizer, sample=twin_engine)
         twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_search.py"), AgentConfig(max_len=512))
-        b = twin.generate(batch)
+        b = concat_samples([twin.generate([item]) for item in batch])
     finally:
         sdk.close()
         server.stop()
