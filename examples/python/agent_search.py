@@ -22,16 +22,6 @@ logged as reward/<name>): searches, searched (0/1), hit (0/1: a gold passage was
 correct (0/1), invalid (turns with neither tag).
 """
 
-import os
+from reinforce_pro.search.agent import search_agent_from_environment
 
-from reinforce_pro.search.agent import search_agent
-from reinforce_pro.search.retriever import RetrieverClient
-
-AgentInstance = search_agent(
-    RetrieverClient(os.environ.get("SEARCH_RETRIEVER_URL", "http://127.0.0.1:8000"),
-                    timeout=float(os.environ.get("SEARCH_TIMEOUT", "5"))),
-    topk=int(os.environ.get("SEARCH_TOPK", "3")),
-    info_chars=int(os.environ.get("SEARCH_INFO_CHARS", "240")),
-    max_searches=int(os.environ.get("SEARCH_MAX_SEARCHES", "4")),
-    off=os.environ.get("SEARCH_OFF", "0") == "1",
-)  # fmt: skip
+AgentInstance = search_agent_from_environment()

@@ -12,18 +12,10 @@ import os
 
 import openai
 
-from reinforce_pro.search.agent import search_agent
-from reinforce_pro.search.retriever import RetrieverClient
+from reinforce_pro.search.agent import search_agent_from_environment
 
 MAX_TURNS = int(os.environ.get("SEARCH_MAX_TURNS", "4"))
-Environment = search_agent(
-    RetrieverClient(os.environ.get("SEARCH_RETRIEVER_URL", "http://127.0.0.1:8000"),
-                    timeout=float(os.environ.get("SEARCH_TIMEOUT", "5"))),
-    topk=int(os.environ.get("SEARCH_TOPK", "3")),
-    info_chars=int(os.environ.get("SEARCH_INFO_CHARS", "240")),
-    max_searches=int(os.environ.get("SEARCH_MAX_SEARCHES", "4")),
-    off=os.environ.get("SEARCH_OFF", "0") == "1",
-)  # fmt: skip
+Environment = search_agent_from_environment()
 
 
 async def run_agent(client, prompt: str, label) -> dict:

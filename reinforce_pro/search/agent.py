@@ -14,6 +14,7 @@ self-play task (selfplay/search_task.py, settings from its flags).
 from __future__ import annotations
 
 import asyncio
+import os
 
 from reinforce_pro.search.protocol import format_information, normalize, parse_action, parse_label
 
@@ -61,6 +62,21 @@ def search_agent(client, topk: int, info_chars: int, max_searches: int, off: boo
             return {"rewards": 0.0, "scores": 0.0, "environment_feedback": feedback, "done": False, "extra_logs": logs}
 
     return AgentInstance
+
+
+def search_agent_from_environment() -> type:
+    """search_agent with the agent files' settings from environment variables (examples/python/agent_search.py
+    lists them): SEARCH_RETRIEVER_URL, SEARCH_TIMEOUT, SEARCH_TOPK, SEARCH_INFO_CHARS, SEARCH_MAX_SEARCHES,
+    SEARCH_OFF."""
+    from reinforce_pro.search.retriever import RetrieverClient
+
+    env = os.environ.get
+    client = RetrieverClient(env("SEARCH_RETRIEVER_URL", "http://127.0.0.1:8000"),
+                             timeout=float(env("SEARCH_TIMEOUT", "5")))  # fmt: skip
+    return search_agent(
+        client, topk=int(env("SEARCH_TOPK", "3")), info_chars=int(env("SEARCH_INFO_CHARS", "240")),
+        max_searches=int(env("SEARCH_MAX_SEARCHES", "4")), off=env("SEARCH_OFF", "0") == "1",
+    )  # fmt: skip
 
 
 def is_correct(given: str, answer: str) -> bool:
