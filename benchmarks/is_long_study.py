@@ -9,7 +9,9 @@ The task is the running sum of ten labelled digits (data/running_sum.py, ~60-tok
 the total depends on), on the built-in 2-layer model warm-started per seed. A regime sets the mismatch
 exactly: `staleK` samples every step with the policy of exactly K steps before (`--rollout_staleness K`, a bf16
 engine for an fp32 trainer); `partial` lets one response span several weight versions (partial rollouts in
-chunks of 16 tokens); `fp8` samples from an FP8 engine, synchronously. `sync` is the undisturbed reference
+chunks of 16 tokens, asynchronously); `stale2+partial` switches versions within each response as set
+(synchronously: its first 16 tokens by the policy of 3 steps before, the rest by that of 2 before); `fp8` samples
+from an FP8 engine, synchronously. `sync` is the undisturbed reference
 (staleness 0, the same bf16 engine), run with no correction. Every correction of the family runs under every
 other regime.
 
@@ -68,6 +70,9 @@ REGIMES = {
     # one response spans several weight versions: a sync between chunks of 16 tokens, the producer up to 2 ahead
     "partial": {"async_train": True, "async_queue_size": 2, "partial_rollout": True, "partial_rollout_chunk": 16},
     "fp8": {"vllm_quantization": "fp8_per_channel"},  # synchronous, an FP8 engine (its own engine per seed)
+    # synchronous partial rollouts: each response's first 16 tokens by the policy of 3 steps before, the rest by
+    # that of 2 before (set, not left to timing as in `partial`)
+    "stale2+partial": {"rollout_staleness": 2, "partial_rollout": True, "partial_rollout_chunk": 16},
 }
 CORRECTIONS = [
     "none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis", "minpro", "ctpo", "cppo",

@@ -142,7 +142,7 @@ def test_partial_rollout_agent_tokens_keep_the_version_and_log_prob_that_sampled
             out.append(Generation(piece, [-float(engine["version"])] * len(piece), finish))
         return out
 
-    def sync_before_each_chunk() -> int:
+    def sync_before_each_chunk(chunk: int) -> int:
         engine["version"] += 1
         return engine["version"]
 

@@ -121,6 +121,11 @@ def test_embedded_default_presets_only_fill_what_was_not_given():
         pytest.param(["--async_train", "--rollout_staleness", "1"], "use it or --async_train", id="async-stale"),
         pytest.param(["--partial_rollout"], "--partial_rollout continues rollouts across weight syncs", id="partial"),
         pytest.param(
+            ["--partial_rollout", "--rollout_staleness", "1", "--agent_func_path", "a.py"],
+            "agents need --async_train",
+            id="partial-stale-agent",
+        ),
+        pytest.param(
             ["--async_train", "--partial_rollout", "--partial_rollout_chunk", "0"], "must be >= 1", id="partial-chunk"
         ),
         pytest.param(["--max_new_tokens", "0"], "--max_new_tokens must be >= 1, got 0", id="new-tokens"),

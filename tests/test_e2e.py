@@ -447,6 +447,25 @@ def test_an_evaluation_under_staleness_measures_the_newest_policy(engine):
     assert sampled_with == [0, 0, 0, 1, 2] and evaluated == [0, 1, 2, 3, 4]
 
 
+def test_synchronous_partial_rollouts_switch_versions_after_the_first_chunk(engine):
+    """--partial_rollout with --rollout_staleness 2: after each push the engines hold, for a response's first
+    chunk, the weights 3 versions back and for every later chunk those 2 back (what --rollout_staleness 2 alone
+    serves); until enough versions exist, the oldest kept."""
+    from reinforce_pro.trainer.rollout_stream import EngineGate
+    from reinforce_pro.trainer.weight_sync import ObjectStoreSync
+
+    fake = _RecordingEngine.remote()
+    sync, gate = ObjectStoreSync([_NumberedPolicy.remote()], [fake], "bf16", 2, partial=True), EngineGate()
+    chunks = []
+    for version in range(6):
+        sync.push(version, gate)
+        assert gate.version == ray.get(fake.holds.remote())  # the push loads the first chunk's version
+        per_chunk = [sync.hold_for_chunk(i) for i in range(3)]
+        assert per_chunk[-1] == ray.get(fake.holds.remote())
+        chunks.append(per_chunk)
+    assert chunks == [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 1], [1, 2, 2], [2, 3, 3]]
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -491,6 +510,24 @@ def test_partial_rollout_trains_and_logs_the_tokens_of_each_version(tmp_path, en
         assert h["async/staleness_max"] <= 2
         assert sum(h[f"async/partial_tokens_lag{d}"] for d in range(3)) == pytest.approx(1.0)
         assert 0 <= h["async/partial_mixed_rows"] <= 1
+
+
+def test_synchronous_partial_rollout_sets_each_tokens_staleness(tmp_path, engine, tiny_model, digit_reward):
+    """--partial_rollout --partial_rollout_chunk 2 --rollout_staleness 1, synchronous: at step 3 every
+    response's first 2 tokens were sampled by version 0 (2 behind the trainer's 2) and the rest by version 1;
+    steps 1 and 2 had one version to sample with (0). Set, so the fractions are exact."""
+    _, _, history = run(
+        ["--advantage_estimator", "reinforce_baseline", "--remote_rm_url", digit_reward, "--rollout_staleness", "1",
+         "--partial_rollout", "--partial_rollout_chunk", "2", "--lr_warmup_ratio", "0"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 3 and all(h["policy/grad_norm"] > 0 for h in history)
+    lags = [[h[f"async/partial_tokens_lag{d}"] for d in range(3)] for h in history]
+    assert lags[0] == [1, 0, 0] and lags[1] == [0, 1, 0], lags
+    assert 0 < lags[2][2] < 1 and lags[2][1] == pytest.approx(1 - lags[2][2]), lags
+    last = history[-1]
+    assert last["async/staleness_max"] == 2 and last["async/partial_versions_per_row"] > 1
+    assert history[0]["async/partial_versions_per_row"] == 1
 
 
 def test_async_training_bounds_staleness_and_the_is_correction_sees_the_lag(tmp_path, engine, tiny_model, digit_reward):

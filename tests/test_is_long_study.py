@@ -39,6 +39,8 @@ def test_each_run_config_sets_the_staleness_the_evaluation_and_the_correction_ba
     assert tight.vllm_is_correction_type == "reinforce_pro" and tight.vllm_is_truncated_threshold == (0.9, 1.1)
     partial = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["partial"], eval_path=eval_path)
     assert partial.loop.async_train and partial.loop.partial_rollout_chunk == 16 and partial.loop.rollout_staleness == 0
+    both = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["stale2+partial"], eval_path=eval_path)
+    assert not both.loop.async_train and both.loop.partial_rollout_chunk == 16 and both.loop.rollout_staleness == 2
     fp8 = study.run_config(model, seed=3, steps=20, regime=study.REGIMES["fp8"], eval_path=eval_path)
     assert fp8.engines.config.quantization == "fp8_per_channel" and cfg.engines.config.quantization is None
     # the study keys its engines by quantization: the regimes' engine settings differ in nothing else

@@ -142,7 +142,7 @@ def test_partial_rollouts_keep_the_version_that_sampled_each_token(tokenizer):
 
     def sample_in_chunks(prompts, partial, sampling):
         assert threading.current_thread() is threading.main_thread()  # the gate holder's thread, not the server's
-        version = partial.between()
+        version = partial.between(0)
         out = engine(prompts, sampling)
         chunks.append(version)
         return out, [[version] * (len(g.token_ids) - 1) + [version + 1] for g in out]  # a sync before the last
@@ -150,7 +150,7 @@ def test_partial_rollouts_keep_the_version_that_sampled_each_token(tokenizer):
     source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
     source.sampler.sample_in_chunks = sample_in_chunks
     versions = iter(range(10, 20, 5))
-    source.use_partial(PartialRollout(chunk=4, between=lambda: next(versions)))
+    source.use_partial(PartialRollout(chunk=4, between=lambda chunk: next(versions)))
     try:
         samples = source.generate([{"prompt": "3+4=", "label": "7"}])
     finally:

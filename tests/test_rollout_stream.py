@@ -145,8 +145,9 @@ def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(
             out.append(Generation([7] * n, [-float(engine["version"])] * n, "stop" if stop else "length"))
         return out
 
-    def between():  # a weight sync lands before the second chunk
-        if len(engine["calls"]) == 1:
+    def between(chunk):  # a weight sync lands before the second chunk
+        assert chunk == len(engine["calls"])
+        if chunk == 1:
             engine["version"] = 4
         return engine["version"]
 

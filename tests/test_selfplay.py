@@ -442,7 +442,7 @@ def test_every_rollout_source_keeps_the_trainers_contract():
         async def step(self, states, **kwargs):
             return {"rewards": 0.0, "done": True}
 
-    partial = PartialRollout(2, lambda: 0)
+    partial = PartialRollout(2, lambda chunk: 0)
     for src in (PromptSource(sampler), source, AgentSource(sampler, Agent, AgentConfig())):
         assert isinstance(src, RolloutSource), type(src).__name__
         assert src.sampler is sampler

@@ -199,7 +199,9 @@ class EngineFlags:
         "--enable_vllm_is_correction) or the mean |trainer - engine log-prob|", choices=LAG_METRICS)
     partial_rollout: bool = flag(False,
         "with --async_train: a weight sync goes in between chunks of a batch; unfinished responses continue under the"
-        " new weights, each token keeping the log-prob of the weights that sampled it",
+        " new weights, each token keeping the log-prob of the weights that sampled it. [reinforce_pro] With "
+        "--rollout_staleness K instead: each response's first chunk is sampled by the weights K + 1 versions back, "
+        "the rest by those K back (a set, repeatable version switch)",
         dotted="train.partial_rollout_enable")
     partial_rollout_chunk: int | None = flag(None,
         "[reinforce_pro] tokens sampled per chunk under --partial_rollout (default: max_new_tokens / 4)", at_least=1)

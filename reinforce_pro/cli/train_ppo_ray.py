@@ -122,8 +122,13 @@ def invalid_numbers(args) -> str | None:
 
 def invalid_rollout_lag(args) -> str | None:
     """Staleness, asynchronous training, partial rollouts and the weight-sync backend that serves them."""
-    if args.partial_rollout and not args.async_train:
-        return "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train"
+    if args.partial_rollout and not args.async_train and args.rollout_staleness == 0:
+        return (
+            "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train, or "
+            "--rollout_staleness K to sample each response's first chunk K + 1 versions back and the rest K back"
+        )
+    if args.partial_rollout and not args.async_train and args.agent_func_path:
+        return "--partial_rollout with --rollout_staleness applies to prompt rollouts: agents need --async_train"
     if args.partial_rollout and args.absolute_zero:
         return "--partial_rollout applies to prompt and agent rollouts, not to --absolute_zero"
     if args.vllm_sync_backend not in SYNC_BACKENDS:

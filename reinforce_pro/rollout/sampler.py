@@ -72,11 +72,13 @@ def token_versions(versions: list[list[int]], width: int) -> torch.Tensor:
 
 @dataclass
 class PartialRollout:
-    """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between()` lets a
-    waiting weight sync in and returns the engines' version (EngineGate.let_syncs_in)."""
+    """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between(i)` (i = 0
+    for a call's first chunk) lets a waiting weight sync in and returns the engines' version
+    (EngineGate.let_syncs_in), or, synchronously, sets the version chunk i is sampled by
+    (PPOTrainer.chunk_weights)."""
 
     chunk: int
-    between: Callable[[], int]
+    between: Callable[[int], int]
 
 
 class Sampler:
@@ -112,9 +114,10 @@ class Sampler:
         sampling = sampling or sampling_params(self.cfg)
         limit, n = sampling["max_tokens"], len(prompt_ids)
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
-        finish, active = ["length"] * n, list(range(n))
+        finish, active, chunks = ["length"] * n, list(range(n)), 0
         while active:
-            version = partial.between()
+            version = partial.between(chunks)
+            chunks += 1
             size = min(partial.chunk, limit - len(tokens[active[0]]))  # every active row has the same length
             chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
             still = []

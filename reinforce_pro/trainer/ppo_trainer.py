@@ -126,7 +126,7 @@ class PPOTrainer:
         self.history: list[dict[str, float]] = []
         self.weight_sync = make_weight_sync(
             cfg.sync_backend, policy, engines, cfg.sync_dtype, cfg.rollout_staleness, cfg.sync_bucket_mb,
-            cfg.engine_tp_size,
+            cfg.engine_tp_size, self.synchronous_partial,
         )  # fmt: skip
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
         self.lag_ctl = None
@@ -134,11 +134,28 @@ class PPOTrainer:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         self.engines_hold_start_weights = engines_hold_start_weights
-        if cfg.partial_rollout_chunk is not None:  # self.gate is replaced on resume: looked up at each call
-            self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, lambda: self.gate.let_syncs_in()))
+        if cfg.partial_rollout_chunk is not None:
+            self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights))
+
+    @property
+    def synchronous_partial(self) -> bool:
+        """--partial_rollout with --rollout_staleness (no --async_train): each response's first chunk is sampled by
+        the weights one version older than the rest, set rather than left to timing (chunk_weights)."""
+        return self.cfg.partial_rollout_chunk is not None and not self.cfg.async_train
+
+    def chunk_weights(self, chunk: int) -> int:
+        """The weight version that samples a partial rollout's next chunk (chunk 0: a call's first). Under
+        --async_train whatever the engines hold once a waiting sync has gone in (self.gate is replaced on
+        resume, so it is looked up at each call); synchronously (--rollout_staleness K) the weights K + 1
+        versions back for the first chunk and K back for the rest (ObjectStoreSync.hold_for_chunk)."""
+        if not self.synchronous_partial:
+            return self.gate.let_syncs_in()
+        self.gate.version = self.weight_sync.hold_for_chunk(chunk)
+        return self.gate.version
 
     def fit(self) -> list[dict[str, float]]:
-        if not (self.engines_hold_start_weights and self.step == 0 and self.cfg.rollout_staleness == 0):
+        fresh_engines = self.cfg.rollout_staleness == 0 and not self.synchronous_partial
+        if not (self.engines_hold_start_weights and self.step == 0 and fresh_engines):
             self.sync_weights(self.step)  # shared engines, a resumed policy, or --rollout_staleness's version 0
         if self.eval_set and self.cfg.eval_before_training and self.step == 0:
             metrics = self.evaluate()
@@ -228,7 +245,8 @@ class PPOTrainer:
         if batch.samples.token_version is not None:  # --partial_rollout: how fresh each response token is
             tokens = batch.samples.action_mask
             lag = self.step - batch.samples.token_version
-            for d in range(self.cfg.async_queue_size + 1):
+            most = self.cfg.async_queue_size if self.cfg.async_train else self.cfg.rollout_staleness + 1
+            for d in range(most + 1):
                 m[f"async/partial_tokens_lag{d}"] = float(((lag == d) & tokens).sum() / tokens.sum().clamp(min=1))
             versions = batch.samples.token_version.masked_fill(~tokens, -1)
             oldest = batch.samples.token_version.masked_fill(~tokens, 1 << 62).min(-1).values

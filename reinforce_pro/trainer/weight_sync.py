@@ -2,7 +2,8 @@
 
 - `ObjectStoreSync` ("object_store"): rank 0 serialises the state dict as safetensors bytes, Ray's object
   store carries them to every engine (rollout/weight_receiver.py loads them). It can hold older versions, which
-  --rollout_staleness needs.
+  --rollout_staleness needs, and switch the engines between two of them within a batch, which synchronous
+  partial rollouts need (--partial_rollout with --rollout_staleness: `hold_for_chunk`).
 - `BroadcastSync` ("gloo" | "nccl"): policy rank 0 and every engine worker form one process group at the
   start of the run and every sync is a bucketed broadcast (rollout/collective.py). Only the current weights.
 
@@ -24,10 +25,15 @@ from reinforce_pro.workers.launcher import free_port, node_of
 
 
 class ObjectStoreSync:
-    def __init__(self, policy, engines, dtype: str, staleness: int = 0):
+    def __init__(self, policy, engines, dtype: str, staleness: int = 0, partial: bool = False):
+        """partial: synchronous partial rollouts, whose responses start under the weights one version older
+        than those `staleness` sets (see hold_for_chunk): one more version is kept."""
         self.policy, self.engines, self.dtype = policy, engines, dtype
-        # (version, weights) in the object store, newest last; the engines get the one `staleness` old.
-        self.versions: deque = deque(maxlen=staleness + 1)
+        self.staleness = staleness
+        # (version, weights) in the object store, newest last; push loads the oldest kept: `staleness` old, or
+        # `staleness` + 1 old with `partial`.
+        self.versions: deque = deque(maxlen=staleness + 1 + int(partial))
+        self.held: int | None = None  # the version the engines hold
 
     def push(self, version: int, gate) -> None:
         """The current weights, or with staleness K those of K versions ago (the oldest kept until K exist).
@@ -38,7 +44,18 @@ class ObjectStoreSync:
         self.versions.append((version, refs[0]))
         engine_version, blob = self.versions[0]
         with gate.syncing(engine_version):
-            self._load(blob)
+            self._load(engine_version, blob)
+
+    def hold_for_chunk(self, chunk: int) -> int:
+        """Synchronous partial rollouts: the engines hold, for the first chunk of a call's responses, the
+        version one older than the one --rollout_staleness K sets, and that one (K old) for every later chunk;
+        returns the version that samples chunk `chunk` (0 = the first). Until K + 2 versions exist both are
+        the oldest kept, as without partial rollouts. Called between chunks, with no generation in flight."""
+        rest = max(0, len(self.versions) - 1 - self.staleness)
+        version, blob = self.versions[rest if chunk > 0 else max(0, rest - 1)]
+        if version != self.held:
+            self._load(version, blob)
+        return version
 
     @contextmanager
     def newest(self):
@@ -48,14 +65,15 @@ class ObjectStoreSync:
         if len(self.versions) < 2:
             yield
             return
-        self._load(self.versions[-1][1])
+        self._load(*self.versions[-1])
         try:
             yield
         finally:
-            self._load(self.versions[0][1])
+            self._load(*self.versions[0])
 
-    def _load(self, blob) -> None:
+    def _load(self, version: int, blob) -> None:
         ray.get([engine.update_weights.remote(blob) for engine in self.engines])
+        self.held = version
 
 
 class BroadcastSync:
@@ -93,7 +111,10 @@ def rendezvous(rank0, engines) -> tuple[str, str]:
     return f"tcp://{host}:{port}", host
 
 
-def make_weight_sync(backend: str, policy, engines, dtype: str, staleness: int, bucket_mb: float, tp: int = 1):
+def make_weight_sync(
+    backend: str, policy, engines, dtype: str, staleness: int, bucket_mb: float, tp: int = 1, partial: bool = False
+):
+    """partial: synchronous partial rollouts (ObjectStoreSync.hold_for_chunk), which only the object store serves."""
     if backend == "object_store":
-        return ObjectStoreSync(policy, engines, dtype, staleness)
+        return ObjectStoreSync(policy, engines, dtype, staleness, partial)
     return BroadcastSync(policy, engines, dtype, backend, bucket_mb, tp)
