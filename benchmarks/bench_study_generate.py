@@ -6,7 +6,7 @@ Takes:   ~3 minutes on 2 cores with the defaults (one engine start per variant, 
     python benchmarks/bench_study_generate.py                 # measure, write JSON, render the table
     python benchmarks/bench_study_generate.py --render FILE   # re-render from a JSON
 
-A step of benchmarks/is_long_study.py samples 32 running-sum prompts x 8 (256 responses of ~62 tokens) from a
+A step of studies/is_long_study.py samples 32 running-sum prompts x 8 (256 responses of ~62 tokens) from a
 2-layer, 128-wide model in a bf16 engine; generation is most of the step. Here the run's engine class
 (rollout/vllm_engine.VLLMEngine, without Ray) samples such batches with every response exactly `--tokens` long
 (`ignore_eos`, so every batch decodes the same number of tokens). Each engine setting starts its own engine:

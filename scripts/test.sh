@@ -15,10 +15,10 @@ EXTRAS=cpu,models,search,dev INTEGRATIONS=1 bash scripts/setup_env.sh  # + reaso
 PY=.venv/bin/python
 
 echo "[test] ruff"
-"$PY" -m ruff check reinforce_pro tests benchmarks
-"$PY" -m ruff format --check --quiet reinforce_pro tests benchmarks
+"$PY" -m ruff check reinforce_pro tests benchmarks studies
+"$PY" -m ruff format --check --quiet reinforce_pro tests benchmarks studies
 echo "[test] compileall"
-"$PY" -m compileall -q reinforce_pro tests benchmarks >/dev/null
+"$PY" -m compileall -q reinforce_pro tests benchmarks studies >/dev/null
 echo "[test] pytest (set-up and lint took ${SECONDS} s; tests slower than 60 s are named as they end)"
 if [[ "${1:-}" == --fast ]]; then
     shift

@@ -142,8 +142,8 @@ def test_bench_sandbox_times_both_sandboxes_and_renders(tmp_path):
 
 
 def test_bench_smollm2_flags_parse_and_the_table_renders(tmp_path):
-    from benchmarks import bench_smollm2
     from reinforce_pro.cli.train_ppo_ray import parse_args
+    from studies import bench_smollm2
 
     args = parse_args(bench_smollm2.run_flags(tmp_path / "model", tmp_path / "data"))
     assert args.label_key == "entry" and args.apply_chat_template and args.vllm_dtype == "bfloat16"
@@ -286,10 +286,10 @@ def test_bench_train_phase_sorts_ops_by_kind():
 
 
 def test_the_search_study_resumes_the_seeds_of_the_same_settings(tmp_path):
-    """benchmarks/search_agent.py keeps the seeds an earlier invocation finished (a study outlives a session),
+    """studies/search_agent.py keeps the seeds an earlier invocation finished (a study outlives a session),
     but only when the settings match: runs of other settings are never mixed into one table."""
-    from benchmarks import search_agent
     from benchmarks.common import write_result
+    from studies import search_agent
 
     config = {**search_agent.SETTINGS, "steps": 60}
     assert search_agent.done_runs(tmp_path / "search_agent.json", config) == []
@@ -300,7 +300,7 @@ def test_the_search_study_resumes_the_seeds_of_the_same_settings(tmp_path):
 
 
 def test_the_search_study_table_gives_both_paired_differences():
-    from benchmarks import search_agent
+    from studies import search_agent
 
     def run(seed, before, after):
         side = lambda acc: {"accuracy": acc, "searches": 1.5, "hit": 0.5, "invalid": 0.0}  # noqa: E731
@@ -344,10 +344,10 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
 
 
 def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episodes():
-    """benchmarks/search_selfplay.py: every arm per seed, the episodes each trained, the warm start's stop, and
+    """studies/search_selfplay.py: every arm per seed, the episodes each trained, the warm start's stop, and
     four paired comparisons whose Holm-adjusted p-values are never below their own; (d) runs as many RL steps
     as (a)'s trained episodes fill."""
-    from benchmarks import search_selfplay as study
+    from studies import search_selfplay as study
 
     def arm(accuracy: float, episodes: int) -> dict:
         return {"heldout": {"accuracy": accuracy, "hops1": accuracy + 0.1, "hops2": accuracy - 0.1},
@@ -378,7 +378,7 @@ def _shape_run(arm: str, seed: int, after: float) -> dict:
 
 
 def test_the_agent_shape_study_pairs_seeds_and_tests_equivalence(tmp_path):
-    from benchmarks import agent_shape_study as study
+    from studies import agent_shape_study as study
 
     afters = {1: (0.30, 0.32), 2: (0.40, 0.37), 3: (0.25, 0.27), 4: (0.50, 0.51)}  # (AgentInstance, SDK)
     runs = [_shape_run(arm, s, pair[k]) for s, pair in afters.items() for k, arm in enumerate(study.ARMS)]

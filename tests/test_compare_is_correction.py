@@ -1,11 +1,11 @@
-"""benchmarks/compare_is_correction.py: --quick end to end, rendering, and the regression mode."""
+"""studies/compare_is_correction.py: --quick end to end, rendering, and the regression mode."""
 
 import copy
 import json
 
 import pytest
 
-from benchmarks import compare_is_correction as cmp
+from studies import compare_is_correction as cmp
 
 
 @pytest.mark.e2e

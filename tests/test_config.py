@@ -131,7 +131,7 @@ def test_no_effect_flags_say_so_in_help():
 def test_the_is_benchmark_builds_the_config_the_command_line_gives(tmp_path):
     """compare_is_correction.py varies typed sections instead of argv strings; the result is the config of
     the equivalent command line (embedded presets written out, plus the condition's flags)."""
-    from benchmarks.compare_is_correction import base_config, run_config_for
+    from studies.compare_is_correction import base_config, run_config_for
 
     preset = []
     for dest, value in EMBEDDED.items():

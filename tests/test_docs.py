@@ -25,9 +25,10 @@ def anchors(path: Path) -> set[str]:
 
 
 def test_every_link_in_the_docs_resolves_inside_the_repository():
-    """Each relative link of the README, CONTRIBUTING.md, docs/ and benchmarks/README.md names a file of the
-    repository, and its #anchor a heading of that file: the docs need nothing outside the repository."""
+    """Each relative link of the README, CONTRIBUTING.md, docs/, benchmarks/README.md and studies/README.md names
+    a file of the repository, and its #anchor a heading of that file: the docs need nothing outside it."""
     pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md"]
+    pages += [ROOT / "studies" / "README.md"]
     pages += sorted((ROOT / "docs").rglob("*.md"))
     broken = []
     for page in pages:

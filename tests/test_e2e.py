@@ -1222,7 +1222,7 @@ def test_adaptive_lag_moves_with_the_mismatch(tmp_path, engine, tiny_model, digi
 
 
 def test_reseeding_an_engine_repeats_its_samples(engine):
-    """benchmarks/is_study.py pairs runs on one engine: after reseed(s) the same weights sample the same tokens."""
+    """studies/is_study.py pairs runs on one engine: after reseed(s) the same weights sample the same tokens."""
     prompts, sampling = [[1, 21, 15, 22, 33]] * 8, {"max_tokens": 6, "temperature": 1.0}
     ray.get(engine.reseed.remote(5))
     first = ray.get(engine.generate.remote(prompts, sampling))

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from benchmarks.is_estimator_study import (
+from reinforce_pro.algos.is_correction import default_band
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss
+from studies.is_estimator_study import (
     CORRECTIONS,
     DRIFTS,
     batch_gradient,
@@ -12,8 +14,6 @@ from benchmarks.is_estimator_study import (
     make_problem,
     token_log_probs,
 )
-from reinforce_pro.algos.is_correction import default_band
-from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, PolicyLoss
 
 
 def test_exact_gradient_matches_finite_differences():

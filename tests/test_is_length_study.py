@@ -1,4 +1,4 @@
-"""benchmarks/is_length_study.py: its exact gradient, its closed-form batch gradients and what its bias measures,
+"""studies/is_length_study.py: its exact gradient, its closed-form batch gradients and what its bias measures,
 each checked by enumerating every response of a short horizon."""
 
 import itertools
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from benchmarks import is_length_study as study
 from reinforce_pro.algos.losses import PolicyLoss
+from studies import is_length_study as study
 
 S = study.SYMBOLS
 

@@ -1,4 +1,4 @@
-"""The long-response study's arms, configs and analysis (benchmarks/is_long_study.py) on constructed runs."""
+"""The long-response study's arms, configs and analysis (studies/is_long_study.py) on constructed runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import is_long_study as study
+from studies import is_long_study as study
 
 
 def test_arms_run_sync_with_none_alone_and_every_correction_under_each_other_regime():
@@ -165,7 +165,7 @@ def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_sho
 
 
 def test_the_design_meets_every_other_correction_head_to_head_with_holm_and_tost():
-    from benchmarks.study_stats import seeds_needed
+    from studies.study_stats import seeds_needed
 
     runs = []
     for i, seed in enumerate(range(1, 7)):

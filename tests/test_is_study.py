@@ -1,4 +1,4 @@
-"""The IS study's statistics and analysis (benchmarks/study_stats.py, benchmarks/is_study.py) on constructed runs."""
+"""The IS study's statistics and analysis (studies/study_stats.py, studies/is_study.py) on constructed runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict
+from studies.study_stats import collapsed, detectable_difference, paired_bootstrap, verdict
 
 
 def test_paired_bootstrap_interval_brackets_the_mean_and_excludes_zero_for_a_clear_gain():
@@ -45,7 +45,7 @@ def test_collapse(rewards, norms, expected):
 
 def test_analysis_pairs_seeds_and_renders(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.is_study import analyse, paired, render
+    from studies.is_study import analyse, paired, render
 
     runs = []
     for seed in range(1, 6):
@@ -77,7 +77,7 @@ def test_analysis_pairs_seeds_and_renders(tmp_path):
 @pytest.mark.parametrize("lag_set", [0, 1], ids=["as-fast-as-the-host", "slow-trainer"])
 def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path, lag_set):
     pytest.importorskip("matplotlib")
-    from benchmarks.is_study import LAG_SETS, REGIMES, elapsed, render
+    from studies.is_study import LAG_SETS, REGIMES, elapsed, render
 
     regimes = LAG_SETS[lag_set]
     suffix = "-mb4" if lag_set else ""
@@ -109,7 +109,7 @@ def test_adaptive_lag_is_compared_with_the_fixed_queues_at_its_seeds(tmp_path, l
 
 def test_the_smollm2_arm_runs_bench_smollm2s_settings_under_its_regime_and_ranks_by_held_out(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks.is_study import REGIMES, held_out, render, task_config
+    from studies.is_study import REGIMES, held_out, render, task_config
 
     cfg = task_config("smollm2", str(tmp_path / "model"), 3, 20, REGIMES["smollm2-async8-partial"].flags)
     assert (cfg.loop.async_train, cfg.loop.async_queue_size, cfg.actor_optim.learning_rate) == (True, 8, 2e-5)
@@ -164,7 +164,7 @@ def test_each_run_records_its_commit_tree_state_and_host(tmp_path):
 
 
 def test_paired_t_interval_and_tests_match_hand_computation():
-    from benchmarks.study_stats import paired_test
+    from studies.study_stats import paired_test
 
     r = paired_test([1.0, 2.0, 3.0, 4.0, 5.0])
     # mean 3, sd sqrt(2.5), se sqrt(0.5); t_{0.975, 4} = 2.776445 (tables): half-width 1.963243
@@ -177,7 +177,7 @@ def test_paired_t_interval_and_tests_match_hand_computation():
 
 
 def test_holm_tost_and_seed_count_match_hand_computation():
-    from benchmarks.study_stats import holm, seeds_needed, tost
+    from studies.study_stats import holm, seeds_needed, tost
 
     # sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> raised to the running maximum 0.06
     assert [round(p, 12) for p in holm([0.01, 0.04, 0.03])] == [0.03, 0.06, 0.06]
@@ -188,7 +188,7 @@ def test_holm_tost_and_seed_count_match_hand_computation():
 
 
 def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
-    from benchmarks.study_stats import detectable_at, direction
+    from studies.study_stats import detectable_at, direction
 
     # one large positive outlier among four small negatives: the heavy tail a collapse makes
     d = direction([-0.1, -0.1, -0.1, -0.1, 0.0, 0.5])
@@ -207,7 +207,7 @@ def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
 
 
 def test_the_paired_collapse_rate_test_is_exact_mcnemar():
-    from benchmarks.study_stats import paired_rate_test
+    from studies.study_stats import paired_rate_test
 
     # 5 seeds collapse under a only, none under b only: two-sided sign test 2 / 2^5
     a, b = [True] * 5 + [False] * 11, [False] * 16
@@ -217,7 +217,7 @@ def test_the_paired_collapse_rate_test_is_exact_mcnemar():
 
 
 def test_collapse_kinds_name_what_collapsed():
-    from benchmarks.study_stats import collapse_kinds
+    from studies.study_stats import collapse_kinds
 
     flat = [0.3] * 40
     assert collapse_kinds(flat, [1.0] * 40) == []

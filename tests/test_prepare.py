@@ -1,5 +1,5 @@
 """models/packaged.py: the errors a user meets before any model is read (the full SmolLM2 conversion is a
-benchmark step, benchmarks/bench_smollm2.py: it needs the `models` extra and ~40 s)."""
+benchmark step, studies/bench_smollm2.py: it needs the `models` extra and ~40 s)."""
 
 import pytest
 

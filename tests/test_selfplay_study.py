@@ -1,4 +1,4 @@
-"""The self-play study's analysis (benchmarks/selfplay_study.py) on constructed runs: the issue's criteria
+"""The self-play study's analysis (studies/selfplay_study.py) on constructed runs: the issue's criteria
 per seed, the ladder's paired gains, the arm comparison and the rendered page."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import selfplay_study as study
+from studies import selfplay_study as study
 
 
 def _run(arm: str, seed: int, ratio: list[float], ladder_end: float, unique: float = 0.5) -> dict:
@@ -57,10 +57,10 @@ def test_render_writes_tables_plots_and_the_arm_comparison(tmp_path):
 
 
 def test_code_study_renders_per_seed_thirds_and_ladder_gains(tmp_path):
-    """benchmarks/selfplay_code_study.py on constructed runs: thirds of the valid-program rate, the ladder's
+    """studies/selfplay_code_study.py on constructed runs: thirds of the valid-program rate, the ladder's
     mean before and after, the per-kind paired gain, a plot."""
     pytest.importorskip("matplotlib")
-    from benchmarks import selfplay_code_study as code_study
+    from studies import selfplay_code_study as code_study
 
     def run(seed, loop_end):
         series = {name: [0.5] * 9 for name in code_study.SERIES}

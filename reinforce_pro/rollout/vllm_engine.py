@@ -217,5 +217,5 @@ class VLLMEngine:
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream at `seed` in every worker: an engine shared by several runs (the
-        tests, benchmarks/is_study.py's paired runs) then samples each run's first batch the same way."""
+        tests, studies/is_study.py's paired runs) then samples each run's first batch the same way."""
         self.llm.collective_rpc("reseed", args=(seed,))

@@ -49,7 +49,7 @@ class SearchTask(SelfPlayTask):
     weights = {"completion": 1.0}
     sampling = {"proposer": {"max_tokens": 48}}  # a question; the solver's turns keep the run's budget
     tiny_model_positions = 512  # the embedded model holds a whole episode: question, turns, retrieved blocks
-    # the search agent's settings, as benchmarks/search_agent.py measured it
+    # the search agent's settings, as studies/search_agent.py measured it
     topk, info_chars, max_searches, solver_turns = 2, 110, 3, 4
     sampling_max_tokens = 40  # a solver turn of the warm start's probe: a <search> or an <answer>
 

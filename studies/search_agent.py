@@ -1,9 +1,9 @@
 """Does search-augmented RL learn? Held-out answer accuracy with search, before and after RL, against
 the same model answering without search.
 
-    python benchmarks/search_agent.py --seeds 1-3 --steps 60
-    python benchmarks/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
-    python benchmarks/search_agent.py --render benchmarks/results/search_agent.json
+    python studies/search_agent.py --seeds 1-3 --steps 60
+    python studies/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
+    python studies/search_agent.py --render studies/results/search_agent.json
 
 Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
 
@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from studies import RESULTS_DIR  # noqa: E402
 
 NAME = "search_agent"
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
@@ -151,7 +152,7 @@ def render(result: dict) -> str:
 
 def paired_line(runs: list[dict]) -> str:
     """The two comparisons the study is for, as paired differences over seeds with 95% bootstrap intervals."""
-    from benchmarks.study_stats import paired_bootstrap
+    from studies.study_stats import paired_bootstrap
 
     acc = lambda r, when, mode: r[when][mode]["accuracy"]  # noqa: E731
     rl = paired_bootstrap([acc(r, "after", "search") - acc(r, "before", "search") for r in runs])
@@ -163,7 +164,7 @@ def paired_line(runs: list[dict]) -> str:
 
 def done_runs(path: Path, config: dict) -> list[dict]:
     """The seeds an earlier invocation with the same settings finished (a study resumes where it stopped)."""
-    from benchmarks.study_stats import stored_runs
+    from studies.study_stats import stored_runs
 
     same = path.exists() and json.loads(path.read_text())["config"] == config
     return stored_runs(path) if same else []
@@ -179,8 +180,8 @@ def main(argv=None) -> int:
     if args.render is not None:
         print(render(json.loads(args.render.read_text())))
         return 0
-    from benchmarks.study_stats import parse_seeds
     from reinforce_pro.workers.launcher import start_ray
+    from studies.study_stats import parse_seeds
 
     seeds = parse_seeds(args.seeds)
     start_ray(logical_cpus=8)

@@ -1,9 +1,9 @@
 """Which IS correction helps, when, and at what cost.
 
-    python benchmarks/compare_is_correction.py --part all            # full study (~55 minutes on 2 CPU cores)
-    python benchmarks/compare_is_correction.py --part all --quick    # a few minutes: what CI can afford
-    python benchmarks/compare_is_correction.py --render benchmarks/results/compare_is_correction.json
-    python benchmarks/compare_is_correction.py --compare OLD.json --render NEW.json   # regression check
+    python studies/compare_is_correction.py --part all            # full study (~55 minutes on 2 CPU cores)
+    python studies/compare_is_correction.py --part all --quick    # a few minutes: what CI can afford
+    python studies/compare_is_correction.py --render studies/results/compare_is_correction.json
+    python studies/compare_is_correction.py --compare OLD.json --render NEW.json   # regression check
 
 Part 1 (`estimator`, see is_estimator_study.py): exact-gradient study of each correction x threshold band
 under five drift patterns; bias, variance, MSE (as ratios to no correction), cosine to the exact gradient,
@@ -40,7 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from studies import RESULTS_DIR  # noqa: E402
 
 CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size; 0: synchronous)
     "control": ("float32", 0, 0),
@@ -60,7 +61,7 @@ SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl",
 def estimator_part(quick: bool) -> dict:
     from tqdm import tqdm
 
-    from benchmarks.is_estimator_study import DRIFTS, correction_bands, run_study
+    from studies.is_estimator_study import DRIFTS, correction_bands, run_study
 
     config = {"symbols": 3, "horizon": 5, "batch_size": 64, "batches": 40 if quick else 400, "seed": 0}
     bar = tqdm(total=len(DRIFTS) * len(correction_bands()), desc="estimator study")

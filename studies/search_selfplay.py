@@ -1,8 +1,8 @@
 """Does search self-play, with no question written by a person, teach the solver as much as RL on generated
 questions? Three arms from one warm start per seed, held-out accuracy by hop count, paired over seeds.
 
-    python benchmarks/search_selfplay.py --seeds 1-5
-    python benchmarks/search_selfplay.py --render benchmarks/results/search_selfplay.json
+    python studies/search_selfplay.py --seeds 1-5
+    python studies/search_selfplay.py --render studies/results/search_selfplay.json
 
 Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
 
@@ -38,8 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
-from benchmarks.study_stats import parse_seeds, stored_runs  # noqa: E402
+from benchmarks.common import run_provenance, write_result  # noqa: E402
+from studies import RESULTS_DIR  # noqa: E402
+from studies.study_stats import parse_seeds, stored_runs  # noqa: E402
 
 NAME = "search_selfplay"
 ARMS = ("warm", "rl", "rl_matched", "selfplay")
@@ -198,7 +199,7 @@ def render(result: dict) -> str:
                      f"{r['host_id']} | {r['commit'][:7]}{'' if r['clean'] else '-dirty'} |")  # fmt: skip
     lines.append("\nHeld-out accuracy with search, greedy: all questions (one hop / two hops).")
     if len(runs) >= 2:
-        from benchmarks.study_stats import holm, paired_test
+        from studies.study_stats import holm, paired_test
 
         pairs = (
             ("selfplay", "warm", "self-play - warm start"),

@@ -1,4 +1,4 @@
-"""Paired statistics for training studies run at several seeds (benchmarks/is_study.py, is_long_study.py).
+"""Paired statistics for training studies run at several seeds (studies/is_study.py, is_long_study.py).
 
 Every correction of a study runs at the same seeds with the same warm start and prompts, so the unit of
 comparison is the per-seed difference between two corrections (paired), not two independent means: the

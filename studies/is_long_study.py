@@ -1,9 +1,9 @@
 """Which IS correction, when responses are long and the staleness is set: the screening and confirmatory study.
 
-    python benchmarks/is_long_study.py --seeds 101-103                      # a screening of every arm (hours)
-    python benchmarks/is_long_study.py --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
-    python benchmarks/is_long_study.py --plan confirmation --output DIR     # the registered stage, as registered
-    python benchmarks/is_long_study.py --render benchmarks/results/is_long_screening.json
+    python studies/is_long_study.py --seeds 101-103                      # a screening of every arm (hours)
+    python studies/is_long_study.py --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
+    python studies/is_long_study.py --plan confirmation --output DIR     # the registered stage, as registered
+    python studies/is_long_study.py --render studies/results/is_long_screening.json
 
 The task is the running sum of ten labelled digits (data/running_sum.py, ~60-token responses whose every step
 the total depends on), on the built-in 2-layer model warm-started per seed. A regime sets the mismatch
@@ -24,7 +24,7 @@ Every run records its own commit, whether the tree was clean (a dirty tree refus
 `--allow-dirty`, and then records the diff's hash), the host id and its wall time. Results accumulate in one
 JSON and the study resumes: a run already there (same seed, regime, correction, steps) is not run again. The
 analysis (paired t-interval, t-test and Wilcoxon, Holm over each endpoint's family, TOST against a margin) is
-benchmarks/study_stats.py's; the confirmatory stage is registered in PLANS and on docs/results/is-long-study.md
+studies/study_stats.py's; the confirmatory stage is registered in PLANS and on docs/results/is-long-study.md
 before its runs, and writes its own file. A seed whose runs so far another host made is run again whole.
 """
 
@@ -44,9 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, run_provenance, write_result  # noqa: E402
-from benchmarks.is_study import held_out, summarise  # noqa: E402
-from benchmarks.study_stats import (  # noqa: E402
+from benchmarks.common import run_provenance, write_result  # noqa: E402
+from studies import RESULTS_DIR  # noqa: E402
+from studies.is_study import held_out, summarise  # noqa: E402
+from studies.study_stats import (  # noqa: E402
     collapse_kinds,
     detectable_at,
     detectable_difference,
