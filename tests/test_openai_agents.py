@@ -579,6 +579,7 @@ def test_agent_file_shapes_are_told_apart_and_bad_ones_refused(tmp_path):
         ("def run_agent(client, prompt, label):\n    return {}\n", "must be an async function"),
         ("async def run_agent(client):\n    return {}\n", "takes \\(client, prompt, label\\)"),
         ("x = 1\n", "defines none of"),
+        ('CLIENT = "claude"\nasync def run_agent(client, prompt, label):\n    return {}\n', "CLIENT must be one of"),
     ):
         path = tmp_path / "a.py"
         path.write_text(body)
@@ -595,3 +596,119 @@ def test_the_endpoint_listens_on_loopback_only_and_stops(tokenizer):
     assert not endpoint.serving
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=2)
+
+
+# ---------------------------------------------------------------------------------------------- Anthropic's SDK
+MESSAGES = {"model": "policy", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+BAD = "invalid_request_error"
+
+
+def test_the_anthropic_sdk_gets_messages_and_its_turns_extend_one_sequence(live, tokenizer):
+    """Anthropic's Messages API on the same endpoint: `system` and text blocks go through the chat template, the
+    reply is a Message with the engine's ids, a next turn extends the first (one segment), and a last message
+    from the assistant is continued (prefill), not answered."""
+    anthropic = pytest.importorskip("anthropic")
+    endpoint, engine = live
+    sid = endpoint.open_session()
+    client = anthropic.Anthropic(base_url=f"{endpoint.url}/s/{sid}", api_key="none", max_retries=0)
+    first = client.messages.create(
+        model="policy",
+        max_tokens=5,
+        system="S",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    )
+    assert (first.type, first.role, first.content[0].text, first.stop_reason) == (
+        "message",
+        "assistant",
+        "ok",
+        "end_turn",
+    )
+    want = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert engine.given[-1] == tokenizer(want, add_special_tokens=False)["input_ids"]
+    assert first.usage.input_tokens == len(engine.given[-1])
+    assert first.usage.output_tokens == len(engine.sampled[-1].token_ids)
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "go"},
+    ]
+    client.messages.create(model="policy", max_tokens=5, system="S", messages=turns)
+    prefill = [*turns, {"role": "assistant", "content": "o"}]
+    client.messages.create(model="policy", max_tokens=5, system="S", messages=prefill)
+    continued = tokenizer.decode(engine.given[-1], skip_special_tokens=False)
+    assert continued.endswith("user: go\nassistant: o") and tokenizer.eos_token not in continued.split("go")[-1]
+    trajectory = endpoint.close_session(sid).trajectory
+    assert trajectory.calls == 3 and len(trajectory.segments) == 2  # the prefill re-renders the last turn
+
+
+@pytest.mark.parametrize(
+    "body, status, kind",
+    [
+        pytest.param({"model": "policy", "messages": MESSAGES["messages"]}, 400, BAD, id="no-max"),
+        pytest.param({**MESSAGES, "max_tokens": 13}, 400, BAD, id="max-over-the-run"),
+        pytest.param({**MESSAGES, "tools": [{"name": "calc"}]}, 400, BAD, id="tools"),
+        pytest.param({**MESSAGES, "stream": True}, 400, BAD, id="stream"),
+        pytest.param({**MESSAGES, "messages": [{"role": "tool", "content": ""}]}, 400, BAD, id="tool"),
+        pytest.param(
+            {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, 400, BAD, id="image",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_messages_request_is_an_anthropic_error(live, body, status, kind):
+    endpoint, _ = live
+    sid = endpoint.open_session()
+    r = post(endpoint, f"/s/{sid}/v1/messages", json=body)
+    assert r.status_code == status and r.json()["type"] == "error" and r.json()["error"]["type"] == kind
+    assert post(endpoint, f"/s/{sid}/v1/messages", json=MESSAGES).json()["content"][0]["text"] == "ok"
+    assert endpoint.close_session(sid).trajectory.calls == 1
+
+
+def test_the_anthropic_sdk_raises_its_own_errors(live):
+    anthropic = pytest.importorskip("anthropic")
+    endpoint, _ = live
+    with pytest.raises(anthropic.NotFoundError, match="unknown session"):
+        anthropic.Anthropic(base_url=f"{endpoint.url}/s/nope", api_key="none", max_retries=0).messages.create(
+            **MESSAGES
+        )
+    sid = endpoint.open_session()
+    client = anthropic.Anthropic(base_url=f"{endpoint.url}/s/{sid}", api_key="none", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="differs from the run's"):
+        client.messages.create(**MESSAGES, extra_body={"temperature": 0.3})  # the SDK has no such argument
+    stopped = client.messages.create(**{**MESSAGES, "max_tokens": 12}, stop_sequences=["k"])
+    assert (stopped.content[0].text, stopped.stop_reason, stopped.stop_sequence) == ("o", "stop_sequence", "k")
+    from reinforce_pro.agents.openai_app import message_response
+    from reinforce_pro.agents.trajectory import Call
+
+    cut = Call([1], [5, 6], [-0.1, -0.2], "length", "ab", None)  # the engine stopped at max_tokens
+    assert message_response(MESSAGES, [], cut, endpoint.tokenizer)["stop_reason"] == "max_tokens"
+
+
+def test_an_agent_file_that_asks_for_the_anthropic_client_trains_on_its_ids(tokenizer, tmp_path):
+    """CLIENT = "anthropic": run_agent gets an anthropic.AsyncAnthropic on its session; the row is the engine's
+    ids of the templated prompt and the reply, scored by the agent's reward."""
+    pytest.importorskip("anthropic")
+    agent = agent_file(tmp_path, ANTHROPIC_AGENT)
+    assert agent.client == "anthropic"
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
+    source = source_for(tokenizer, engine, agent, n=1)
+    try:
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+    finally:
+        source.close()
+    assert samples.rewards.rewards.tolist() == [1.0]
+    (given,), (sampled,) = engine.given, engine.sampled
+    assert prompt_of(samples, 0) == given
+    assert samples.sequences[0, -samples.num_actions :][: len(sampled.token_ids)].tolist() == sampled.token_ids
+
+
+ANTHROPIC_AGENT = """
+CLIENT = "anthropic"
+
+async def run_agent(client, prompt, label):
+    reply = await client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": prompt}])
+    return {"reward": float(reply.content[0].text.strip() == label), "scores": 0.0, "extra_logs": {}}
+"""

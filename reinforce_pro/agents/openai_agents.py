@@ -5,7 +5,9 @@ A plain function (the shape most agent code already has):
 
     async def run_agent(client, prompt, label) -> {"reward": float, "scores": float, "extra_logs": {...}}
 
-`client` is an `openai.AsyncOpenAI` whose base URL is the episode's session (any model name is served).
+`client` is an `openai.AsyncOpenAI` whose base URL is the episode's session (any model name is served). A file
+that sets `CLIENT = "anthropic"` gets an `anthropic.AsyncAnthropic` instead, served Anthropic's Messages API
+(`await client.messages.create(model=..., max_tokens=..., messages=[...])`) by the same endpoint.
 
 OpenRLHF's executor file (examples/python/agent_func_openai_server_executor.py): a class whose
 `async def run_agent(self, prompt, label, session_id)` calls `self.client` with
@@ -43,6 +45,7 @@ from reinforce_pro.agents.trajectory import segment_episode
 from reinforce_pro.experience import Samples
 from reinforce_pro.rollout.sampler import pad_token_id, sampling_params, token_versions
 
+CLIENTS = ("openai", "anthropic")  # the SDK clients a run_agent function can be given (its file's CLIENT)
 EPISODE_TIMEOUT_S = 600.0  # an agent that has not returned by then is dropped (a hung tool, a lost request)
 
 
@@ -54,6 +57,7 @@ class OpenAIAgent:
     kind: str  # "function" or "executor"
     target: object  # the function, or the executor class
     path: str
+    client: str = "openai"  # the SDK a function gets: "openai" or "anthropic" (the file's CLIENT)
 
 
 def load_openai_agent(module: types.ModuleType, path: str) -> OpenAIAgent | None:
@@ -64,7 +68,12 @@ def load_openai_agent(module: types.ModuleType, path: str) -> OpenAIAgent | None
             raise AgentFileError(f"--agent_func_path {path}: run_agent must be an async function")
         if len(inspect.signature(fn).parameters) < 3:
             raise AgentFileError(f"--agent_func_path {path}: run_agent takes (client, prompt, label)")
-        return OpenAIAgent("function", fn, path)
+        client = getattr(module, "CLIENT", "openai")
+        if client not in CLIENTS:
+            raise AgentFileError(
+                f"--agent_func_path {path}: CLIENT must be one of {', '.join(CLIENTS)}, got {client!r}"
+            )
+        return OpenAIAgent("function", fn, path, client)
     classes = [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__
                and inspect.iscoroutinefunction(getattr(c, "run_agent", None))]  # fmt: skip
     if len(classes) > 1:
@@ -199,6 +208,8 @@ class OpenAIAgentSource:
             try:
                 if executor is not None:
                     return await asyncio.wait_for(executor.run_agent(*job, sid), self.timeout_s)
+                if self.agent.client == "anthropic":
+                    return await self._run_anthropic(job, f"{endpoint.url}/s/{sid}")
                 async with httpx.AsyncClient(verify=tls, limits=limits, timeout=self.timeout_s) as http:
                     client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none",
                                                 http_client=http, max_retries=0)  # fmt: skip
@@ -209,6 +220,14 @@ class OpenAIAgentSource:
                 endpoint.set_live(endpoint.batcher.live - 1)
 
         return await asyncio.gather(*(one(job, sid) for job, sid in zip(jobs, sessions, strict=True)))
+
+    async def _run_anthropic(self, job, base_url: str):
+        """One episode of a `CLIENT = "anthropic"` agent: its SDK posts to <base_url>/v1/messages."""
+        import anthropic
+
+        client = anthropic.AsyncAnthropic(base_url=base_url, api_key="none", max_retries=0, timeout=self.timeout_s)
+        async with client:
+            return await asyncio.wait_for(self.agent.target(client, *job), self.timeout_s)
 
     def _samples(self, jobs, results, trajectories, n: int) -> Samples:
         failures = [_failure(r, t) for r, t in zip(results, trajectories, strict=True)]

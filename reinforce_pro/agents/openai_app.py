@@ -2,6 +2,8 @@
 
 Requests are read with a size cap and parsed here; the endpoint decides the sampling and records the call. Every
 refusal is an OpenAI-style JSON error (the SDK raises BadRequestError, NotFoundError, ...), never a traceback.
+Anthropic's Messages API (POST /v1/messages, the wire format of the `anthropic` SDK) is served beside it: the
+same sessions, sampling and recording, Anthropic's request, response and error shapes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ class EndpointError(Exception):
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "code": self.code, "param": self.param}}
+
+    def anthropic_body(self) -> dict:
+        """The error as Anthropic's API writes it (its SDK raises BadRequestError, NotFoundError, ... from it)."""
+        kind = ANTHROPIC_ERRORS.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+ANTHROPIC_ERRORS = {404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"}
 
 
 def build_app(endpoint) -> FastAPI:
@@ -68,10 +78,27 @@ def build_app(endpoint) -> FastAPI:
             call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
         return response("text_completion", body, call, {"text": call.text}, endpoint.tokenizer)
 
+    async def messages(request: Request, sid: str | None = None):
+        """Anthropic's Messages API: a conversation (and `system`) in, one assistant message out. A last message
+        from the assistant is continued (Anthropic's prefill), not answered."""
+        try:
+            body = await read_body(request)
+            session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
+            conversation, sampling = anthropic_request(body)
+            text = chat_prompt_text(
+                endpoint.tokenizer, conversation, continue_last=conversation[-1]["role"] == "assistant"
+            )
+            ids = endpoint.prompt_ids(session, text, with_bos=False)
+            call = await endpoint.complete(session, text, ids, sampling, request.is_disconnected)
+        except EndpointError as e:
+            return JSONResponse(e.anthropic_body(), status_code=e.status)
+        return message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer)
+
     for prefix in ("/v1", "/s/{sid}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/messages", messages, methods=["POST"])
     return app
 
 
@@ -95,8 +122,9 @@ async def read_body(request: Request) -> dict:
     return body
 
 
-def chat_prompt_text(tokenizer, messages) -> str:
-    """The text the tokenizer's chat template gives `messages` (with the assistant's generation prompt)."""
+def chat_prompt_text(tokenizer, messages, continue_last: bool = False) -> str:
+    """The text the tokenizer's chat template gives `messages`: with the assistant's generation prompt, or
+    (`continue_last`) ending inside the last message, which the completion continues."""
     if not isinstance(messages, list) or not messages:
         raise EndpointError(400, "messages must be a non-empty list", "invalid", "messages")
     plain = []
@@ -105,6 +133,8 @@ def chat_prompt_text(tokenizer, messages) -> str:
             raise EndpointError(400, f"messages[{i}] must be an object with a role", "invalid", "messages")
         plain.append({"role": m["role"], "content": _text(m.get("content"), i)})
     try:
+        if continue_last:
+            return tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=True)
         return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
     except Exception as e:  # a template that refuses these messages (a role it does not know)
         raise EndpointError(400, f"the chat template refused the messages: {e}", "invalid", "messages") from None
@@ -152,5 +182,56 @@ def response(kind: str, body: dict, call: Call, choice: dict, tokenizer) -> dict
             "completion_tokens": len(call.completion_ids),
             "total_tokens": len(call.prompt_ids) + len(call.completion_ids),
         },  # fmt: skip
+        "token_ids": {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids},
+    }
+
+
+def anthropic_request(body: dict) -> tuple[list[dict], dict]:
+    """(the conversation as chat messages, the request's sampling fields as the OpenAI routes name them) of a
+    Messages API body: `system` becomes a first system message, text blocks become text; a request the trainer
+    could not replay (tools, images, streaming) is refused by name."""
+    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+        raise EndpointError(400, "max_tokens: a positive integer is required", "invalid", "max_tokens")
+    if body.get("tools") or body.get("tool_choice"):
+        raise EndpointError(400, "tools are not served: write the tool loop in the agent", "unsupported", "tools")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise EndpointError(400, "messages must be a non-empty list", "invalid", "messages")
+    conversation = []
+    system = body.get("system")
+    if system:
+        conversation.append({"role": "system", "content": _blocks(system, "system")})
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise EndpointError(400, f"messages[{i}].role must be user or assistant", "invalid", "messages")
+        conversation.append({"role": m["role"], "content": _blocks(m.get("content"), f"messages[{i}].content")})
+    stops = body.get("stop_sequences")
+    sampling = {key: body.get(key) for key in ("max_tokens", "temperature", "top_p", "top_k", "stream")}
+    return conversation, {**sampling, "stop": stops if stops else None}
+
+
+def _blocks(content, where: str) -> str:
+    """Anthropic content: a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return "".join(str(b.get("text", "")) for b in content)
+    raise EndpointError(400, f"{where}: only text blocks are served", "unsupported", where)
+
+
+def message_response(body: dict, stops: list[str], call: Call, tokenizer) -> dict:
+    """Anthropic's Message object, with the engine's ids (`token_ids`, as the OpenAI routes add them)."""
+    sampled = tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+    stop = next((s for s in stops if s in sampled), None)
+    reason = "max_tokens" if call.finish_reason == "length" else "stop_sequence" if stop else "end_turn"
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or "policy",
+        "content": [{"type": "text", "text": call.text}],
+        "stop_reason": reason,
+        "stop_sequence": stop,
+        "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": len(call.completion_ids)},
         "token_ids": {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids},
     }
