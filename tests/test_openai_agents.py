@@ -396,7 +396,7 @@ CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
         pytest.param({**CHAT, "temperature": "hot"}, 400, "invalid", id="a-temperature-that-is-no-number"),
         pytest.param({**CHAT, "presence_penalty": 1.0}, 400, "unsupported", id="a-penalty"),
         pytest.param({**CHAT, "n": 2}, 400, "unsupported", id="n"),
-        pytest.param({**CHAT, "stream": True}, 400, "unsupported", id="stream"),
+        pytest.param({**CHAT, "stream": "yes"}, 400, "invalid", id="stream-no-bool"),
         pytest.param({**CHAT, "messages": []}, 400, "invalid", id="no-messages"),
         pytest.param({**CHAT, "messages": [{"content": "x"}]}, 400, "invalid", id="no-role"),
         pytest.param(
@@ -651,7 +651,7 @@ def test_the_anthropic_sdk_gets_messages_and_its_turns_extend_one_sequence(live,
         pytest.param({"model": "policy", "messages": MESSAGES["messages"]}, 400, BAD, id="no-max"),
         pytest.param({**MESSAGES, "max_tokens": 13}, 400, BAD, id="max-over-the-run"),
         pytest.param({**MESSAGES, "tools": [{"name": "calc"}]}, 400, BAD, id="tools"),
-        pytest.param({**MESSAGES, "stream": True}, 400, BAD, id="stream"),
+        pytest.param({**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 4}}, 400, BAD, id="thinking"),
         pytest.param({**MESSAGES, "messages": [{"role": "tool", "content": ""}]}, 400, BAD, id="tool"),
         pytest.param(
             {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, 400, BAD, id="image",
@@ -712,3 +712,35 @@ async def run_agent(client, prompt, label):
     reply = await client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": prompt}])
     return {"reward": float(reply.content[0].text.strip() == label), "scores": 0.0, "extra_logs": {}}
 """
+
+
+def test_streamed_requests_get_the_sampled_text_and_record_the_call_once(live):
+    """stream=True through both SDKs: the OpenAI chat and completion streams and Anthropic's event stream carry
+    the sampled text (in one delta: the engines sample whole completions), the finish reason and the usage; each
+    call is recorded once, with the same ids as unstreamed."""
+    import openai
+
+    anthropic = pytest.importorskip("anthropic")
+    endpoint, engine = live
+    sid = endpoint.open_session()
+    client = openai.OpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none", max_retries=0)
+    chunks = list(client.chat.completions.create(model="policy", messages=CHAT["messages"], stream=True,
+                                                 stream_options={"include_usage": True}))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "stop"]
+    assert chunks[-1].usage.completion_tokens == len(engine.sampled[-1].token_ids)
+    pieces = list(client.completions.create(model="policy", prompt="2+2=", stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == "ok" and pieces[-1].choices[0].finish_reason == "stop"
+    claude = anthropic.Anthropic(base_url=f"{endpoint.url}/s/{sid}", api_key="none", max_retries=0)
+    with claude.messages.stream(**MESSAGES) as stream:
+        text, final = "".join(stream.text_stream), stream.get_final_message()
+    assert (
+        text == "ok"
+        and final.stop_reason == "end_turn"
+        and final.usage.output_tokens == len(engine.sampled[-1].token_ids)
+    )
+    trajectory = endpoint.close_session(sid).trajectory
+    assert trajectory.calls == 3
+    assert [c.completion_ids for s in trajectory.segments for c in s] == [
+        g.token_ids for g in engine.sampled[-3:]
+    ]

@@ -4,6 +4,10 @@ Requests are read with a size cap and parsed here; the endpoint decides the samp
 refusal is an OpenAI-style JSON error (the SDK raises BadRequestError, NotFoundError, ...), never a traceback.
 Anthropic's Messages API (POST /v1/messages, the wire format of the `anthropic` SDK) is served beside it: the
 same sessions, sampling and recording, Anthropic's request, response and error shapes.
+
+`stream: true` is answered as server-sent events in each API's chunk format. The engines sample whole
+completions (requests are batched across sessions), so the stream starts once the completion is sampled and
+carries its text in one delta: a streaming client works unchanged, and sees no tokens early.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from reinforce_pro.agents.trajectory import Call
 
@@ -63,6 +67,8 @@ def build_app(endpoint) -> FastAPI:
         ids = endpoint.prompt_ids(session, text, with_bos=False)
         call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
         message = {"role": "assistant", "content": call.text}
+        if body.get("stream"):
+            return openai_stream("chat.completion.chunk", body, call, {"delta": message}, {"delta": {}})
         return response("chat.completion", body, call, {"message": message}, endpoint.tokenizer)
 
     async def completions(request: Request, sid: str | None = None):
@@ -76,6 +82,8 @@ def build_app(endpoint) -> FastAPI:
             text = completion_prompt_text(prompt)
             ids = endpoint.prompt_ids(session, text, with_bos=True)
             call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
+        if body.get("stream"):
+            return openai_stream("text_completion", body, call, {"text": call.text}, {"text": ""})
         return response("text_completion", body, call, {"text": call.text}, endpoint.tokenizer)
 
     async def messages(request: Request, sid: str | None = None):
@@ -92,7 +100,8 @@ def build_app(endpoint) -> FastAPI:
             call = await endpoint.complete(session, text, ids, sampling, request.is_disconnected)
         except EndpointError as e:
             return JSONResponse(e.anthropic_body(), status_code=e.status)
-        return message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer)
+        message = message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer)
+        return anthropic_stream(message) if body.get("stream") else message
 
     for prefix in ("/v1", "/s/{sid}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
@@ -194,6 +203,10 @@ def anthropic_request(body: dict) -> tuple[list[dict], dict]:
         raise EndpointError(400, "max_tokens: a positive integer is required", "invalid", "max_tokens")
     if body.get("tools") or body.get("tool_choice"):
         raise EndpointError(400, "tools are not served: write the tool loop in the agent", "unsupported", "tools")
+    thinking = body.get("thinking")
+    if thinking and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
+        raise EndpointError(400, "thinking is not served: the policy writes what it thinks in its text", "unsupported",
+                            "thinking")  # fmt: skip
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise EndpointError(400, "messages must be a non-empty list", "invalid", "messages")
@@ -235,3 +248,52 @@ def message_response(body: dict, stops: list[str], call: Call, tokenizer) -> dic
         "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": len(call.completion_ids)},
         "token_ids": {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids},
     }
+
+
+def sse(events) -> StreamingResponse:
+    """Server-sent events: each (event name or None, JSON-able data or a literal string) as one event."""
+
+    def lines():
+        for name, data in events:
+            head = f"event: {name}\n" if name else ""
+            yield f"{head}data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def openai_stream(kind: str, body: dict, call: Call, first: dict, last: dict) -> StreamingResponse:
+    """An OpenAI stream of a sampled completion: the text in one chunk, then the finish reason with the engine's
+    ids (`token_ids`), the usage when `stream_options.include_usage` asks, then [DONE]."""
+    prefix = "chatcmpl" if kind == "chat.completion.chunk" else "cmpl"
+    head = {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
+            "model": body.get("model") or "policy"}  # fmt: skip
+    ids = {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids}
+    events = [
+        (None, {**head, "choices": [{"index": 0, **first, "finish_reason": None, "logprobs": None}]}),
+        (None, {**head, "choices": [{"index": 0, **last, "finish_reason": call.finish_reason, "logprobs": None}],
+                "token_ids": ids}),
+    ]  # fmt: skip
+    if (body.get("stream_options") or {}).get("include_usage"):
+        total = len(call.prompt_ids) + len(call.completion_ids)
+        usage = {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(call.completion_ids),
+                 "total_tokens": total}  # fmt: skip
+        events.append((None, {**head, "choices": [], "usage": usage}))
+    return sse([*events, (None, "[DONE]")])
+
+
+def anthropic_stream(message: dict) -> StreamingResponse:
+    """Anthropic's event stream of a sampled Message: start, one text block in one delta, the stop reason."""
+    text, usage = message["content"][0]["text"], message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0}}  # fmt: skip
+    stop = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    block = {"type": "text", "text": ""}
+    events = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": stop, "usage": {"output_tokens": usage["output_tokens"]}},
+        {"type": "message_stop"},
+    ]
+    return sse([(e["type"], e) for e in events])  # each event is named by its type, as Anthropic's are

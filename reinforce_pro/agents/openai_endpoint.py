@@ -3,7 +3,8 @@
     client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{session}/v1", api_key="none")
     reply = await client.chat.completions.create(model="policy", messages=[...])
 
-Served: POST /v1/chat/completions and /v1/completions, GET /v1/models and /health; each /v1 route also under
+Served: POST /v1/chat/completions and /v1/completions (streamed when asked), POST /v1/messages (Anthropic's
+Messages API), GET /v1/models and /health; each /v1 route also under
 /s/<session>/v1 (a session is a base URL, as in NVIDIA's Molt), or given as the `X-Session-Id` header or a
 `session_id` body field (OpenRLHF's example executor sends it through `extra_body`). Every request is tokenised
 here (the tokenizer's chat template for chat), sampled by the engines from exactly those ids, and recorded in
@@ -216,8 +217,8 @@ class Endpoint:
                 raise EndpointError(400, f"{key} is not served: the trainer could not replay it", "unsupported", key)
         if body.get("n", 1) != 1:
             raise EndpointError(400, "n must be 1: one completion per request (open more sessions)", "unsupported", "n")
-        if body.get("stream"):
-            raise EndpointError(400, "stream is not served: ask without streaming", "unsupported", "stream")
+        if body.get("stream") not in (None, False, True):
+            raise EndpointError(400, f"stream must be true or false, got {body['stream']!r}", "invalid", "stream")
         room = self.max_len - prompt_len
         if room <= 0:
             raise EndpointError(400, f"the prompt has {prompt_len} tokens; the episode's limit is {self.max_len} "
