@@ -6,6 +6,7 @@ are the ones the equivalent command lines give.
 """
 
 import dataclasses
+import json
 from dataclasses import replace
 
 import pytest
@@ -204,3 +205,24 @@ def test_the_first_weight_sync_is_skipped_only_where_the_engines_load_what_it_wo
     from reinforce_pro.run.wiring import engines_load_policy_weights
 
     assert engines_load_policy_weights(run_config(parse_args(["--pretrain", "m", *flags]))) is loads_them
+
+
+def test_dialogue_records_cannot_be_an_agents_held_out_set(tmp_path):
+    """--eval_dataset of dialogue records (a list of turns) with --agent_func_path is refused by name: a dialogue
+    trains a row per target turn and has no one score for an agent's episode."""
+    from types import SimpleNamespace
+
+    from reinforce_pro.run.wiring import eval_set
+
+    path = tmp_path / "held_out.jsonl"
+    dialogue = {"input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}], "label": "x"}
+    path.write_text(json.dumps(dialogue) + "\n")
+    argv = ["--pretrain", "m", "--agent_func_path", "examples/python/agent_calculator_openai.py", "--eval_dataset",
+            str(path), "--label_key", "label"]  # fmt: skip
+    cfg = run_config(parse_args(argv))
+    plan = SimpleNamespace(task=None, agent_cls=object())
+    with pytest.raises(ValueError, match="dialogue records .* cannot be evaluated with --agent_func_path"):
+        eval_set(cfg, plan, tokenizer=None, source=object())
+    plain = {"input": "2+2=", "label": "4"}
+    path.write_text(json.dumps(plain) + "\n")
+    assert eval_set(cfg, plan, tokenizer=None, source="the source").prompts == [{"prompt": "2+2=", "label": "4"}]
