@@ -353,7 +353,8 @@ def analyse(runs: list[dict], margin: float = MARGIN) -> list[dict]:
             row = {"regime": regime, "correction": correction, "seeds": len(sel),
                    "collapses": {k: kinds.count(k) for k in ("reward", "grad_norm")}}  # fmt: skip
             for key in ("final_eval", "start_eval", "final_reward", "masked_frac", "response_length",
-                        "staleness_trained", "versions_per_row", "mean_abs_log_ratio", "wall_s"):  # fmt: skip
+                        "staleness_trained", "versions_per_row", "mixed_rows", "mean_abs_log_ratio",
+                        "wall_s"):  # fmt: skip
                 found = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = statistics.fmean(found) if found else None
             for key in ENDPOINTS:
@@ -544,14 +545,22 @@ def pairing(runs: list[dict]) -> str:
             "same first-step reward.")  # fmt: skip
 
 
+def versions_cell(row: dict) -> str:
+    """Weight versions per row and, beside them, the share of rows that span two or more (partial rollouts)."""
+    if row["versions_per_row"] is None:
+        return "-"
+    mixed = f" ({row['mixed_rows']:.0%})" if row.get("mixed_rows") is not None else ""
+    return f"{row['versions_per_row']:.2f}{mixed}"
+
+
 def render(payload: dict, out_dir: Path) -> str:
     runs, stem = payload["results"]["runs"], payload.get("benchmark", NAME)
     margin = payload.get("config", {}).get("margin", MARGIN)
     rows = analyse(runs, margin)
     lines = progress(runs, payload.get("config", {}).get("plan")) + [
         "| regime | correction | seeds | held-out (start -> last) | vs none | vs tis | vs sync | TOST vs none "
-        f"(±{margin}) | reward | masked | mean abs log ratio | length | staleness | versions / row | collapses "
-        "(reward / grad) |",
+        f"(±{margin}) | reward | masked | mean abs log ratio | length | staleness | versions / row (rows of 2+) | "
+        "collapses (reward / grad) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -562,7 +571,7 @@ def render(payload: dict, out_dir: Path) -> str:
             f"{_cell(r['final_eval_vs_sync'])} | {_fmt(eq, '.2f')} | {_fmt(r['final_reward'], '.3f')} | "
             f"{_fmt(r['masked_frac'], '.2%')} | {_fmt(r['mean_abs_log_ratio'], '.3f')} | "
             f"{_fmt(r['response_length'], '.1f')} | "
-            f"{_fmt(r['staleness_trained'], '.2f')} | {_fmt(r['versions_per_row'], '.2f')} | "
+            f"{_fmt(r['staleness_trained'], '.2f')} | {versions_cell(r)} | "
             f"{r['collapses']['reward']} / {r['collapses']['grad_norm']} |"
         )
     lines += ["", "Differences of the held-out accuracy, paired over seeds: mean [95% t-interval] and the t-test's "

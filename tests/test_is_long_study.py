@@ -261,3 +261,9 @@ def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_
     assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
     payload["config"]["plan"] = None  # a screening is never partial
     assert not study.render(payload, tmp_path).startswith("**Partial")
+
+
+def test_the_versions_cell_gives_the_share_of_rows_that_span_two_versions():
+    assert study.versions_cell({"versions_per_row": 1.5, "mixed_rows": 0.5}) == "1.50 (50%)"
+    assert study.versions_cell({"versions_per_row": 1.0, "mixed_rows": None}) == "1.00"
+    assert study.versions_cell({"versions_per_row": None, "mixed_rows": None}) == "-"  # no partial rollouts
