@@ -741,6 +741,4 @@ def test_streamed_requests_get_the_sampled_text_and_record_the_call_once(live):
     )
     trajectory = endpoint.close_session(sid).trajectory
     assert trajectory.calls == 3
-    assert [c.completion_ids for s in trajectory.segments for c in s] == [
-        g.token_ids for g in engine.sampled[-3:]
-    ]
+    assert [c.completion_ids for s in trajectory.segments for c in s] == [g.token_ids for g in engine.sampled[-3:]]
