@@ -47,20 +47,37 @@ ANTHROPIC_ERRORS = {404: "not_found_error", 413: "request_too_large", 503: "over
 def build_app(endpoint) -> FastAPI:
     """The routes of `endpoint` (an openai_endpoint.Endpoint: its sessions, sampling and batcher)."""
     app = FastAPI(title="reinforce_pro rollout endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    routes = Routes(endpoint)
 
     @app.exception_handler(EndpointError)
     async def refused(request: Request, e: EndpointError):
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.get("/health")
-    async def health():
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    for prefix in ("/v1", "/s/{sid}/v1"):
+        app.add_api_route(f"{prefix}/models", routes.models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", routes.chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", routes.completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/messages", routes.messages, methods=["POST"])
+    return app
+
+
+class Routes:
+    """The handlers of one endpoint's routes; `sid` is the session named in the path (/s/{sid}/v1/...)."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    async def health(self):
+        endpoint = self.endpoint
         return {"status": "ok", "model": endpoint.model_name, "sessions": len(endpoint.sessions)}
 
-    async def models():
-        return {"object": "list", "data": [{"id": endpoint.model_name, "object": "model", "created": 0,
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.endpoint.model_name, "object": "model", "created": 0,
                                             "owned_by": "reinforce_pro"}]}  # fmt: skip
 
-    async def chat(request: Request, sid: str | None = None):
+    async def chat(self, request: Request, sid: str | None = None):
+        endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
         text = chat_prompt_text(endpoint.tokenizer, body.get("messages"))
@@ -71,7 +88,8 @@ def build_app(endpoint) -> FastAPI:
             return openai_stream("chat.completion.chunk", body, call, {"delta": message}, {"delta": {}})
         return response("chat.completion", body, call, {"message": message}, endpoint.tokenizer)
 
-    async def completions(request: Request, sid: str | None = None):
+    async def completions(self, request: Request, sid: str | None = None):
+        endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
         prompt = body.get("prompt")
@@ -86,9 +104,10 @@ def build_app(endpoint) -> FastAPI:
             return openai_stream("text_completion", body, call, {"text": call.text}, {"text": ""})
         return response("text_completion", body, call, {"text": call.text}, endpoint.tokenizer)
 
-    async def messages(request: Request, sid: str | None = None):
+    async def messages(self, request: Request, sid: str | None = None):
         """Anthropic's Messages API: a conversation (and `system`) in, one assistant message out. A last message
         from the assistant is continued (Anthropic's prefill), not answered."""
+        endpoint = self.endpoint
         try:
             body = await read_body(request)
             session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
@@ -102,13 +121,6 @@ def build_app(endpoint) -> FastAPI:
             return JSONResponse(e.anthropic_body(), status_code=e.status)
         message = message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer)
         return anthropic_stream(message) if body.get("stream") else message
-
-    for prefix in ("/v1", "/s/{sid}/v1"):
-        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
-        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
-        app.add_api_route(f"{prefix}/messages", messages, methods=["POST"])
-    return app
 
 
 async def read_body(request: Request) -> dict:
