@@ -742,3 +742,98 @@ def test_streamed_requests_get_the_sampled_text_and_record_the_call_once(live):
     trajectory = endpoint.close_session(sid).trajectory
     assert trajectory.calls == 3
     assert [c.completion_ids for s in trajectory.segments for c in s] == [g.token_ids for g in engine.sampled[-3:]]
+
+
+# ------------------------------------------------------------------------------- self-play's solver (--absolute_zero)
+SOLVER_AGENT = """
+async def run_agent(client, prompt, label):
+    if label == "9":
+        raise RuntimeError("no tool today")
+    first = await client.completions.create(model="policy", prompt=prompt)
+    if label == "5":  # a summarised history: the second prompt does not extend the first call's sequence
+        await client.completions.create(model="policy", prompt="again " + prompt)
+    return {"reward": 123.0}  # not read: the task scores the answer
+"""
+
+
+def test_an_sdk_solver_answers_self_play_questions_with_the_ids_it_sampled(tokenizer, tmp_path, capsys):
+    """--absolute_zero --agent_func_path: selfplay/solve.py runs the agent per question; the rollout's text is its
+    last model turn, its row the engine's ids; a rewritten history adds the earlier segment as a fork; an agent
+    that raised before calling gives a row with nothing to train, scored as an empty answer and counted."""
+    from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask
+    from reinforce_pro.selfplay.solve import solve
+    from reinforce_pro.selfplay.tasks import Question
+
+    engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"]})
+    source = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=1)
+    questions = [Question("1+1", "2"), Question("2+3", "5"), Question("4+5", "9")]
+    try:
+        rollouts = solve(source.sampler, ArithmeticTask(), questions, RUN_SAMPLING, 128, sdk_agent=source)
+    finally:
+        source.close()
+    assert [r.text for r in rollouts] == ["2", "5", ""]
+    assert [len(r.forks) for r in rollouts] == [0, 1, 0]
+    given = [tokenizer.decode(g, skip_special_tokens=True) for g in engine.given]
+    by_prompt = dict(zip(given, engine.sampled, strict=True))
+    for rows, prompt in (([rollouts[0].generation], "1+1="), (rollouts[1].forks, "2+3="),
+                         ([rollouts[1].generation], "again 2+3=")):  # fmt: skip
+        (row,) = rows
+        assert row.tokens == by_prompt[prompt].token_ids and row.log_probs == by_prompt[prompt].log_probs
+        assert row.action == [True] * len(row.tokens)
+    empty = rollouts[2].generation
+    assert empty.tokens == [] and empty.prompt_ids == tokenizer("4+5=")["input_ids"]
+    assert source.failed_answers == 1 and "raised RuntimeError: no tool today" in capsys.readouterr().err
+
+
+def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer, tmp_path):
+    """SelfPlaySource.generate puts fork rows after the controller's rows: fork_of names their lead, they carry
+    its reward and take its advantage; the step reports the forks and the failed episodes."""
+    from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask
+    from reinforce_pro.selfplay.controller import Rollout, SelfPlayBatch, SelfPlayConfig, TrainingSample
+    from reinforce_pro.selfplay.selfplay_source import SelfPlaySource
+    from reinforce_pro.selfplay.solve import solve
+    from reinforce_pro.selfplay.tasks import Question
+    from reinforce_pro.trainer.experience_builder import ExperienceBuilder
+
+    engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"], "[": ["1+1"]})
+    agent = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=2)
+    cfg = SelfPlayConfig(n_questions_per_prompt=1, n_samples_per_prompt=2, weights={"completion": 1.0})
+    source = SelfPlaySource(agent.sampler, ArithmeticTask(), cfg, seed=0, sdk_agent=agent)
+    try:
+        solved = solve(agent.sampler, ArithmeticTask(), [Question("1+1", "2"), Question("2+3", "5")], RUN_SAMPLING,
+                       128, sdk_agent=agent)  # fmt: skip
+    finally:
+        source.close()
+    proposal = Rollout("[1+0]>", "1+1", None)
+    ids = tokenizer("1+1", add_special_tokens=False)["input_ids"]
+    proposal.generation = ([1, 2], Generation(ids, [0.0] * len(ids), "stop"))
+    rows = [TrainingSample(solved[0], 1.0, 1.0, "solver"), TrainingSample(solved[1], 0.0, 0.0, "solver"),
+            TrainingSample(proposal, 0.5, 0.5, "proposer"), TrainingSample(proposal, 0.0, 0.0, "proposer")]  # fmt: skip
+    source.controller.step = lambda batch, rng: SelfPlayBatch(rows, [(0, 2, 2), (2, 4, 2)], {})
+    samples = source.generate([{"input": "1+0="}])
+    assert samples.fork_of == [1] and len(samples.rewards.rewards) == 5
+    assert samples.rewards.rewards.tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]  # the fork carries its lead's reward
+    assert samples.metrics["agent/segment_forks"] == 1.0 and samples.metrics["agent/failed_episodes"] == 0.0
+    fork = solved[1].forks[0]
+    assert samples.sequences[4, -samples.num_actions :][: len(fork.tokens)].tolist() == fork.tokens
+    builder = SimpleNamespace(cfg=SimpleNamespace(n_samples_per_prompt=2, advantage_estimator="reinforce_baseline",
+                              use_kl_loss=True, gamma=1.0, lambd=1.0, std_norm=False, reward_clip_range=None),
+                              kl_ctl=SimpleNamespace(value=0.0))  # fmt: skip
+    adv, _ = ExperienceBuilder.advantages(builder, samples, samples.rewards.rewards, None, None)
+    lead = adv[1][samples.action_mask[1]]
+    assert lead.lt(0).all() and adv[4][samples.action_mask[4]].unique().tolist() == [lead.mean().item()]
+
+
+def test_self_play_takes_an_sdk_solver_file_and_refuses_an_agentinstance_one(tmp_path):
+    """The flags accept --absolute_zero with --agent_func_path; the run's set-up refuses an AgentInstance file
+    (a task's AgentInstance solver is its own solver_agent) before it builds anything."""
+    from reinforce_pro.cli.flags_to_config import run_config
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.run.prepare import UserInputError, prepare
+
+    flags = ["--absolute_zero", "--save_path", str(tmp_path / "run"), "--agent_func_path"]
+    with pytest.raises(UserInputError, match="the solver must be an OpenAI-SDK agent"):
+        prepare(run_config(parse_args([*flags, str(EXAMPLES / "agent_calculator.py")])))
+    assert not (tmp_path / "run").exists()
+    cfg = run_config(parse_args([*flags, str(EXAMPLES / "agent_calculator_openai.py")]))
+    assert cfg.selfplay is not None and cfg.agent.func_path.endswith("agent_calculator_openai.py")

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import json
 import queue
 import ssl
 import sys
@@ -97,6 +98,8 @@ class OpenAIAgentSource:
         self.eval_executor = None
         self.partial = None
         self.timeout_s = EPISODE_TIMEOUT_S
+        self.solver_endpoints: dict[str, tuple[Endpoint, object]] = {}  # answer(): sampling -> (endpoint, executor)
+        self.failed_answers = 0  # answer()'s failed episodes since the caller last read it
 
     def state_dict(self) -> dict:
         return {}
@@ -119,6 +122,8 @@ class OpenAIAgentSource:
         self.endpoint.stop()
         if self.eval_endpoint is not None:
             self.eval_endpoint.stop()
+        for endpoint, _ in self.solver_endpoints.values():
+            endpoint.stop()
 
     def _endpoint(self, sampling: dict) -> Endpoint:
         engines = getattr(self.sampler, "engines", None)  # several: each session pinned to one
@@ -178,6 +183,33 @@ class OpenAIAgentSource:
             scores = torch.tensor([0.0 if f else e.turn_scores[0] for e, f in zip(lasts, failed, strict=True)])
         ok = torch.tensor([not f for f in failed], dtype=torch.float32)
         return scores * ok, rewards * ok, lengths
+
+    def answer(self, prompts: list[str], labels: list, sampling: dict) -> list[tuple[Episode, list[Episode], str]]:
+        """Self-play's solver (--absolute_zero with this file): one episode per prompt, sampled with `sampling`
+        (the task's solver settings; the ladder's greedy ones), against an endpoint kept per sampling. The task
+        scores what the episode answered, so the agent's own reward is not read. Per prompt: its last segment
+        (the answer), its earlier segments, and why it failed ("" when it did not). A failed episode keeps what
+        it sampled; one that never called the endpoint is a row with no model tokens (nothing trained, scored
+        as an empty answer)."""
+        key = json.dumps(sampling, sort_keys=True)
+        if key not in self.solver_endpoints:
+            endpoint = self._endpoint(sampling)
+            self.solver_endpoints[key] = (endpoint, self._executor(endpoint))
+        endpoint, executor = self.solver_endpoints[key]
+        batch = [{"prompt": p, "label": label} for p, label in zip(prompts, labels, strict=True)]
+        jobs, results, trajectories = self._episodes(batch, 1, endpoint, executor, False)
+        out = []
+        for i, (job, result, t) in enumerate(zip(jobs, results, trajectories, strict=True)):
+            rows = [segment_episode(seg, i, i, job[0], job[1], job[0]) for seg in t.segments]
+            if not rows:  # the prompt's ids as the endpoint would have rendered them for a completion
+                rows = [Episode(i, i, job[0], job[1], self.sampler.tokenizer(job[0])["input_ids"], text=job[0])]
+            out.append((rows[-1], rows[:-1], _failure(result, t) or ""))
+        failures = [why for _, _, why in out if why]
+        if failures:
+            self.failed_answers += len(failures)
+            print(f"[agent] {len(failures)} solver episodes failed (first: {failures[0]}); each kept what it "
+                  "sampled and is scored as answered", file=sys.stderr, flush=True)  # fmt: skip
+        return out
 
     def _episodes(self, batch: list[dict], n: int, endpoint: Endpoint, executor, serve: bool) -> tuple[list, ...]:
         """n episodes of the agent per prompt against `endpoint`: (the (prompt, label) jobs, what each run_agent

@@ -257,10 +257,6 @@ def invalid_agent(args) -> str | None:
         return None
     checks = [
         (
-            not args.absolute_zero,
-            "--agent_func_path: the environment scores episodes; --absolute_zero is not supported with it",
-        ),
-        (
             not (args.remote_rm_url or args.reward_pretrain),
             "--agent_func_path: the environment gives the rewards; drop --remote_rm_url / --reward_pretrain",
         ),

@@ -101,10 +101,19 @@ def prepare(cfg: RunConfig) -> RunPlan:
         from reinforce_pro.agents.agent_file import load_agent
         from reinforce_pro.agents.contract import AgentFileError
 
+        retriever = getattr(task, "retriever_url", None)  # search self-play: its service, for the agent file
+        if retriever is not None and "SEARCH_RETRIEVER_URL" not in os.environ:
+            os.environ["SEARCH_RETRIEVER_URL"] = retriever()  # read by the file as it loads (agent_search_openai)
         try:
             agent_cls = load_agent(cfg.agent.func_path)
         except AgentFileError as e:
             raise UserInputError(str(e)) from None
+        if task is not None and isinstance(agent_cls, type):
+            raise UserInputError(
+                f"--absolute_zero --agent_func_path {cfg.agent.func_path}: the solver must be an OpenAI-SDK agent "
+                "(async def run_agent(client, prompt, label), or OpenRLHF's executor class); an AgentInstance "
+                "solver is the task's own (its solver_agent)"
+            )
     if models.remote_rm_url:
         try:
             load_reward_func(models.remote_rm_url)

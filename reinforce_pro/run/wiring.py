@@ -300,7 +300,13 @@ def selfplay_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: S
         judge = [ray.remote(VLLMEngine).options(**options).remote(judge_cfg, 0, "judge")]
         groups.judge = judge
     config = replace(selfplay.config, weights=weights)
-    return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len)
+    sdk_agent = None
+    if plan.agent_cls is not None:  # --agent_func_path: an OpenAI-SDK solver (prepare refuses AgentInstance files)
+        from reinforce_pro.agents.openai_agents import OpenAIAgentSource
+
+        sdk_agent = OpenAIAgentSource(sampler, plan.agent_cls, cfg.agent.config)
+    return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len,
+                          sdk_agent=sdk_agent)  # fmt: skip
 
 
 def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer, source=None) -> EvalSet | None:
@@ -312,7 +318,7 @@ def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer, source=None) -> EvalSet |
         from reinforce_pro.selfplay.ladder import LadderEval
 
         levels = plan.task.ladder()
-        return LadderEval(plan.task, levels, data.max_len) if levels else None
+        return LadderEval(plan.task, levels, data.max_len, getattr(source, "sdk_agent", None)) if levels else None
     if ev is None:
         return None
     records = load_records(ev.dataset, ev.split)

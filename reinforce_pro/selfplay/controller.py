@@ -39,6 +39,9 @@ class Rollout:
     prompt: str
     text: str
     generation: object = None
+    # an OpenAI-SDK solver's episode whose history was rewritten (agents/trajectory.py): its earlier segments,
+    # trained as extra rows with this rollout's reward and advantage
+    forks: list = field(default_factory=list)
 
 
 Generate = Callable[[list[str], dict | None], list[Rollout]]  # prompts, sampling overrides

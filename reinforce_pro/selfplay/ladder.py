@@ -14,8 +14,9 @@ from reinforce_pro.selfplay.tasks import Question, SelfPlayTask, role_sampling
 class LadderEval:
     name = "ladder"
 
-    def __init__(self, task: SelfPlayTask, levels: dict[str, list[Question]], max_len: int = 2048):
+    def __init__(self, task: SelfPlayTask, levels: dict[str, list[Question]], max_len: int = 2048, sdk_agent=None):
         self.task, self.levels, self.max_len = task, levels, max_len  # max_len bounds an agent task's episodes
+        self.sdk_agent = sdk_agent  # --agent_func_path: the OpenAI-SDK solver (selfplay/solve.py)
 
     def metric_names(self) -> list[str]:
         return [f"eval/ladder/{level}/accuracy" for level in self.levels] + ["eval/ladder/accuracy_mean"]
@@ -25,7 +26,7 @@ class LadderEval:
         >= the threshold of every learnability dimension of the task (for arithmetic: the exact value)."""
         questions = [q for level in self.levels.values() for q in level]
         sampling = {**role_sampling(sampling_params(sampler.cfg), self.task.sampling.get("solver")), "temperature": 0.0}
-        responses = [r.text for r in solve(sampler, self.task, questions, sampling, self.max_len)]
+        responses = [r.text for r in solve(sampler, self.task, questions, sampling, self.max_len, self.sdk_agent)]
         right = [self._right(q, r) for q, r in zip(questions, responses, strict=True)]
         metrics, start = {}, 0
         for level, items in self.levels.items():

@@ -4,7 +4,9 @@ rewards, as one `Samples` batch that the ordinary ExperienceBuilder turns into o
 Rows are ordered solver groups first (rollout_n consecutive rows per kept question), then proposer rows;
 `advantage_segments` tells the builder to compute each role's advantages on its own (docs/selfplay.md). A solver
 row of an agent task (the search task) is a whole episode: its environment tokens carry action_mask 0, out of
-the loss and of the IS correction, as in --agent_func_path runs.
+the loss and of the IS correction, as in --agent_func_path runs. With --agent_func_path naming an OpenAI-SDK agent,
+that agent solves through the trainer's endpoint; an episode whose history was rewritten adds its earlier segments
+as rows after all others (`fork_of`: they take their episode's advantage).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from reinforce_pro.agents.episode import Episode
 from reinforce_pro.experience import Samples, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput
 from reinforce_pro.rollout.sampler import Sampler, pad_token_id, sampling_params
-from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController
+from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController, TrainingSample
 from reinforce_pro.selfplay.solve import solve
 from reinforce_pro.selfplay.tasks import Question, SelfPlayTask, role_sampling
 
@@ -28,11 +30,13 @@ JUDGE_MAX_TOKENS = 8
 class SelfPlaySource:
     def __init__(
         self, sampler: Sampler, task: SelfPlayTask, selfplay: SelfPlayConfig, seed: int, judge_engines=None,
-        max_len: int = 2048,
+        max_len: int = 2048, sdk_agent=None,
     ):  # fmt: skip
         """judge_engines: engines that serve the task's `llm` scorers (greedy); None uses the rollout engines,
-        i.e. the current policy judges. max_len (--max_len) bounds a solver episode of an agent task."""
+        i.e. the current policy judges. max_len (--max_len) bounds a solver episode of an agent task. sdk_agent:
+        the OpenAIAgentSource of an --agent_func_path OpenAI-SDK solver (None: the task's own solver)."""
         self.sampler, self.task, self.judge_engines, self.max_len = sampler, task, judge_engines, max_len
+        self.sdk_agent = sdk_agent
         self.controller = SelfPlayController(task, selfplay, self.generate_texts, self.judge, self.solve)
         self.rng = random.Random(seed)  # which question of each group is sampled: part of the resume state
 
@@ -61,7 +65,12 @@ class SelfPlaySource:
         run's parameters under the task's solver overrides."""
         run = sampling_params(self.sampler.cfg)
         full = role_sampling(run, sampling) if sampling else run
-        return solve(self.sampler, self.task, questions, full, self.max_len)
+        return solve(self.sampler, self.task, questions, full, self.max_len, self.sdk_agent)
+
+    def close(self) -> None:
+        """Stop the SDK solver's endpoints (the run's end)."""
+        if self.sdk_agent is not None:
+            self.sdk_agent.close()
 
     def judge(self, prompts: list[str]) -> list[str]:
         """Greedy completions of the judge model, for tasks whose scorers are `llm`."""
@@ -72,7 +81,10 @@ class SelfPlaySource:
         """`batch`: seed records. Runs the whole self-play step (with re-proposals) and returns its
         training rows, already scored."""
         result = self.controller.step(batch, self.rng)
-        rows = result.samples
+        fork_of = [lead for lead, s in enumerate(result.samples) for _ in s.rollout.forks]
+        forks = [TrainingSample(Rollout(s.rollout.prompt, "", fork), s.reward, s.score, s.role)
+                 for s in result.samples for fork in s.rollout.forks]  # fmt: skip
+        rows = result.samples + forks
         index = torch.zeros(len(rows), dtype=torch.long)
         for k, (start, end, _) in enumerate(result.segments):
             index[start:end] = k
@@ -88,12 +100,17 @@ class SelfPlaySource:
             extra_logs=extra,
         )
         samples.advantage_segments = result.segments
+        samples.fork_of = fork_of or None
         samples.metrics = result.metrics
         if episodes:
             samples.metrics.update(agent_metrics(episodes, dialogues=False))
+            samples.metrics["agent/segment_forks"] = float(len(forks))
             for key in sorted({k for e in episodes for k in e.extra_logs}):
                 mean = sum(_episode_log(e, key) for e in episodes) / len(episodes)
                 samples.metrics[f"selfplay/{self.task.name}/solver_{key}_mean"] = mean
+        if self.sdk_agent is not None:  # the step's solver and re-proposal rounds (and earlier ladder episodes)
+            samples.metrics["agent/failed_episodes"] = float(self.sdk_agent.failed_answers)
+            self.sdk_agent.failed_answers = 0
         return samples
 
     def to_samples(self, rollouts: list[Rollout], index: torch.Tensor) -> Samples:
