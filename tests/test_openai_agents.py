@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import threading
 import time
 from pathlib import Path
@@ -71,10 +72,12 @@ class ScriptedEngine:
         return out
 
 
-def source_for(tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128, max_new: int = 24):
+def source_for(
+    tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128, max_new: int = 24, solver_only: bool = False
+):
     cfg = RolloutConfig(n_samples_per_prompt=n, max_new_tokens=max_new)
     sampler = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=engine)
-    return OpenAIAgentSource(sampler, agent, AgentConfig(max_len=max_len))
+    return OpenAIAgentSource(sampler, agent, AgentConfig(max_len=max_len), solver_only=solver_only)
 
 
 def prompt_of(samples, row: int) -> list[int]:
@@ -765,10 +768,12 @@ def test_an_sdk_solver_answers_self_play_questions_with_the_ids_it_sampled(token
     from reinforce_pro.selfplay.tasks import Question
 
     engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"]})
-    source = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=1)
+    source = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=1, solver_only=True)
+    assert source.endpoint is None  # a solver never serves the run's own endpoint
     questions = [Question("1+1", "2"), Question("2+3", "5"), Question("4+5", "9")]
     try:
         rollouts = solve(source.sampler, ArithmeticTask(), questions, RUN_SAMPLING, 128, sdk_agent=source)
+        assert len(source.solver_endpoints) == 1  # one endpoint per sampling, started at the first answer
     finally:
         source.close()
     assert [r.text for r in rollouts] == ["2", "5", ""]
@@ -796,7 +801,7 @@ def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer
     from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 
     engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"], "[": ["1+1"]})
-    agent = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=2)
+    agent = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=2, solver_only=True)
     cfg = SelfPlayConfig(n_questions_per_prompt=1, n_samples_per_prompt=2, weights={"completion": 1.0})
     source = SelfPlaySource(agent.sampler, ArithmeticTask(), cfg, seed=0, sdk_agent=agent)
     try:
@@ -837,3 +842,22 @@ def test_self_play_takes_an_sdk_solver_file_and_refuses_an_agentinstance_one(tmp
     assert not (tmp_path / "run").exists()
     cfg = run_config(parse_args([*flags, str(EXAMPLES / "agent_calculator_openai.py")]))
     assert cfg.selfplay is not None and cfg.agent.func_path.endswith("agent_calculator_openai.py")
+
+
+def test_a_refused_search_self_play_solver_leaves_no_retrieval_service(tmp_path, monkeypatch):
+    """Search self-play starts its retrieval service for the agent file to read (SEARCH_RETRIEVER_URL) before the
+    file is loaded; when the file is refused, the service is stopped and the variable taken back."""
+    from reinforce_pro.cli.flags_to_config import run_config
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+    from reinforce_pro.run.prepare import UserInputError, prepare
+    from reinforce_pro.selfplay.search_task import SearchTask
+
+    monkeypatch.delenv("SEARCH_RETRIEVER_URL", raising=False)
+    started = []
+    url_of = SearchTask.retriever_url
+    monkeypatch.setattr(SearchTask, "retriever_url", lambda self: started.append(self) or url_of(self))
+    flags = ["--absolute_zero", "--selfplay_task", "search", "--save_path", str(tmp_path / "run")]
+    with pytest.raises(UserInputError, match="the solver must be an OpenAI-SDK agent"):
+        prepare(run_config(parse_args([*flags, "--agent_func_path", str(EXAMPLES / "agent_search.py")])))
+    (task,) = started
+    assert task._server is None and "SEARCH_RETRIEVER_URL" not in os.environ

@@ -85,13 +85,14 @@ def load_openai_agent(module: types.ModuleType, path: str) -> OpenAIAgent | None
 
 class OpenAIAgentSource:
     """Runs n episodes of the agent per prompt against the endpoint, then turns each session's trajectory into
-    rows. The endpoint is started here and stopped with the run (`close`)."""
+    rows. The endpoint is started here and stopped with the run (`close`). `solver_only`: self-play's solver,
+    which answers through `answer`'s endpoints alone, so the run's own endpoint is never started."""
 
-    def __init__(self, sampler, agent: OpenAIAgent, cfg: AgentConfig):
+    def __init__(self, sampler, agent: OpenAIAgent, cfg: AgentConfig, solver_only: bool = False):
         self.sampler, self.agent, self.cfg = sampler, agent, cfg
         self.sampling = sampling_params(sampler.cfg)
-        self.endpoint = self._endpoint(self.sampling)
-        self.executor = self._executor(self.endpoint)
+        self.endpoint = None if solver_only else self._endpoint(self.sampling)
+        self.executor = None if solver_only else self._executor(self.endpoint)
         # --eval_dataset: held-out episodes get an endpoint of their own (made at the first evaluation), so
         # that under --async_train the episodes of a training step in flight keep their sampling and batching
         self.eval_endpoint: Endpoint | None = None
@@ -119,11 +120,10 @@ class OpenAIAgentSource:
         self.endpoint.batcher.submit = self.caller.submit
 
     def close(self) -> None:
-        self.endpoint.stop()
-        if self.eval_endpoint is not None:
-            self.eval_endpoint.stop()
-        for endpoint, _ in self.solver_endpoints.values():
-            endpoint.stop()
+        started = [self.endpoint, self.eval_endpoint, *(endpoint for endpoint, _ in self.solver_endpoints.values())]
+        for endpoint in started:
+            if endpoint is not None:
+                endpoint.stop()
 
     def _endpoint(self, sampling: dict) -> Endpoint:
         engines = getattr(self.sampler, "engines", None)  # several: each session pinned to one

@@ -96,24 +96,7 @@ def prepare(cfg: RunConfig) -> RunPlan:
             raise UserInputError(
                 f"--selfplay_reference_buffer: task {getattr(task, 'name', '?')} defines no reference_record(question)"
             )
-    agent_cls = None
-    if cfg.agent is not None:
-        from reinforce_pro.agents.agent_file import load_agent
-        from reinforce_pro.agents.contract import AgentFileError
-
-        retriever = getattr(task, "retriever_url", None)  # search self-play: its service, for the agent file
-        if retriever is not None and "SEARCH_RETRIEVER_URL" not in os.environ:
-            os.environ["SEARCH_RETRIEVER_URL"] = retriever()  # read by the file as it loads (agent_search_openai)
-        try:
-            agent_cls = load_agent(cfg.agent.func_path)
-        except AgentFileError as e:
-            raise UserInputError(str(e)) from None
-        if task is not None and isinstance(agent_cls, type):
-            raise UserInputError(
-                f"--absolute_zero --agent_func_path {cfg.agent.func_path}: the solver must be an OpenAI-SDK agent "
-                "(async def run_agent(client, prompt, label), or OpenRLHF's executor class); an AgentInstance "
-                "solver is the task's own (its solver_agent)"
-            )
+    agent_cls = _load_agent_file(cfg.agent.func_path, task) if cfg.agent is not None else None
     if models.remote_rm_url:
         try:
             load_reward_func(models.remote_rm_url)
@@ -128,6 +111,37 @@ def prepare(cfg: RunConfig) -> RunPlan:
         if created is not None:  # a failed start leaves no half-made run directory behind (base_model/...)
             shutil.rmtree(created, ignore_errors=True)
         raise
+
+
+def _load_agent_file(path: str, task):
+    """The --agent_func_path file's agent; with self-play (`task`), an OpenAI-SDK solver only. A search task's
+    retrieval service is started first for the file to read (SEARCH_RETRIEVER_URL), and stopped again, with the
+    variable taken back, when the file is refused."""
+    from reinforce_pro.agents.agent_file import load_agent
+    from reinforce_pro.agents.contract import AgentFileError
+
+    retriever = getattr(task, "retriever_url", None)  # search self-play: its service, for the agent file
+    set_url = retriever is not None and "SEARCH_RETRIEVER_URL" not in os.environ
+    if set_url:
+        os.environ["SEARCH_RETRIEVER_URL"] = retriever()  # read by the file as it loads (agent_search_openai)
+    try:
+        try:
+            agent_cls = load_agent(path)
+        except AgentFileError as e:
+            raise UserInputError(str(e)) from None
+        if task is not None and isinstance(agent_cls, type):
+            raise UserInputError(
+                f"--absolute_zero --agent_func_path {path}: the solver must be an OpenAI-SDK agent (async def "
+                "run_agent(client, prompt, label), or OpenRLHF's executor class); an AgentInstance solver is the "
+                "task's own (its solver_agent)"
+            )
+    except UserInputError:  # a refused run leaves no service behind
+        if set_url:
+            del os.environ["SEARCH_RETRIEVER_URL"]
+        if task is not None:
+            task.close()
+        raise
+    return agent_cls
 
 
 def _first_missing(path: Path) -> Path | None:

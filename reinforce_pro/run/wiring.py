@@ -304,7 +304,7 @@ def selfplay_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: S
     if plan.agent_cls is not None:  # --agent_func_path: an OpenAI-SDK solver (prepare refuses AgentInstance files)
         from reinforce_pro.agents.openai_agents import OpenAIAgentSource
 
-        sdk_agent = OpenAIAgentSource(sampler, plan.agent_cls, cfg.agent.config)
+        sdk_agent = OpenAIAgentSource(sampler, plan.agent_cls, cfg.agent.config, solver_only=True)
     return SelfPlaySource(sampler, plan.task, config, seed=cfg.seed, judge_engines=judge, max_len=cfg.data.max_len,
                           sdk_agent=sdk_agent)  # fmt: skip
 
