@@ -455,6 +455,27 @@ def render_mechanisms(rows: list[dict]) -> list[str]:
     return lines
 
 
+def render_by_seed(runs: list[dict]) -> list[str]:
+    """Every arm's held-out accuracy at its last step, seed by seed, a collapsed run marked: what a screening
+    reports before any test (and what a reader checks a mean against)."""
+    seeds = sorted({r["seed"] for r in runs})
+    if len(seeds) < 2:
+        return []
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    for r in runs:
+        mark = " (c)" if collapse_kinds(r["rewards"], r["grad_norms"]) else ""
+        cells.setdefault((r["regime"], r["correction"]), {})[r["seed"]] = f"{r['final_eval']:.3f}{mark}"
+    order = sorted(cells, key=lambda k: (list(REGIMES).index(k[0]), arm_order(k[1])))
+    lines = ["", "Seed by seed: held-out accuracy at the last step ((c): the run collapsed, by "
+             "study_stats.collapse_kinds)",
+             "", f"| regime | correction | {' | '.join(f'seed {s}' for s in seeds)} |",
+             f"|---|---|{'---|' * len(seeds)}"]  # fmt: skip
+    for regime, correction in order:
+        by_seed = cells[(regime, correction)]
+        lines.append(f"| {regime} | {correction} | {' | '.join(by_seed.get(s, '-') for s in seeds)} |")
+    return lines
+
+
 def verdict(d: dict, margin: float) -> str:
     """What a Holm-adjusted comparison establishes: better, worse, equivalent within the margin, or not
     established (with the smallest difference these seeds could have detected)."""
@@ -580,6 +601,7 @@ def render(payload: dict, out_dir: Path) -> str:
               f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
     lines += render_head_to_head(head_to_head(runs, margin), margin)
     lines += render_mechanisms(mechanisms(runs))
+    lines += render_by_seed(runs)
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)
     lines.append(f"\n{pairing(runs)}")

@@ -267,3 +267,15 @@ def test_the_versions_cell_gives_the_share_of_rows_that_span_two_versions():
     assert study.versions_cell({"versions_per_row": 1.5, "mixed_rows": 0.5}) == "1.50 (50%)"
     assert study.versions_cell({"versions_per_row": 1.0, "mixed_rows": None}) == "1.00"
     assert study.versions_cell({"versions_per_row": None, "mixed_rows": None}) == "-"  # no partial rollouts
+
+
+def test_the_seed_by_seed_table_gives_every_arm_at_every_seed_and_marks_collapses():
+    runs = [_run(s, "fp8", c, 0.5 + 0.1 * s) for s in (1, 2) for c in ("none", "reinforce_pro@0.98,1.02")]
+    runs += [_run(1, "stale4", "cppo", 0.7), _run(1, "sync", "none", 0.8)]
+    runs[0] = {**runs[0], "rewards": [0.5] * 10 + [0.1] * 30}  # fp8 none at seed 1: reward fell for 30 steps
+    lines = study.render_by_seed(runs)
+    assert lines[3] == "| regime | correction | seed 1 | seed 2 |"
+    assert lines[5:] == ["| sync | none | 0.800 | - |", "| stale4 | cppo | 0.700 | - |",
+                         "| fp8 | none | 0.600 (c) | 0.700 |",
+                         "| fp8 | reinforce_pro@0.98,1.02 | 0.600 | 0.700 |"]  # fmt: skip
+    assert study.render_by_seed(runs[:2]) == []  # one seed: the main table already says it
