@@ -107,9 +107,7 @@ class PairedTest:
 
 def paired_test(diffs: list[float]) -> PairedTest:
     """The paired t-interval and t-test of `diffs` (per-seed a - b), with the Wilcoxon signed-rank test beside
-    it. Needs at least 2 differences. Equal differences leave the t-test undefined (no spread: t is infinite);
-    on an accuracy over 200 questions two seeds often differ by the same step, so its p is then the exact
-    sign-flip test's, 2 / 2^n (1 when every difference is 0), never 0."""
+    it. Needs at least 2 differences."""
     from scipy import stats
 
     if len(diffs) < 2:
@@ -117,7 +115,7 @@ def paired_test(diffs: list[float]) -> PairedTest:
     n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
     sd = 0.0 if sd <= 1e-12 * max(1.0, abs(mean)) else sd  # equal differences up to float rounding
     half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else (1.0 if mean == 0 else min(1.0, 2 / 2**n))
+    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else (1.0 if mean == 0 else 0.0)
     p_w = float(stats.wilcoxon(diffs).pvalue) if any(d != 0 for d in diffs) else None
     return PairedTest(n, mean, mean - half, mean + half, sd, p_t, p_w)
 

@@ -174,9 +174,8 @@ def test_paired_t_interval_and_tests_match_hand_computation():
     assert abs(r.p_wilcoxon - 0.0625) < 1e-12  # exact: all 5 signs positive, 2 / 2^5
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paired_test([0.1])
-    # equal differences: no spread, so the exact sign-flip p of n like signs (2 / 2^n) stands in for t's
-    assert paired_test([-0.01, -0.01]).p_t == 0.5 and paired_test([0.02] * 6).p_t == 2 / 64
-    assert paired_test([0.0, 0.0, 0.0]).p_t == 1.0
+    # equal differences: no spread, t's limit (p 0) unless every difference is 0
+    assert paired_test([-0.01, -0.01]).p_t == 0.0 and paired_test([0.0, 0.0, 0.0]).p_t == 1.0
 
 
 def test_holm_tost_and_seed_count_match_hand_computation():
