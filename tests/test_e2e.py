@@ -737,6 +737,39 @@ def test_absolute_zero_builtin_task_evaluates_its_ladder_and_proposes_from_refer
         assert "`proposer/reference_frac`" in doc and "`proposer/reference_buffer_size`" in doc
 
 
+def test_absolute_zero_with_an_sdk_solver_trains_through_the_endpoint(tmp_path, engine, tiny_model):
+    """--absolute_zero --agent_func_path an OpenAI-SDK agent: the calculator agent answers every solver question
+    (training and the held-out ladder) through the run's loopback endpoint on the real engine: none failed, none
+    forked (completions extend). The untrained model makes few questions learnable, so which episodes train is
+    left to chance: where some did, their turns and tool calls are logged."""
+    pytest.importorskip("openai")
+    from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS, LADDER_QUESTIONS
+
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_openai.py"
+    cfg, plan, history = run(
+        ["--absolute_zero", "--agent_func_path", str(calculator), "--max_samples", "8", "--rollout_batch_size", "4",
+         "--n_questions_per_prompt", "2", "--advantage_estimator", "reinforce_baseline", "--eval_steps", "2",
+         "--eval_before_training", "--max_new_tokens", "20"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    assert len(history) == 2
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/ladder/accuracy_mean" in r] == [0, 2]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    trained = [r for r in rows if "unified_filter/num_total" in r]
+    assert len(trained) == 2
+    # step 1 counts the step-0 ladder's episodes (one per held-out question) beside its own solver episodes
+    assert trained[0]["agent/episodes"] >= len(LADDER_LEVELS) * LADDER_QUESTIONS
+    for row in trained:
+        assert row["agent/failed_episodes"] == 0 and row["agent/segment_forks"] == 0
+        if "agent/turns_mean" in row:  # some solver episodes trained
+            assert 1 <= row["agent/turns_mean"] <= 4 and 0 <= row["agent/env_token_frac"] < 1
+            assert 0.0 <= row["selfplay/arithmetic/solver_tool_calls_mean"] <= 4.0
+        assert "policy/grad_norm" in row
+        generic = [k for k in row if k.startswith("agent/")]
+        assert [k for k in generic if f"`{k}`" not in doc] == []
+
+
 def test_absolute_zero_code_task_runs_through_the_trainer(tmp_path, engine, tiny_model):
     """The code task on its built-in seeds: proposals parsed (and, when they call f, run in the sandbox),
     each role sampled under its own budget capped by --max_new_tokens (a 128-token program would not fit the

@@ -819,6 +819,7 @@ def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer
     assert samples.fork_of == [1] and len(samples.rewards.rewards) == 5
     assert samples.rewards.rewards.tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]  # the fork carries its lead's reward
     assert samples.metrics["agent/segment_forks"] == 1.0 and samples.metrics["agent/failed_episodes"] == 0.0
+    assert samples.metrics["agent/episodes"] == 2.0 and agent.answered == 0  # the two answered, then reset
     fork = solved[1].forks[0]
     assert samples.sequences[4, -samples.num_actions :][: len(fork.tokens)].tolist() == fork.tokens
     builder = SimpleNamespace(cfg=SimpleNamespace(n_samples_per_prompt=2, advantage_estimator="reinforce_baseline",

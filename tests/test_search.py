@@ -379,18 +379,22 @@ def assert_masked_positions_do_not_matter(mask: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------ end to end
 @pytest.mark.e2e
-def test_search_recipe_trains_with_the_service_running(tmp_path):
+@pytest.mark.parametrize("agent", ["agent_search.py", "agent_search_openai.py"])
+def test_search_recipe_trains_with_the_service_running(tmp_path, agent):
     """examples/scripts/train_search_agent.sh as a user runs it, shortened: knowledge base, its service (started
-    and stopped by the script), warm start on demonstrations, two RL steps with the search agent."""
+    and stopped by the script), warm start on demonstrations, two RL steps with the search agent, as an
+    AgentInstance file and as the same agent written to the OpenAI SDK (AGENT=...: through the run's endpoint)."""
     import socket
     import subprocess
 
+    if agent.endswith("_openai.py"):
+        pytest.importorskip("openai")
     script = Path(__file__).resolve().parents[1] / "examples" / "scripts" / "train_search_agent.sh"
     with socket.socket() as s:  # a free port for the service
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OUT": str(tmp_path), "STEPS": "2", "PROMPTS_PER_STEP": "4", "ENTITIES": "24",
-           "WARM_STEPS": "200", "PORT": str(port)}  # fmt: skip
+           "WARM_STEPS": "200", "PORT": str(port), "AGENT": str(EXAMPLES / agent)}  # fmt: skip
     result = subprocess.run(["bash", str(script), "--micro_train_batch_size", "16"], env=env, capture_output=True,
                             text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -400,6 +404,8 @@ def test_search_recipe_trains_with_the_service_running(tmp_path):
     for row in rows:
         assert {"reward/searches", "reward/searched", "reward/hit", "reward/correct"} <= set(row)
         assert 0 < row["agent/env_token_frac"] < 1 and "is/token_masked_frac" in row
+        if agent.endswith("_openai.py"):  # the SDK path's own counters: every episode trained, none forked
+            assert row["agent/dropped_episodes"] == 0 and row["agent/segment_forks"] == 0
     assert max(r["reward/searches"] for r in rows) > 0  # the warm-started model searches: the service answered
     with pytest.raises(RetrieverError, match="unreachable"):  # and the script stopped it
         RetrieverClient(f"http://127.0.0.1:{port}", timeout=1, retries=0).health()

@@ -8,6 +8,8 @@
 # Service: started here (its process id kept) and stopped when the script exits, however it exits.
 #          RETRIEVER_URL=http://host:port uses a running service of yours instead (Search-R1's contract).
 # Model:   the built-in tiny Qwen2 (created locally), warm-started; MODEL=dir skips the warm start.
+# Agent:   AGENT=examples/python/agent_search_openai.py trains the same agent written to the OpenAI SDK
+#          (it calls the run's loopback endpoint; docs/agents.md); the default is the AgentInstance file.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -22,6 +24,7 @@ PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-16}
 ENTITIES=${ENTITIES:-200}      # invented people in the knowledge base (4 passages, 4 questions each)
 WARM_STEPS=${WARM_STEPS:-300}  # SFT steps on search demonstrations
 GPUS=${GPUS:-1}                # policy ranks (one per GPU; on CPU, one process)
+AGENT=${AGENT:-"$ROOT/examples/python/agent_search.py"}
 
 source "$(dirname "${BASH_SOURCE[0]}")/_search_service.sh"
 export SEARCH_RETRIEVER_URL="$RETRIEVER_URL" SEARCH_TOPK=2 SEARCH_INFO_CHARS=110 SEARCH_MAX_SEARCHES=3
@@ -35,7 +38,7 @@ DATA_ARGS=(
     --pretrain "$MODEL" --prompt_data "$OUT/kb/train.jsonl" --input_key question --label_key label
     --prompt_max_len 64 --max_len 512 --max_new_tokens 40
 )
-AGENT_ARGS=(--agent_func_path "$ROOT/examples/python/agent_search.py" --agent_max_turns 4)
+AGENT_ARGS=(--agent_func_path "$AGENT" --agent_max_turns 4)
 ALGO_ARGS=(
     --advantage_estimator reinforce_baseline --init_kl_coef 0 --actor_learning_rate 3e-4
     --enable_vllm_is_correction --vllm_is_correction_type reinforce_pro --vllm_is_truncated_threshold 0.5 5.0

@@ -100,7 +100,8 @@ class OpenAIAgentSource:
         self.partial = None
         self.timeout_s = EPISODE_TIMEOUT_S
         self.solver_endpoints: dict[str, tuple[Endpoint, object]] = {}  # answer(): sampling -> (endpoint, executor)
-        self.failed_answers = 0  # answer()'s failed episodes since the caller last read it
+        self.answered = 0  # answer()'s episodes since the caller last read it (self-play logs and resets both)
+        self.failed_answers = 0  # of those, the ones that failed
 
     def state_dict(self) -> dict:
         return {}
@@ -198,6 +199,7 @@ class OpenAIAgentSource:
         endpoint, executor = self.solver_endpoints[key]
         batch = [{"prompt": p, "label": label} for p, label in zip(prompts, labels, strict=True)]
         jobs, results, trajectories = self._episodes(batch, 1, endpoint, executor, False)
+        self.answered += len(jobs)
         out = []
         for i, (job, result, t) in enumerate(zip(jobs, results, trajectories, strict=True)):
             rows = [segment_episode(seg, i, i, job[0], job[1], job[0]) for seg in t.segments]

@@ -104,13 +104,14 @@ class SelfPlaySource:
         samples.metrics = result.metrics
         if episodes:
             samples.metrics.update(agent_metrics(episodes, dialogues=False))
-            samples.metrics["agent/segment_forks"] = float(len(forks))
             for key in sorted({k for e in episodes for k in e.extra_logs}):
                 mean = sum(_episode_log(e, key) for e in episodes) / len(episodes)
                 samples.metrics[f"selfplay/{self.task.name}/solver_{key}_mean"] = mean
         if self.sdk_agent is not None:  # the step's solver and re-proposal rounds (and earlier ladder episodes)
+            samples.metrics["agent/episodes"] = float(self.sdk_agent.answered)
             samples.metrics["agent/failed_episodes"] = float(self.sdk_agent.failed_answers)
-            self.sdk_agent.failed_answers = 0
+            samples.metrics["agent/segment_forks"] = float(len(forks))  # of the trained episodes
+            self.sdk_agent.answered = self.sdk_agent.failed_answers = 0
         return samples
 
     def to_samples(self, rollouts: list[Rollout], index: torch.Tensor) -> Samples:
