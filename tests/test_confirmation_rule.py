@@ -1,0 +1,152 @@
+"""The second confirmation's selection rule (studies/confirmation_rule.py) on hand-made screening runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studies import confirmation_rule as rule
+
+SEEDS = rule.SCREENING_SEEDS
+
+
+def _run(seed, regime, correction, final_eval, collapsed=False):
+    rewards = [0.3] * 10 + [0.0] * 30 if collapsed else [0.3] * 40  # 30 steps below its start: a reward collapse
+    return {"seed": seed, "regime": regime, "correction": correction, "final_eval": final_eval, "rewards": rewards,
+            "grad_norms": [1.0] * 40}  # fmt: skip
+
+
+def _regime(regime, rp, cppo, seeds=SEEDS):
+    """reinforce_pro and cppo in `regime` at `seeds`, with the given held-out accuracies (one per seed)."""
+    return [_run(s, regime, c, v) for s, a, b in zip(seeds, rp, cppo, strict=True) for c, v in
+            (("reinforce_pro", a), ("cppo", b))]  # fmt: skip
+
+
+def _mechanism(stale4_rp, stale4_cppo, variants=None, parent_collapsed=()):
+    """The mechanism screening's stale4 runs: reinforce_pro (collapsed at the seeds named), cppo, and each variant
+    at every seed, by default at 0.5 and never collapsed; `variants` maps a name to (evals, collapsed seeds)."""
+    runs = [_run(s, "stale4", "reinforce_pro", v, s in parent_collapsed) for s, v in zip(SEEDS, stale4_rp, strict=True)]
+    runs += [_run(s, "stale4", "cppo", v) for s, v in zip(SEEDS, stale4_cppo, strict=True)]
+    for name in rule.VARIANTS:
+        evals, collapsed = (variants or {}).get(name, ((0.5, 0.5, 0.5), ()))
+        runs += [_run(s, "stale4", name, v, s in collapsed) for s, v in zip(SEEDS, evals, strict=True)]
+    return runs
+
+
+def test_the_regime_with_the_highest_mean_difference_is_chosen_and_stale4_is_read_from_the_mechanism_runs():
+    regime_runs = [
+        *_regime("partial", (0.8, 0.7, 0.9), (0.7, 0.7, 0.8)),  # +0.10, 0, +0.10: mean +0.0667
+        *_regime("fp8", (0.9, 0.9, 0.9), (0.8, 0.9, 0.9)),  # mean +0.0333
+        *_regime("stale2+partial", (0.5, 0.5, 0.5), (0.6, 0.6, 0.6)),  # -0.10
+        *_regime("stale4", (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)),
+    ]  # not read: stale4 is the mechanism's
+    result = rule.apply_rule(regime_runs, _mechanism((0.9, 0.8, 0.7), (0.8, 0.8, 0.8)))  # stale4: 0
+    by_regime = result["regime"]["by_regime"]
+    assert by_regime["stale4"]["diffs"] == pytest.approx({"501": 0.1, "502": 0.0, "503": -0.1})
+    assert by_regime["partial"]["mean"] == pytest.approx(0.2 / 3) and by_regime["fp8"]["mean"] == pytest.approx(0.1 / 3)
+    assert by_regime["stale2+partial"]["mean"] == pytest.approx(-0.1)
+    assert result["regime"]["chosen"] == "partial"
+    # every variant at 0.5, none collapsed: a tie the rule does not break, so nothing is complete
+    assert result["variant"]["reason"].startswith("a tie the committed rule does not break: reinforce_pro-sign, ")
+    assert not result["complete"] and result["arms"] is None
+    result = rule.apply_rule(regime_runs, _mechanism((0.9, 0.8, 0.7), (0.8, 0.8, 0.8),
+                                                     {"reinforce_pro-tv": ((0.6, 0.6, 0.6), ())}))  # fmt: skip
+    assert result["complete"] and result["arms"] == ["reinforce_pro", "cppo", "reinforce_pro-tv", "dppo-tv", "none",
+                                                     "sync"]  # fmt: skip
+
+
+def test_where_reinforce_pro_trails_cppo_everywhere_the_rule_takes_stale4_not_the_least_bad_regime():
+    regime_runs = [*_regime("partial", (0.7,) * 3, (0.8,) * 3), *_regime("fp8", (0.79,) * 3, (0.8,) * 3),
+                   *_regime("stale2+partial", (0.6,) * 3, (0.8,) * 3)]  # fmt: skip
+    result = rule.apply_rule(regime_runs, _mechanism((0.5,) * 3, (0.8,) * 3))
+    assert result["regime"]["by_regime"]["fp8"]["mean"] == pytest.approx(-0.01)  # the highest, and below 0
+    assert result["regime"]["chosen"] == "stale4" and "trails cppo in every regime" in result["regime"]["reason"]
+
+
+def test_two_regimes_at_the_same_highest_mean_are_a_tie_the_rule_does_not_break():
+    regime_runs = [*_regime("partial", (0.8,) * 3, (0.7,) * 3), *_regime("fp8", (0.9,) * 3, (0.8,) * 3),
+                   *_regime("stale2+partial", (0.6,) * 3, (0.8,) * 3)]  # fmt: skip
+    result = rule.regime_choice([*regime_runs, *_regime("stale4", (0.5,) * 3, (0.5,) * 3)])
+    assert result["chosen"] is None and result["reason"] == "a tie the committed rule does not break: partial, fp8"
+
+
+def test_nothing_is_chosen_while_a_regime_or_a_variant_lacks_a_seed_and_other_seeds_are_not_read():
+    regime_runs = [
+        *_regime("partial", (0.8,) * 3, (0.7,) * 3),
+        *_regime("fp8", (0.8,) * 3, (0.7,) * 3),
+        *_regime("stale2+partial", (0.8, 0.8), (0.7, 0.7), seeds=SEEDS[:2]),
+        *_regime("stale2+partial", (0.9,), (0.1,), seeds=(301,)),
+    ]  # a confirmation seed: not read
+    result = rule.apply_rule(regime_runs, _mechanism((0.5,) * 3, (0.5,) * 3))
+    assert result["regime"]["chosen"] is None and not result["complete"] and result["arms"] is None
+    assert result["regime"]["reason"] == "incomplete: fewer than 3 seeds in stale2+partial"
+    mechanism = [
+        r for r in _mechanism((0.5,) * 3, (0.5,) * 3) if (r["correction"], r["seed"]) != ("reinforce_pro-tv", 503)
+    ]
+    variant = rule.variant_choice(mechanism)
+    assert variant["chosen"] is None and variant["reason"] == "incomplete: fewer than 3 seeds for reinforce_pro-tv"
+    assert "The rule picks nothing until both screenings have their 3 seeds." in rule.render(result)
+
+
+@pytest.mark.parametrize(
+    "variants, parent_collapsed, chosen, reason",
+    [
+        pytest.param({"reinforce_pro-tv": ((0.9, 0.9, 0.9), ())}, (), "reinforce_pro-tv", None, id="highest-mean"),
+        # the highest mean, but it collapsed at a seed where reinforce_pro did not: the next best
+        pytest.param(
+            {"reinforce_pro-tv": ((0.9, 0.9, 0.9), (502,)), "reinforce_pro-pos": ((0.6, 0.6, 0.6), ())},
+            (),
+            "reinforce_pro-pos",
+            None,
+            id="more-collapses-disqualify",
+        ),
+        # as many collapses as reinforce_pro: it qualifies
+        pytest.param(
+            {"reinforce_pro-tv": ((0.9, 0.9, 0.9), (502,))}, (501,), "reinforce_pro-tv", None, id="as-many-qualify"
+        ),
+        # two at the same mean: the one with fewer collapses
+        pytest.param(
+            {"reinforce_pro-tv": ((0.9, 0.9, 0.9), (501,)), "reinforce_pro-tis": ((0.9, 0.9, 0.9), ())},
+            (501,),
+            "reinforce_pro-tis",
+            None,
+            id="tie-to-fewer-collapses",
+        ),
+        pytest.param(
+            {name: ((0.9, 0.9, 0.9), (503,)) for name in rule.VARIANTS},
+            (),
+            None,
+            "no variant collapsed at as few seeds",
+            id="none-qualifies",
+        ),
+        pytest.param(
+            {"reinforce_pro-tv": ((0.9, 0.9, 0.9), ()), "reinforce_pro-tis": ((0.9, 0.9, 0.9), ())},
+            (),
+            None,
+            "a tie the committed rule does not break: reinforce_pro-tv, reinforce_pro-tis",
+            id="full-tie-unbroken",
+        ),
+    ],
+)
+def test_the_variant_is_the_best_mean_among_those_that_collapse_no_more_than_reinforce_pro(
+    variants, parent_collapsed, chosen, reason
+):
+    result = rule.variant_choice(_mechanism((0.5,) * 3, (0.5,) * 3, variants, parent_collapsed))
+    assert result["chosen"] == chosen
+    assert result["reason"] == (reason or "the highest mean held-out accuracy")
+
+
+def test_main_writes_the_rule_s_json_and_table(tmp_path):
+    regime_runs = [*_regime("partial", (0.8,) * 3, (0.7,) * 3), *_regime("fp8", (0.8,) * 3, (0.9,) * 3),
+                   *_regime("stale2+partial", (0.8,) * 3, (0.8,) * 3)]  # fmt: skip
+    for name, runs in (("regime", regime_runs), ("mechanism", _mechanism((0.5,) * 3, (0.6,) * 3))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"results": {"runs": runs}}))
+    assert rule.main(["--regime-screening", str(tmp_path / "regime.json"), "--mechanism-screening",
+                      str(tmp_path / "mechanism.json"), "--output", str(tmp_path)]) == 0  # fmt: skip
+    payload = json.loads((tmp_path / f"{rule.NAME}.json").read_text())
+    assert payload["results"]["regime"]["chosen"] == "partial" and payload["config"]["seeds"] == list(SEEDS)
+    text = (tmp_path / f"{rule.NAME}.md").read_text()
+    assert "| partial | +0.100 | +0.100 | +0.100 | +0.100 |" in text and "| stale4 | -0.100 | -0.100 | -0.100 |" in text
+    assert "Regime chosen: partial (the highest mean reinforce_pro - cppo)." in text
+    assert "| reinforce_pro-sign | 0.500 | 0.500 | 0.500 | 0.500 | 0 / 0 | yes |" in text
