@@ -189,6 +189,33 @@ def test_holm_tost_and_seed_count_match_hand_computation():
     assert seeds_needed(sd=0.1, delta=0.07) == 17  # ((1.959964 + 0.841621) x 0.1 / 0.07)^2 = 16.02 -> 17
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "accuracies", "collapses"])
+def test_the_exact_sign_flip_test_equals_scipys_enumeration(kind):
+    """sign_flip_p against scipy's permutation_test over every sign pattern, at 2 to 13 seeds: continuous
+    differences, differences of held-out accuracies (multiples of 1/200, so many patterns tie the observed sum
+    exactly and only the order of additions tells them apart) and heavy-tailed ones with zeros."""
+    import math
+    import random
+    import statistics
+
+    from scipy import stats
+
+    from studies.study_stats import sign_flip_p
+
+    rng = random.Random(kind)
+    draw = {"gaussian": lambda: rng.gauss(0.02, 0.1),
+            "accuracies": lambda: (rng.randrange(190) - rng.randrange(200)) / 200,
+            "collapses": lambda: rng.choice([-0.9, -0.02, 0.0, 0.0, 0.015, 0.03])}[kind]  # fmt: skip
+    for n in range(2, 14):  # scipy's test needs 2
+        diffs = [draw() for _ in range(n)]
+        if not any(diffs):
+            continue
+        expected = stats.permutation_test(
+            (diffs,), statistics.fmean, permutation_type="samples", n_resamples=math.inf, alternative="two-sided"
+        ).pvalue
+        assert sign_flip_p(diffs) == pytest.approx(expected, abs=1e-15), (n, diffs)
+
+
 def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
     from studies.study_stats import detectable_at, direction
 
