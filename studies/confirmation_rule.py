@@ -1,4 +1,5 @@
-"""The second confirmation's selection rule, applied to the two screenings' JSON exactly as it was committed.
+"""The second confirmation's selection rule, applied to the two screenings' JSON exactly as it was committed, and
+the analysis the rule fixes for the confirmation itself (confirmation_verdicts).
 
     python studies/confirmation_rule.py       # reads the screenings' JSON, writes second_confirmation_rule.{json,md}
 
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 from studies.is_long_study import collapse_rates, values  # noqa: E402
-from studies.study_stats import stored_runs  # noqa: E402
+from studies.study_stats import direction, holm, stored_runs, tost  # noqa: E402
 
 NAME = "second_confirmation_rule"
 RULE_REGIMES = ("stale4", "partial", "fp8", "stale2+partial")
@@ -41,6 +42,7 @@ MIN_SEEDS = 3
 # Means are compared at this many decimals: an accuracy is a multiple of 1/200 stored as float32, so equal means
 # differ by rounding noise (1e-9) and unequal ones by at least 1/600.
 TIE_DIGITS = 6
+MARGIN, ALPHA = 0.03, 0.05  # the confirmation's equivalence margin and level, as the rule fixes them
 ARMS = ("reinforce_pro", "cppo", "dppo-tv", "none", "sync")  # and the variant, where one qualifies
 
 
@@ -107,6 +109,63 @@ def apply_rule(regime_runs: list[dict], mechanism_runs: list[dict]) -> dict:
     complete = regime["chosen"] is not None and not variant["reason"].startswith(("incomplete", "a tie"))
     arms = [*ARMS[:2], *([variant["chosen"]] if variant["chosen"] else []), *ARMS[2:]] if complete else None
     return {"regime": regime, "variant": variant, "complete": complete, "arms": arms}
+
+
+def comparisons(variant: str | None) -> list[tuple[str, str]]:
+    """The registered family: `reinforce_pro` and the variant each against `cppo` and `dppo-tv`, and the variant
+    against `reinforce_pro` (5; 2 where no variant qualified)."""
+    pairs = [("reinforce_pro", "cppo"), ("reinforce_pro", "dppo-tv")]
+    return pairs + ([(variant, "cppo"), (variant, "dppo-tv"), (variant, "reinforce_pro")] if variant else [])
+
+
+def confirmation_verdicts(runs: list[dict], regime: str, variant: str | None, margin: float = MARGIN) -> list[dict]:
+    """The second confirmation's analysis as the rule fixes it. Primary: held-out accuracy at the last step, the
+    exact sign-flip test of the paired differences, Holm over the family. Co-primary: the collapse rate, exact
+    McNemar, Holm over the same family. Equivalence (TOST within ±`margin`, Holm over the comparisons it is
+    computed for) only where both leave a comparison unresolved."""
+    rows = []
+    for a, b in comparisons(variant):
+        x, y = values(runs, regime, a, "final_eval"), values(runs, regime, b, "final_eval")
+        diffs = [x[s] - y[s] for s in sorted(x) if s in y]
+        side = direction(diffs)
+        rows.append({"design": a, "other": b, "n": len(diffs), "mean": statistics.fmean(diffs), "diffs": diffs,
+                     "lower": side.lower, "higher": side.higher, "p_sign_flip": side.p_sign_flip,
+                     **collapse_rates(runs, regime, a, b)})  # fmt: skip
+    for key in ("p_sign_flip", "p_collapse"):
+        for row, p in zip(rows, holm([r[key] for r in rows]), strict=True):
+            row[f"{key}_holm"] = p
+    open_rows = [r for r in rows if min(r["p_sign_flip_holm"], r["p_collapse_holm"]) >= ALPHA]
+    with_spread = [r for r in open_rows if len(r["diffs"]) > 1 and statistics.stdev(r["diffs"]) > 1e-12]
+    for row, p in zip(with_spread, holm([tost(r["diffs"], margin) for r in with_spread]), strict=True):
+        row["p_tost_holm"] = p
+    for row in rows:
+        row["verdict"] = confirmation_verdict(row, margin)
+    return rows
+
+
+def confirmation_verdict(row: dict, margin: float) -> str:
+    parts = []
+    if row["p_sign_flip_holm"] < ALPHA:
+        parts.append("higher" if row["mean"] > 0 else "lower")
+    if row["p_collapse_holm"] < ALPHA:
+        more = row["collapsed_design"] > row["collapsed_other"]
+        parts.append(f"collapses {'more' if more else 'less'} often")
+    if not parts and row.get("p_tost_holm", 1.0) < ALPHA:
+        parts.append(f"equivalent within ±{margin:g}")
+    return "; ".join(parts) or "not established"
+
+
+def render_verdicts(rows: list[dict], regime: str) -> str:
+    lines = [f"Second confirmation ({regime}): held-out accuracy at the last step, paired by seed; p-values Holm-"
+             "adjusted over the family (exact sign-flip; exact McNemar on the collapses; TOST where both are open)",
+             "", "| comparison | seeds | mean | lower / higher | sign-flip p (Holm) | collapsed | McNemar p (Holm) | "
+             "TOST p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        tost_p = f"{r['p_tost_holm']:.4f}" if "p_tost_holm" in r else "-"
+        lines.append(f"| `{r['design']}` - `{r['other']}` | {r['n']} | {r['mean']:+.3f} | {r['lower']} / "
+                     f"{r['higher']} | {r['p_sign_flip_holm']:.4f} | {r['collapsed_design']} / "
+                     f"{r['collapsed_other']} | {r['p_collapse_holm']:.4f} | {tost_p} | {r['verdict']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def render(result: dict) -> str:

@@ -150,3 +150,34 @@ def test_main_writes_the_rule_s_json_and_table(tmp_path):
     assert "| partial | +0.100 | +0.100 | +0.100 | +0.100 |" in text and "| stale4 | -0.100 | -0.100 | -0.100 |" in text
     assert "Regime chosen: partial (the highest mean reinforce_pro - cppo)." in text
     assert "| reinforce_pro-sign | 0.500 | 0.500 | 0.500 | 0.500 | 0 / 0 | yes |" in text
+
+
+@pytest.mark.parametrize("seeds", [8, 12])
+def test_the_confirmation_s_registered_analysis_sign_flip_mcnemar_and_tost_where_both_are_open(seeds):
+    """`reinforce_pro` 0.05 below `cppo` at every seed; `dppo-tv` 0.01 above and below it in turn; the variant
+    collapses (0.25) at all but the last two seeds, where it ends at 0.81."""
+    runs = []
+    for s in range(1, seeds + 1):
+        collapsed = s <= seeds - 2
+        runs += [_run(s, "stale4", "cppo", 0.8), _run(s, "stale4", "reinforce_pro", 0.75),
+                 _run(s, "stale4", "dppo-tv", 0.75 + (0.01 if s % 2 else -0.01)),
+                 _run(s, "stale4", "reinforce_pro-tv", 0.25 if collapsed else 0.81, collapsed)]  # fmt: skip
+    rows = {(r["design"], r["other"]): r for r in rule.confirmation_verdicts(runs, "stale4", "reinforce_pro-tv")}
+    assert list(rows) == rule.comparisons("reinforce_pro-tv") and len(rows) == 5
+    n = 2.0**seeds
+    rp_cppo, rp_dppo = rows["reinforce_pro", "cppo"], rows["reinforce_pro", "dppo-tv"]
+    assert rp_cppo["p_sign_flip"] == pytest.approx(2 / n) and (rp_cppo["lower"], rp_cppo["higher"]) == (seeds, 0)
+    assert rp_dppo["p_sign_flip"] == 1.0 and rp_dppo["p_collapse"] == 1.0  # differences +-0.01 summing to 0
+    for other in ("cppo", "dppo-tv", "reinforce_pro"):
+        # the collapsed seeds' six (ten) large differences must all keep their sign: 4 patterns each side
+        row = rows["reinforce_pro-tv", other]
+        assert row["p_sign_flip"] == pytest.approx(8 / n) and row["p_collapse"] == pytest.approx(2 / 2 ** (seeds - 2))
+        assert (row["collapsed_design"], row["collapsed_other"]) == (seeds - 2, 0)
+    assert rp_cppo["p_sign_flip_holm"] == pytest.approx(5 * 2 / n)
+    assert rp_cppo["verdict"] == "lower" and "p_tost_holm" not in rp_cppo
+    assert rp_dppo["verdict"] == "equivalent within ±0.03" and rp_dppo["p_tost_holm"] < 0.001
+    variant = rows["reinforce_pro-tv", "cppo"]["verdict"]
+    assert variant == ("not established" if seeds == 8 else "lower; collapses more often")
+    assert rule.comparisons(None) == [("reinforce_pro", "cppo"), ("reinforce_pro", "dppo-tv")]
+    text = rule.render_verdicts(list(rows.values()), "stale4")
+    assert f"| `reinforce_pro` - `cppo` | {seeds} | -0.050 | {seeds} / 0 |" in text
