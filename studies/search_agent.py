@@ -3,6 +3,7 @@ the same model answering without search.
 
     python studies/search_agent.py --seeds 1-3 --steps 60
     python studies/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
+    python studies/search_agent.py --seeds 1-2 --agent openai   # RL through the same agent written to the OpenAI SDK
     python studies/search_agent.py --render studies/results/search_agent.json
 
 Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
@@ -15,7 +16,12 @@ bases, whose names it must learn to copy rather than memorise. Then RL with the 
 (examples/python/agent_search.py) on the train questions: reinforce_baseline, the reinforce_pro correction,
 an fp32 engine. Evaluated on the held-out questions with greedy decoding at the warm start and after RL: with
 search, and without (the service answers every search with an empty block; the same model, the same turns).
-One JSON (machine, commit, configuration, per-seed numbers), then a table.
+One JSON (machine, commit, configuration, per-seed numbers with each run's commit and host), then a table.
+
+`--agent openai` trains with examples/python/agent_search_openai.py instead (the same agent written to the
+OpenAI SDK, through the run's endpoint; its own JSON). The evaluation is the same in both: greedy episodes of the
+AgentInstance file, which plays the SDK file's episodes id for id (tests/test_openai_agents.py), so the two
+shapes' numbers measure the model each trained.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import run_provenance, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 
 NAME = "search_agent"
-AGENT = Path(__file__).resolve().parent.parent / "examples" / "python" / "agent_search.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "python"
+AGENT = EXAMPLES / "agent_search.py"  # the evaluation's agent, and the training's by default
+TRAINING_AGENTS = {"instance": AGENT, "openai": EXAMPLES / "agent_search_openai.py"}
 SETTINGS = {  # the agent's environment (examples/python/agent_search.py) and the run's shape
     "SEARCH_TOPK": "2", "SEARCH_INFO_CHARS": "110", "SEARCH_MAX_SEARCHES": "3",
     # extra_kbs: demonstrations from 20 other generated bases teach copying unseen names (docs/agents.md)
@@ -80,7 +88,7 @@ def evaluate(engine, tokenizer, rows: list[dict], search: bool) -> dict:
             "hit": statistics.fmean(total("hit")), "invalid": statistics.fmean(total("invalid"))}  # fmt: skip
 
 
-def run_seed(seed: int, steps: int, workdir: Path) -> dict:
+def run_seed(seed: int, steps: int, workdir: Path, agent: Path = AGENT) -> dict:
     import ray
 
     from reinforce_pro.cli.train_ppo_ray import parse
@@ -89,7 +97,7 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     from reinforce_pro.run.prepare import prepare as prepare_run
     from reinforce_pro.search.retriever import make_server
 
-    start = time.perf_counter()
+    start, provenance = time.perf_counter(), run_provenance()
     info, warm, index = prepare(seed, workdir)
     server = make_server(index, port=0, max_concurrency=16)
     os.environ.update({k: v for k, v in SETTINGS.items() if k.startswith("SEARCH_")})
@@ -104,7 +112,7 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     before = {"search": evaluate(engine, tok, rng_rows, True), "no_search": evaluate(engine, tok, rng_rows, False)}
     r, n = SETTINGS["rollout_batch_size"], SETTINGS["n_samples_per_prompt"]
     argv = ["--pretrain", warm, "--prompt_data", info["train"], "--input_key", "question", "--label_key", "label",
-            "--agent_func_path", str(AGENT), "--agent_max_turns", str(SETTINGS["max_turns"]),
+            "--agent_func_path", str(agent), "--agent_max_turns", str(SETTINGS["max_turns"]),
             "--advantage_estimator", "reinforce_baseline", "--enable_vllm_is_correction",
             "--vllm_is_correction_type", "reinforce_pro", "--n_samples_per_prompt", str(n),
             "--rollout_batch_size", str(r), "--train_batch_size", str(r * n), "--micro_train_batch_size", "32",
@@ -126,7 +134,7 @@ def run_seed(seed: int, steps: int, workdir: Path) -> dict:
     return {"seed": seed, "steps": len(history), "before": before, "after": after, "rl_wall_s": rl_wall,
             "wall_s": time.perf_counter() - start, "sft_loss_last": info["sft/loss_last"],
             "demonstrations": info["sft/demonstrations"], "reward_curve": curve,
-            "searches_curve": [h.get("reward/searches") for h in history]}  # fmt: skip
+            "searches_curve": [h.get("reward/searches") for h in history], **provenance}  # fmt: skip
 
 
 def render(result: dict) -> str:
@@ -170,12 +178,27 @@ def done_runs(path: Path, config: dict) -> list[dict]:
     return stored_runs(path) if same else []
 
 
+def shape_key(agent: str) -> dict:
+    """The config key of a training agent other than the AgentInstance file (whose JSON's config has none, so
+    its resumed runs still match)."""
+    return {"agent": agent} if agent != "instance" else {}
+
+
+def study_name(steps: int, agent: str) -> str:
+    """The JSON's name: the warm start alone and each training agent keep their own file."""
+    name = NAME if steps > 0 else f"{NAME}_warm_start"
+    return name + (f"_{agent}" if shape_key(agent) else "")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="1-3", help="e.g. 1-3 or 1,4")
     p.add_argument("--steps", type=int, default=60, help="RL steps per seed (0: evaluate the warm start only)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR)
     p.add_argument("--render", type=Path, default=None, help="only render the table of this JSON")
+    p.add_argument("--agent", choices=list(TRAINING_AGENTS), default="instance",
+                   help="the agent file RL trains with: the AgentInstance one, or the same agent written "
+                        "to the OpenAI SDK (its own JSON); the evaluation is the same")  # fmt: skip
     args = p.parse_args(argv)
     if args.render is not None:
         print(render(json.loads(args.render.read_text())))
@@ -185,15 +208,17 @@ def main(argv=None) -> int:
 
     seeds = parse_seeds(args.seeds)
     start_ray(logical_cpus=8)
-    name = NAME if args.steps > 0 else f"{NAME}_warm_start"  # the warm start alone keeps its own file
-    runs = done_runs(args.output / f"{name}.json", {**SETTINGS, "steps": args.steps})
+    name, config = study_name(args.steps, args.agent), {**SETTINGS, "steps": args.steps, **shape_key(args.agent)}
+    path = args.output / f"{name}.json"
+    runs = done_runs(path, config)
     for seed in seeds:
         if any(r["seed"] == seed for r in runs):
             print(f"[search_agent] seed {seed}: already in {args.output / f'{name}.json'}, kept", flush=True)
             continue
         print(f"[search_agent] seed {seed}", flush=True)
-        runs.append(run_seed(seed, args.steps, Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))))
-        path = write_result(name, {**SETTINGS, "steps": args.steps}, {"runs": runs}, args.output)
+        workdir = Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))
+        runs.append(run_seed(seed, args.steps, workdir, TRAINING_AGENTS[args.agent]))
+        write_result(name, config, {"runs": runs}, args.output)
     table = render(json.loads(path.read_text()))
     (args.output / f"{name}.md").write_text(table + "\n")
     print(table)
