@@ -153,6 +153,8 @@ def sign_flip_p(diffs: list[float]) -> float:
     import numpy as np
 
     d = np.asarray(diffs, dtype=np.float64)
+    if len(d) > 40:  # each half's 2^(n/2) x n/2 sign matrix: 160 MB at 40 seeds
+        raise ValueError(f"the exact sign-flip test enumerates 2^n patterns: {len(d)} seeds is beyond its 40")
     if not d.any():
         return 1.0
     observed = abs(d.sum())

@@ -214,6 +214,9 @@ def test_the_exact_sign_flip_test_equals_scipys_enumeration(kind):
             (diffs,), statistics.fmean, permutation_type="samples", n_resamples=math.inf, alternative="two-sided"
         ).pvalue
         assert sign_flip_p(diffs) == pytest.approx(expected, abs=1e-15), (n, diffs)
+    assert sign_flip_p([0.1] * 30) == pytest.approx(2 / 2**30)  # only the all-plus and all-minus patterns
+    with pytest.raises(ValueError, match="41 seeds is beyond its 40"):
+        sign_flip_p([0.1] * 41)
 
 
 def test_direction_counts_sides_with_exact_sign_and_sign_flip_tests():
