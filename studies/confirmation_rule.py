@@ -46,7 +46,7 @@ MARGIN, ALPHA = 0.03, 0.05  # the confirmation's equivalence margin and level, a
 ARMS = ("reinforce_pro", "cppo", "dppo-tv", "none", "sync")  # and the variant, where one qualifies
 
 
-def paired(runs: list[dict], regime: str, a: str, b: str) -> dict[int, float]:
+def paired(runs: list[dict], regime: str, a: str, b: str) -> dict[str, float]:
     """Held-out accuracy of `a` minus that of `b` in `regime`, per screening seed both ran at (keyed by the seed
     as text, as the JSON keeps it)."""
     x, y = values(runs, regime, a, "final_eval"), values(runs, regime, b, "final_eval")
