@@ -155,14 +155,22 @@ def warm_start(seed: int, workdir: Path, code: dict, cache: Path | None = None) 
     stamp = out / "warm_start.json"  # written last: a warm start cut short has none and is made again
     if stamp.exists() and (made := json.loads(stamp.read_text()))["key"] == key:
         print(f"[is_long_study] seed {seed}: the kept warm start ({made['stats']['sft/steps']} steps)", flush=True)
-        return str(out), {**made["stats"], "commit": made["commit"]}
+        return str(out), {**made["stats"], "commit": made["commit"], "sha256": weights_digest(out)}
     shutil.rmtree(out, ignore_errors=True)
     base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=layers)
     steps, target = RUNNING_SUM_WARMUP["sft_warmup_steps"], RUNNING_SUM_WARMUP["sft_warmup_target"]
     stats = embedded_warm_start(TASK, base, out, steps, seed, target, max_new)
     stamp.write_text(json.dumps({"key": key, "stats": stats, "commit": code["commit"]}) + "\n")
     print(f"[is_long_study] seed {seed}: warm start of {stats['sft/steps']} steps", flush=True)
-    return str(out), {**stats, "commit": code["commit"]}
+    return str(out), {**stats, "commit": code["commit"], "sha256": weights_digest(out)}
+
+
+def weights_digest(model_dir: Path) -> str:
+    """A short hash of a saved model's weights: two runs of a seed made in different sessions (each remaking the
+    warm start) are paired only if their warm starts are the same weights, which the steps alone do not show."""
+    import hashlib
+
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()[:16]
 
 
 def correction_arm(text: str) -> str:
@@ -279,7 +287,8 @@ def run_study(
             history = build_and_fit(cfg, plan, engines=[engine])
             record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
                       "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"],
-                      "warm_start_commit": warm["commit"], **provenance}  # fmt: skip
+                      "warm_start_commit": warm["commit"], "warm_start_sha256": warm["sha256"],
+                      **provenance}  # fmt: skip
             runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
                          **lengths(history)})  # fmt: skip
             save(runs)
@@ -562,6 +571,12 @@ def pairing(runs: list[dict]) -> str:
     broken = sorted(seed for seed, seen in starts.items() if len(seen) > 1)
     if broken:
         return f"Pairing broken at seed(s) {', '.join(map(str, broken))}: their arms started from different places."
+    weights: dict[int, set] = {}  # runs made before the warm start's hash was recorded have none
+    for r in runs:
+        if r.get("warm_start_sha256"):
+            weights.setdefault(r["seed"], set()).add(r["warm_start_sha256"])
+    if remade := sorted(seed for seed, seen in weights.items() if len(seen) > 1):
+        return f"Pairing broken at seed(s) {', '.join(map(str, remade))}: their arms' warm starts are other weights."
     return (f"Pairing: at each of the {len(starts)} seeds every arm started from the same held-out accuracy and the "
             "same first-step reward.")  # fmt: skip
 

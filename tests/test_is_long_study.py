@@ -153,6 +153,9 @@ def test_a_warm_start_is_made_once_per_seed_and_settings_and_remade_when_cut_sho
     first = study.warm_start(3, tmp_path / "a", code, cache)
     again = study.warm_start(3, tmp_path / "b", code, cache)  # another invocation: reused
     assert made == [3] and first == again and first[1]["sft/steps"] == 300 and first[1]["commit"] == "c"
+    import hashlib
+
+    assert first[1]["sha256"] == hashlib.sha256(b"seed 3").hexdigest()[:16]  # the weights' file, hashed
     study.warm_start(4, tmp_path / "c", code, cache)  # another seed: its own
     (cache / "warm_4" / "warm_start.json").unlink()  # cut short before its stamp: made again from scratch
     study.warm_start(4, tmp_path / "d", code, cache)
@@ -259,6 +262,13 @@ def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_
     assert not study.render(payload, tmp_path).startswith("**Partial")  # complete: no banner
     runs[-1] = {**runs[-1], "rewards": [0.9] * 40}  # one arm of seed 2 saw another first batch
     assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
+    # same start, but seed 1's arms record two warm starts' weights (remade in another session): not paired
+    runs[-1] = {**runs[-1], "rewards": runs[0]["rewards"]}
+    runs[:] = [{**r, "warm_start_sha256": "a" if r is not runs[1] else "b"} if r["seed"] == 1 else r for r in runs]
+    assert "Pairing broken at seed(s) 1: their arms' warm starts are other weights." in study.render(payload, tmp_path)
+    runs[1] = {**runs[1], "warm_start_sha256": "a"}
+    runs.append({**runs[0], "warm_start_sha256": None})  # a run made before the hash was recorded: not counted
+    assert "Pairing: at each of the 2 seeds" in study.render(payload, tmp_path)
     payload["config"]["plan"] = None  # a screening is never partial
     assert not study.render(payload, tmp_path).startswith("**Partial")
 
