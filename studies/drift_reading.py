@@ -1,6 +1,6 @@
 """How far each arm's policy moves per staleness window, read from a study's JSON (exploratory, no new run).
 
-    python studies/drift_reading.py studies/results/is_long_confirmation.json   # writes <name>_drift.{json,md}
+    python studies/drift_reading.py studies/results/is_long_confirmation.json   # writes <name>_movement.{json,md}
 
 Under `staleK` every step samples with the policy of K updates before, so the mismatch a step logs
 (`rollout/logprob_abs_diff_mean`: mean |old - rollout log-prob| over the trained tokens) is how far the trained
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     runs = json.loads(args.study.read_text())["results"]["runs"]
     result = {"regime": args.regime, "design": args.design, "arms": arm_rows(runs, args.regime),
               "paired": paired_rows(runs, args.regime, args.design)}  # fmt: skip
-    name = f"{args.study.stem}_drift"
+    name = f"{args.study.stem}_movement"
     config = {"study": args.study.name, "key": KEY, "windows": WINDOWS}
     write_result(name, config, result, args.study.parent)
     text = render(result)

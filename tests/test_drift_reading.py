@@ -48,7 +48,8 @@ def test_arms_are_ranked_by_early_drift_and_the_design_is_paired_over_all_and_ca
     path = tmp_path / "study.json"
     path.write_text(json.dumps({"results": {"runs": runs}}))
     assert reading.main([str(path)]) == 0
-    text = (tmp_path / "study_drift.md").read_text()
+    text = (tmp_path / "study_movement.md").read_text()
     assert "| reinforce_pro | 4 | 1 | 0.0225 | 0.0225 | 0.0225 |" in text
     assert "| cppo | all | steps 1-9 | 4 | 4 / 0 | 0.1250 | 2.25 |" in text
-    assert json.loads((tmp_path / "study_drift.json").read_text())["config"]["windows"] == [[1, 10], [1, 20], [1, 101]]
+    config = json.loads((tmp_path / "study_movement.json").read_text())["config"]
+    assert config["windows"] == [[1, 10], [1, 20], [1, 101]]
