@@ -273,6 +273,22 @@ def test_bench_study_generate_renders_each_engine_and_output_against_the_first(t
     assert (tmp_path / "bench_study_generate.md").read_text() == table
 
 
+def test_bench_partial_chunks_renders_each_variant_against_a_call_per_chunk(tmp_path):
+    from benchmarks.bench_partial_chunks import BASELINE, VARIANTS, render
+
+    runs = {name: {"batch_s": [3.0, 2.0, 2.1], "median_s": seconds, "calls": calls}
+            for name, seconds, calls in zip(VARIANTS, [1.0, 2.0, 1.5], [1, 4, 2], strict=True)}  # fmt: skip
+    payload = {"benchmark": "bench_partial_chunks", "commit": "0" * 40,
+               "config": {"batches": 3, "warmup": 1, "tokens": 64, "chunk": 16},
+               "machine": {"cpu": "test cpu", "cpu_count": 2},
+               "results": {"runs": runs, "weight_load_s": 0.031, "prompt_tokens": 22, "rows": 256}}  # fmt: skip
+    table = render(payload, tmp_path)
+    assert f"| {BASELINE} | 4 | 2.00 | +0% | 3.00, 2.00, 2.10 |" in table
+    assert "| whole response, one call (stale4) | 1 | 1.00 | -50% |" in table
+    assert "| first chunk, then the rest in one call (now) | 2 | 1.50 | -25% |" in table
+    assert "31 ms median" in table and (tmp_path / "bench_partial_chunks.md").read_text() == table
+
+
 def test_bench_train_phase_sorts_ops_by_kind():
     from benchmarks.bench_train_phase import op_kind
 

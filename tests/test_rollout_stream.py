@@ -127,7 +127,15 @@ def test_a_waiting_sync_goes_in_between_two_chunks():
     assert seen == [0, 1] and done.is_set()
 
 
-def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them():
+@pytest.mark.parametrize(
+    "settled, calls",
+    [
+        pytest.param(None, [([2, 2], 2), ([4, 4], 2), ([6], 2)], id="a-call-a-chunk"),
+        # synchronously only the first chunk has other weights: the rest of each response is one call
+        pytest.param(1, [([2, 2], 2), ([4, 4], 4)], id="settled-after-the-first-chunk"),
+    ],
+)
+def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(settled, calls):
     from reinforce_pro.rollout.sampler import PartialRollout, RolloutConfig, Sampler
     from reinforce_pro.rollout.vllm_engine import Generation
 
@@ -135,7 +143,7 @@ def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(
 
     def fake_sample(prompt_ids, sampling=None, engines=None):
         """Each token's log-prob says which weights sampled it; row 0 stops after 3 tokens."""
-        engine["calls"].append([len(p) for p in prompt_ids])
+        engine["calls"].append(([len(p) for p in prompt_ids], sampling["max_tokens"]))
         out = []
         for ids in prompt_ids:
             n = sampling["max_tokens"]
@@ -153,14 +161,15 @@ def test_partial_rollout_tokens_keep_the_version_and_log_prob_that_sampled_them(
 
     sampler = Sampler(engines=None, tokenizer=None, cfg=RolloutConfig(max_new_tokens=6))
     sampler.sample = fake_sample
-    generations, versions = sampler.sample_in_chunks([[0, 1], [5, 1]], PartialRollout(chunk=2, between=between))
+    partial = PartialRollout(chunk=2, between=between, settled=settled)
+    generations, versions = sampler.sample_in_chunks([[0, 1], [5, 1]], partial)
     assert [len(g.token_ids) for g in generations] == [3, 6] and [g.finish_reason for g in generations] == [
         "stop",
         "length",
     ]
     assert versions == [[3, 3, 4], [3, 3, 4, 4, 4, 4]]  # two versions in one response
     assert [g.log_probs for g in generations] == [[-3.0, -3.0, -4.0], [-3.0, -3.0, -4.0, -4.0, -4.0, -4.0]]
-    assert engine["calls"] == [[2, 2], [4, 4], [6]]  # unfinished rows continue from prompt + tokens so far
+    assert engine["calls"] == calls  # unfinished rows continue from prompt + tokens so far, (lengths, max_tokens)
 
 
 @pytest.mark.parametrize(

@@ -75,10 +75,14 @@ class PartialRollout:
     """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between(i)` (i = 0
     for a call's first chunk) lets a waiting weight sync in and returns the engines' version
     (EngineGate.let_syncs_in), or, synchronously, sets the version chunk i is sampled by
-    (PPOTrainer.chunk_weights)."""
+    (PPOTrainer.chunk_weights). `settled`: the chunk from which the weights no longer change within a call
+    (synchronously, 1: every chunk after the first has one version), so the rest of every response is sampled
+    in one engine call instead of one a chunk; None (asynchronously) keeps every chunk a call of its own, as
+    a sync may land between any two."""
 
     chunk: int
     between: Callable[[int], int]
+    settled: int | None = None
 
 
 class Sampler:
@@ -108,8 +112,9 @@ class Sampler:
     def sample_in_chunks(
         self, prompt_ids: list[list[int]], partial: PartialRollout, sampling: dict | None = None
     ) -> tuple[list[Generation], list[list[int]]]:
-        """Like `sample`, `partial.chunk` tokens at a time: a response that has not stopped continues from
-        its prompt plus its tokens so far, under whatever weights the engines hold by then. Returns the
+        """Like `sample`, `partial.chunk` tokens at a time (the rest at once from chunk `partial.settled` on):
+        a response that has not stopped continues from its prompt plus its tokens so far, under whatever weights
+        the engines hold by then. Returns the
         generations (each token's log-prob from the weights that sampled it) and each token's version."""
         sampling = sampling or sampling_params(self.cfg)
         limit, n = sampling["max_tokens"], len(prompt_ids)
@@ -117,8 +122,9 @@ class Sampler:
         finish, active, chunks = ["length"] * n, list(range(n)), 0
         while active:
             version = partial.between(chunks)
+            room = limit - len(tokens[active[0]])  # every active row has the same length
+            size = room if partial.settled is not None and chunks >= partial.settled else min(partial.chunk, room)
             chunks += 1
-            size = min(partial.chunk, limit - len(tokens[active[0]]))  # every active row has the same length
             chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
             still = []
             for i, g in zip(active, chunk, strict=True):

@@ -135,7 +135,8 @@ class PPOTrainer:
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         self.engines_hold_start_weights = engines_hold_start_weights
         if cfg.partial_rollout_chunk is not None:
-            self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights))
+            settled = 1 if self.synchronous_partial else None  # synchronously only the first chunk differs
+            self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights, settled))
 
     @property
     def synchronous_partial(self) -> bool:
