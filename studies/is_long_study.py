@@ -488,7 +488,7 @@ def render_by_seed(runs: list[dict]) -> list[str]:
 def verdict(d: dict, margin: float) -> str:
     """What a Holm-adjusted comparison establishes: better, worse, equivalent within the margin, or not
     established (with the smallest difference these seeds could have detected)."""
-    if d["p_holm"] < 0.05:
+    if d["p_holm"] is not None and d["p_holm"] < 0.05:
         return "better" if d["mean"] > 0 else "worse"
     if d.get("p_tost_holm", 1.0) < 0.05:
         return f"equivalent within ±{margin}"
@@ -498,6 +498,8 @@ def verdict(d: dict, margin: float) -> str:
 def _cell(d: dict | None) -> str:
     if d is None:
         return "-"
+    if d["p_holm"] is None:  # every seed differs by the same amount: no t-test (study_stats.paired_test)
+        return f"{d['mean']:+.3f} at every seed, no spread"
     mark = "**" if d["p_holm"] < 0.05 else ""
     return f"{mark}{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_holm']:.2f}{mark}"
 
@@ -518,7 +520,7 @@ def render_head_to_head(rows: list[dict], margin: float) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r['regime']} | {r['other']} | {r['n']} | {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] | "
-            f"{r['p_holm']:.3f} | {_fmt(r['p_wilcoxon'], '.3f')} | {_fmt(r.get('p_tost_holm'), '.3f')} | "
+            f"{_fmt(r['p_holm'], '.3f')} | {_fmt(r['p_wilcoxon'], '.3f')} | {_fmt(r.get('p_tost_holm'), '.3f')} | "
             f"{r['verdict']} | {r['sd']:.3f} | {_fmt(r['seeds_for_delta'], 'd')} |"
         )
     lines.append(f"\nSeeds to detect {DELTA}: a paired t-test with 80% power to detect a difference of {DELTA} at "

@@ -210,8 +210,12 @@ def render(result: dict) -> str:
         tests = [paired_test([acc(r, a) - acc(r, b) for r in runs]) for a, b, _ in pairs]
         for (_, _, label), t, p_holm in zip(pairs, tests, holm([t.p_t for t in tests]), strict=True):
             lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] (paired over "
-                         f"{t.n} seeds; t-test p = {t.p_t:.3f}, Holm over these 4: {p_holm:.3f})")  # fmt: skip
+                         f"{t.n} seeds; t-test p = {_p(t.p_t)}, Holm over these 4: {_p(p_holm)})")  # fmt: skip
     return "\n".join(lines)
+
+
+def _p(value: float | None) -> str:
+    return "- (no spread)" if value is None else f"{value:.3f}"
 
 
 def _mean(values: list | None) -> float:

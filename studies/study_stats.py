@@ -103,21 +103,24 @@ class PairedTest:
     low: float  # the 95% t-interval of the mean difference
     high: float
     sd: float  # standard deviation of the per-seed differences
-    p_t: float  # two-sided paired t-test
+    p_t: float | None  # two-sided paired t-test; None when the differences do not vary (nothing to scale by)
     p_wilcoxon: float | None  # two-sided Wilcoxon signed-rank (None when every difference is 0)
 
 
 def paired_test(diffs: list[float]) -> PairedTest:
     """The paired t-interval and t-test of `diffs` (per-seed a - b), with the Wilcoxon signed-rank test beside
-    it. Needs at least 2 differences."""
+    it. Needs at least 2 differences. Differences that do not vary give no t-test (p_t None): the t statistic
+    divides by their spread, and on the held-out grid (steps of 0.005) two seeds can differ by exactly the same
+    amount, which once read as p 0 and marked a comparison of two seeds established."""
     from scipy import stats
 
     if len(diffs) < 2:
         raise ValueError(f"a paired test needs at least 2 seeds, got {len(diffs)}")
     n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
-    sd = 0.0 if sd <= 1e-12 * max(1.0, abs(mean)) else sd  # equal differences up to float rounding
+    # equal differences up to rounding: held-out accuracies pass through float32 (~1e-8 off their 0.005 grid)
+    sd = 0.0 if sd <= 1e-6 * max(1.0, abs(mean)) else sd
     half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else (1.0 if mean == 0 else 0.0)
+    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else None
     p_w = float(stats.wilcoxon(diffs).pvalue) if any(d != 0 for d in diffs) else None
     return PairedTest(n, mean, mean - half, mean + half, sd, p_t, p_w)
 
@@ -190,11 +193,16 @@ def detectable_at(diffs: list[float], alpha: float, power: float = 0.8) -> float
     return float(effect) * statistics.stdev(diffs)
 
 
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-adjusted p-values over one family of comparisons (statsmodels' multipletests), in the given order."""
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values over one family of comparisons (statsmodels' multipletests), in the given order. A
+    comparison without a test (None: see paired_test) stays in the family as a p of 1, so the others are adjusted
+    for it, and comes back None."""
     from statsmodels.stats.multitest import multipletests
 
-    return [float(p) for p in multipletests(pvalues, method="holm")[1]] if pvalues else []
+    if not pvalues:
+        return []
+    adjusted = multipletests([1.0 if p is None else p for p in pvalues], method="holm")[1]
+    return [None if p is None else float(a) for p, a in zip(pvalues, adjusted, strict=True)]
 
 
 def tost(diffs: list[float], margin: float) -> float:

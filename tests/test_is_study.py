@@ -174,8 +174,11 @@ def test_paired_t_interval_and_tests_match_hand_computation():
     assert abs(r.p_wilcoxon - 0.0625) < 1e-12  # exact: all 5 signs positive, 2 / 2^5
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paired_test([0.1])
-    # equal differences: no spread, t's limit (p 0) unless every difference is 0
-    assert paired_test([-0.01, -0.01]).p_t == 0.0 and paired_test([0.0, 0.0, 0.0]).p_t == 1.0
+    # equal differences: no spread, so no t-test (once p 0, which marked two seeds' coincidence established)
+    assert paired_test([-0.01, -0.01]).p_t is None and paired_test([0.0, 0.0, 0.0]).p_t is None
+    assert paired_test([-0.01, -0.01]).low == paired_test([-0.01, -0.01]).high == -0.01
+    # accuracies read back from float32 (0.835 - 0.845 and 0.93 - 0.94 as the study's JSON holds them)
+    assert paired_test([0.8349999785 - 0.8450000286, 0.9300000072 - 0.9399999976]).p_t is None
 
 
 def test_holm_tost_and_seed_count_match_hand_computation():
@@ -183,6 +186,8 @@ def test_holm_tost_and_seed_count_match_hand_computation():
 
     # sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> raised to the running maximum 0.06
     assert [round(p, 12) for p in holm([0.01, 0.04, 0.03])] == [0.03, 0.06, 0.06]
+    # a comparison without a test counts in the family as p 1 and stays without one: 0.01 x 2 = 0.02
+    assert [None if p is None else round(p, 12) for p in holm([0.01, None])] == [0.02, None]
     diffs = [0.01, -0.01, 0.02, 0.0, -0.02]  # mean 0, se 0.0070711
     assert tost(diffs, 0.05) < 0.002  # t = 7.07 on 4 degrees of freedom against each bound: p = 0.00105
     assert tost(diffs, 0.001) > 0.4  # a margin inside the noise: not equivalent
