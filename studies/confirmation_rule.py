@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 from studies.is_long_study import collapse_rates, values  # noqa: E402
-from studies.study_stats import direction, holm, stored_runs, tost  # noqa: E402
+from studies.study_stats import direction, holm, stored_runs, tost, varies  # noqa: E402
 
 NAME = "second_confirmation_rule"
 RULE_REGIMES = ("stale4", "partial", "fp8", "stale2+partial")
@@ -135,7 +135,7 @@ def confirmation_verdicts(runs: list[dict], regime: str, variant: str | None, ma
         for row, p in zip(rows, holm([r[key] for r in rows]), strict=True):
             row[f"{key}_holm"] = p
     open_rows = [r for r in rows if min(r["p_sign_flip_holm"], r["p_collapse_holm"]) >= ALPHA]
-    with_spread = [r for r in open_rows if len(r["diffs"]) > 1 and statistics.stdev(r["diffs"]) > 1e-12]
+    with_spread = [r for r in open_rows if varies(r["diffs"])]
     for row, p in zip(with_spread, holm([tost(r["diffs"], margin) for r in with_spread]), strict=True):
         row["p_tost_holm"] = p
     for row in rows:

@@ -107,6 +107,15 @@ class PairedTest:
     p_wilcoxon: float | None  # two-sided Wilcoxon signed-rank (None when every difference is 0)
 
 
+def varies(diffs: list[float]) -> bool:
+    """Whether paired differences spread at all: at least 2 of them, with a standard deviation above rounding
+    (held-out accuracies come back from float32, ~1e-8 off their grid of 0.005). A t-test or TOST of differences
+    that do not vary has nothing to scale by."""
+    if len(diffs) < 2:
+        return False
+    return statistics.stdev(diffs) > 1e-6 * max(1.0, abs(statistics.fmean(diffs)))
+
+
 def paired_test(diffs: list[float]) -> PairedTest:
     """The paired t-interval and t-test of `diffs` (per-seed a - b), with the Wilcoxon signed-rank test beside
     it. Needs at least 2 differences. Differences that do not vary give no t-test (p_t None): the t statistic
@@ -116,9 +125,8 @@ def paired_test(diffs: list[float]) -> PairedTest:
 
     if len(diffs) < 2:
         raise ValueError(f"a paired test needs at least 2 seeds, got {len(diffs)}")
-    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
-    # equal differences up to rounding: held-out accuracies pass through float32 (~1e-8 off their 0.005 grid)
-    sd = 0.0 if sd <= 1e-6 * max(1.0, abs(mean)) else sd
+    n, mean = len(diffs), statistics.fmean(diffs)
+    sd = statistics.stdev(diffs) if varies(diffs) else 0.0
     half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
     p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if sd > 0 else None
     p_w = float(stats.wilcoxon(diffs).pvalue) if any(d != 0 for d in diffs) else None
@@ -210,7 +218,7 @@ def tost(diffs: list[float], margin: float) -> float:
     means equivalent within the margin (the larger of the two one-sided p-values)."""
     from scipy import stats
 
-    if len(diffs) < 2 or statistics.stdev(diffs) <= 1e-12:
+    if not varies(diffs):
         raise ValueError("TOST needs at least 2 seeds whose differences vary")
     lower = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
     upper = stats.ttest_1samp(diffs, margin, alternative="less").pvalue

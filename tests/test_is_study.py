@@ -164,7 +164,7 @@ def test_each_run_records_its_commit_tree_state_and_host(tmp_path):
 
 
 def test_paired_t_interval_and_tests_match_hand_computation():
-    from studies.study_stats import paired_test
+    from studies.study_stats import paired_test, tost, varies
 
     r = paired_test([1.0, 2.0, 3.0, 4.0, 5.0])
     # mean 3, sd sqrt(2.5), se sqrt(0.5); t_{0.975, 4} = 2.776445 (tables): half-width 1.963243
@@ -177,8 +177,13 @@ def test_paired_t_interval_and_tests_match_hand_computation():
     # equal differences: no spread, so no t-test (once p 0, which marked two seeds' coincidence established)
     assert paired_test([-0.01, -0.01]).p_t is None and paired_test([0.0, 0.0, 0.0]).p_t is None
     assert paired_test([-0.01, -0.01]).low == paired_test([-0.01, -0.01]).high == -0.01
-    # accuracies read back from float32 (0.835 - 0.845 and 0.93 - 0.94 as the study's JSON holds them)
-    assert paired_test([0.8349999785 - 0.8450000286, 0.9300000072 - 0.9399999976]).p_t is None
+    # accuracies read back from float32 (0.835 - 0.845 and 0.93 - 0.94 as the study's JSON holds them): no
+    # spread, so neither a t-test nor a TOST (which once called such a pair equivalent within any margin)
+    float32_pair = [0.8349999785 - 0.8450000286, 0.9300000072 - 0.9399999976]
+    assert not varies(float32_pair) and paired_test(float32_pair).p_t is None
+    with pytest.raises(ValueError, match="vary"):
+        tost(float32_pair, 0.03)
+    assert varies([0.0, 0.005]) and not varies([0.1]) and not varies([0.0, 0.0])
 
 
 def test_holm_tost_and_seed_count_match_hand_computation():
