@@ -2,6 +2,7 @@
 the analysis the rule fixes for the confirmation itself (confirmation_verdicts).
 
     python studies/confirmation_rule.py       # reads the screenings' JSON, writes second_confirmation_rule.{json,md}
+    python studies/confirmation_rule.py --confirmation FILE   # the confirmation's registered analysis of its JSON
 
 docs/results/is-long-study.md ("The second confirmation: how its regime and arms will be chosen") fixed the rule
 before the screenings' data it reads existed; this module is that text as code, so the choice is mechanical and
@@ -23,6 +24,7 @@ choice is then a deviation, made and listed by hand.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -195,12 +197,37 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def analyse_confirmation(runs: list[dict], rule: dict) -> tuple[list[dict], str]:
+    """The confirmation's registered analysis with the regime and variant the rule's output (apply_rule) picked,
+    so neither can be chosen after its runs are seen. A rule that picked nothing cannot be analysed."""
+    if not rule["complete"]:
+        raise ValueError("the rule has not picked a regime and variant: the confirmation cannot be analysed by it")
+    regime, variant = rule["regime"]["chosen"], rule["variant"]["chosen"]
+    present = {r["correction"] for r in runs if r["regime"] == regime}
+    missing = sorted({a for a in rule["arms"] if a != "sync"} - present)
+    if missing:
+        raise ValueError(f"the confirmation's JSON has no {regime} runs of {', '.join(missing)}")
+    rows = confirmation_verdicts(runs, regime, variant)
+    return rows, render_verdicts(rows, regime)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regime-screening", type=Path, default=RESULTS_DIR / "is_regime_screening.json")
     p.add_argument("--mechanism-screening", type=Path, default=RESULTS_DIR / "is_mechanism_screening.json")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the rule's JSON and table")
+    p.add_argument("--confirmation", type=Path, default=None,
+                   help="a confirmation's JSON: write its registered analysis (NAME_verdicts.{json,md}) by the "
+                        "rule's committed output in --output")  # fmt: skip
     args = p.parse_args(argv)
+    if args.confirmation is not None:
+        rule = json.loads((args.output / f"{NAME}.json").read_text())["results"]
+        rows, text = analyse_confirmation(stored_runs(args.confirmation), rule)
+        name = f"{args.confirmation.stem}_verdicts"
+        write_result(name, {"source": args.confirmation.name, "rule": f"{NAME}.json"}, {"rows": rows}, args.output)
+        (args.output / f"{name}.md").write_text(text)
+        print(text)
+        return 0
     result = apply_rule(stored_runs(args.regime_screening), stored_runs(args.mechanism_screening))
     sources = {"regime_screening": args.regime_screening.name, "mechanism_screening": args.mechanism_screening.name}
     write_result(NAME, {"sources": sources, "seeds": SCREENING_SEEDS, "min_seeds": MIN_SEEDS}, result, args.output)

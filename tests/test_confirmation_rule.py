@@ -181,3 +181,28 @@ def test_the_confirmation_s_registered_analysis_sign_flip_mcnemar_and_tost_where
     assert rule.comparisons(None) == [("reinforce_pro", "cppo"), ("reinforce_pro", "dppo-tv")]
     text = rule.render_verdicts(list(rows.values()), "stale4")
     assert f"| `reinforce_pro` - `cppo` | {seeds} | -0.050 | {seeds} / 0 |" in text
+
+
+def test_the_confirmation_is_analysed_with_the_regime_and_variant_the_committed_rule_picked(tmp_path):
+    """--confirmation reads the rule's committed output for the regime and the variant: the analysis of a
+    confirmation's JSON cannot pick either after seeing its runs."""
+    runs = []
+    for s in range(601, 609):  # reinforce_pro 0.05 above cppo in fp8 at every seed, 0.05 below in stale4
+        for regime, sign in (("fp8", 1), ("stale4", -1)):
+            runs += [_run(s, regime, "cppo", 0.8), _run(s, regime, "reinforce_pro", 0.8 + sign * 0.05),
+                     _run(s, regime, "dppo-tv", 0.8 + (0.01 if s % 2 else -0.01)), _run(s, regime, "none", 0.1, True),
+                     _run(s, regime, "reinforce_pro+rollout", 0.82)]  # fmt: skip
+    picked = {"complete": True, "regime": {"chosen": "fp8"}, "variant": {"chosen": "reinforce_pro+rollout"},
+              "arms": ["reinforce_pro", "cppo", "reinforce_pro+rollout", "dppo-tv", "none", "sync"]}  # fmt: skip
+    (tmp_path / f"{rule.NAME}.json").write_text(json.dumps({"results": picked}))
+    (tmp_path / "is_second_confirmation.json").write_text(json.dumps({"results": {"runs": runs}}))
+    assert rule.main(["--confirmation", str(tmp_path / "is_second_confirmation.json"), "--output", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "is_second_confirmation_verdicts.json").read_text())["results"]["rows"]
+    assert [(r["design"], r["other"]) for r in rows] == rule.comparisons("reinforce_pro+rollout")
+    assert rows[0]["mean"] == pytest.approx(0.05) and rows[0]["verdict"] == "higher"  # fp8's runs, not stale4's
+    text = (tmp_path / "is_second_confirmation_verdicts.md").read_text()
+    assert text.startswith("Second confirmation (fp8)") and "| `reinforce_pro` - `cppo` | 8 | +0.050 | 0 / 8 |" in text
+    with pytest.raises(ValueError, match="no fp8 runs of dppo-tv"):
+        rule.analyse_confirmation([r for r in runs if r["correction"] != "dppo-tv"], picked)
+    with pytest.raises(ValueError, match="has not picked"):
+        rule.analyse_confirmation(runs, {**picked, "complete": False})
