@@ -191,8 +191,11 @@ def render(result: dict) -> str:
             _mean(r["selfplay"]["curves"].get(k))
             for k in ("selfplay/search/valid_ratio", "unified_filter/learnable_ratio")
         )
-        cells = [f"{acc(r, arm):.3f} ({acc(r, arm, 'hops1'):.2f} / {acc(r, arm, 'hops2'):.2f})" for arm in ARMS]
-        episodes = " / ".join(str(r[arm]["solver_episodes"]) for arm in ("rl", "rl_matched", "selfplay"))
+        # "-": an arm the run's JSON does not hold (the pilot's ran before `rl_matched` existed)
+        cells = [f"{acc(r, arm):.3f} ({acc(r, arm, 'hops1'):.2f} / {acc(r, arm, 'hops2'):.2f})" if arm in r else "-"
+                 for arm in ARMS]  # fmt: skip
+        episodes = " / ".join(str(r[arm]["solver_episodes"]) if arm in r else "-"
+                              for arm in ("rl", "rl_matched", "selfplay"))  # fmt: skip
         warm = r["warm_start"]
         lines.append(f"| {r['seed']} | {' | '.join(cells)} | {episodes} | {warm['sft/steps']} "
                      f"({warm.get('sft/stop_accuracy', math.nan):.2f}) | {valid:.2f} / {learnable:.2f} | "
@@ -207,10 +210,12 @@ def render(result: dict) -> str:
             ("selfplay", "rl_matched", "self-play - RL, same episodes"),
             ("rl", "warm", "RL - warm start"),
         )
+        pairs = tuple(pair for pair in pairs if all(pair[0] in r and pair[1] in r for r in runs))
         tests = [paired_test([acc(r, a) - acc(r, b) for r in runs]) for a, b, _ in pairs]
         for (_, _, label), t, p_holm in zip(pairs, tests, holm([t.p_t for t in tests]), strict=True):
             lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] (paired over "
-                         f"{t.n} seeds; t-test p = {_p(t.p_t)}, Holm over these 4: {_p(p_holm)})")  # fmt: skip
+                         f"{t.n} seeds; t-test p = {_p(t.p_t)}, Holm over these {len(pairs)}: "
+                         f"{_p(p_holm)})")  # fmt: skip
     return "\n".join(lines)
 
 

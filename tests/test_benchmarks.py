@@ -391,6 +391,10 @@ def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episode
         p, adjusted = (float(v) for v in re.findall(r"p = ([0-9.]+), Holm over these 4: ([0-9.]+)", line)[0])
         assert adjusted >= p
     assert [study.matched_steps(n) for n in (0, 63, 64, 2000, 4736)] == [1, 1, 1, 16, 37]
+    # a run made before `rl_matched` existed (the pilot's JSON): its cells are "-", its comparisons left out
+    older = study.render({"results": {"runs": [{k: v for k, v in r.items() if k != "rl_matched"} for r in runs]}})
+    assert "| 0.300 (0.40 / 0.20) | - | 0.300 (0.40 / 0.20) | 4736 / - / 2000 |" in older
+    assert "RL, same episodes:" not in older and "Holm over these 3:" in older
 
 
 def _shape_run(arm: str, seed: int, after: float) -> dict:
