@@ -378,7 +378,7 @@ def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episode
 
     runs = [{"seed": seed, "host_id": "h0", "commit": "abcdef0123", "clean": True,
              "warm_start": {"sft/steps": 650, "sft/stop_accuracy": 0.29},
-             "warm": arm(0.2 + d, 0), "rl": arm(0.3 + d, 4736), "rl_matched": arm(0.25 + 2 * d, 2048),
+             "warm": arm(0.2 + d, 0), "rl": arm(0.3 + 1.5 * d, 4736), "rl_matched": arm(0.25 + 2 * d, 2048),
              "selfplay": arm(0.3 + 3 * d, 2000)} for seed, d in ((1, 0.0), (2, 0.02), (3, 0.05))]  # fmt: skip
     table = study.render({"results": {"runs": runs}})
     assert "| 1 | 0.200 (0.30 / 0.10) | 0.300 (0.40 / 0.20) | 0.250 (0.35 / 0.15) | 0.300 (0.40 / 0.20) | " \
