@@ -19,6 +19,12 @@ Three parts:
    and packed (--packing_samples), fp32 and bf16 autocast, W3's 32 rows and 256 rows; seconds per step,
    tokens/s, the achieved TFLOP/s (6 x matmul parameters x real tokens, the LM head on response tokens only)
    against the device's own GEMM rate, and packed vs padded log-probs.
+4. **Log-probs under the engine's sampling filters** (models/sampling_filter.py, replayed by the trainer): for
+   each sampling setting, the filtered token log-probs and their gradient on a (tokens, 49,152) fp32 logit block,
+   on the device and on the CPU in float32, against a float64 CPU reference; how many (position, token) pairs
+   of the kept support differ from the reference's, and how far the full softmax sits from the filtered
+   distribution (the mismatch a trainer that ignores the filter reports); forward + backward time with and
+   without the filter.
 """
 
 from __future__ import annotations
@@ -44,13 +50,22 @@ from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
     compute_approx_kl,
 )
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band  # noqa: E402
-from reinforce_pro.models.logprobs import _TokenLogProbs, response_log_probs  # noqa: E402
+from reinforce_pro.models.logprobs import _TokenLogProbs, response_log_probs, token_log_probs  # noqa: E402
+from reinforce_pro.models.sampling_filter import SamplingFilter, kept_support  # noqa: E402
 
 NAME = "gpu_check"
 THRESHOLD = (0.5, 2.0)
 ANCHORED = ("reinforce_pro", "icepop", "cppo", "dppo-tv")  # checked again under the rollout anchor
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}  # fmt: skip
+# part 4: the sampling settings the CLI accepts that filter (bench_sampling_filter.py's), as (temperature, filter)
+FILTERS = {
+    "top_p 0.8": (1.0, SamplingFilter(top_p=0.8)),
+    "top_k 5": (1.0, SamplingFilter(top_k=5)),
+    "min_p 0.05": (1.0, SamplingFilter(min_p=0.05)),
+    "temperature 0.7, top_p 0.9, top_k 20": (0.7, SamplingFilter(top_p=0.9, top_k=20)),
+    "min_new_tokens 3": (1.0, SamplingFilter(min_tokens=3, stop_token_ids=(0, 2))),
+}
 SMALL_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": True}  # fmt: skip
 
@@ -192,6 +207,77 @@ def check_token_log_probs(device: str, tokens: int, vocab: int, reps: int) -> di
     return result
 
 
+# ---- 4. log-probs under the sampling filters -----------------------------------------------------------------
+def filter_inputs(tokens: int, vocab: int, temperature: float, filt: SamplingFilter, seed: int = 2):
+    """CPU float32 logits of a peaked policy, each position's index in its response (0..63), and targets
+    sampled (float64, on the CPU) from the filtered distribution, as the engine would have sampled them."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(tokens, vocab, generator=g)
+    positions = torch.arange(tokens) % 64
+    scaled = logits.double() / temperature
+    keep = kept_support(scaled, filt, positions)
+    probs = scaled.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    return logits, positions, torch.multinomial(probs, 1, generator=g).squeeze(-1)
+
+
+def _filtered(logits, targets, positions, temperature: float, filt: SamplingFilter | None, grad):
+    """(log-probs, the logits' gradient) of the trainer's token_log_probs under `filt` (None: full softmax)."""
+    x = logits.detach().requires_grad_(True)
+    values, _ = token_log_probs(x, targets, temperature, sampling_filter=filt, positions=positions)
+    values.backward(grad)
+    return values.detach(), x.grad
+
+
+def _reference(logits, targets, positions, temperature: float, filt: SamplingFilter | None, grad):
+    """The same in float64 on the CPU (token_log_probs computes in float32): the log-softmax over the support
+    the trainer's rule keeps on the CPU (the sampled token always in it), and its gradient by autograd;
+    also that support. `filt` None: the full softmax."""
+    x = logits.detach().double().requires_grad_(True)
+    scaled = x / temperature
+    keep = torch.ones_like(scaled, dtype=torch.bool) if filt is None else kept_support(scaled, filt, positions)
+    keep[torch.arange(len(targets)), targets] = True
+    values = scaled.masked_fill(~keep, float("-inf")).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    values.backward(grad.double())
+    return values.detach(), x.grad, keep
+
+
+def check_sampling_filters(device: str, tokens: int, vocab: int, reps: int) -> list[dict]:
+    results = []
+    for name, (temperature, filt) in FILTERS.items():
+        logits, positions, targets = filter_inputs(tokens, vocab, temperature, filt)
+        grad = torch.randn(tokens, generator=torch.Generator().manual_seed(3))
+        ref, ref_grad, ref_keep = _reference(logits, targets, positions, temperature, filt, grad)
+        full, _, _ = _reference(logits, targets, positions, temperature, None, grad)
+        cpu, cpu_grad = _filtered(logits, targets, positions, temperature, filt, grad)
+        on = [t.to(device) for t in (logits, targets, positions, grad)]
+        dev, dev_grad = _filtered(on[0], on[1], on[2], temperature, filt, on[3])
+        dev_keep = kept_support(on[0] / temperature, filt, on[2]).cpu()
+        dev_keep[torch.arange(tokens), targets] = True
+        times = {}
+        for label, f in (("full", None), ("filtered", filt)):
+            seconds = []
+            for _ in range(reps + 1):
+                sync(device)
+                start = time.perf_counter()
+                _filtered(on[0], on[1], on[2], temperature, f, on[3])
+                sync(device)
+                seconds.append(time.perf_counter() - start)
+            times[label] = statistics.median(seconds[1:])
+        results.append({
+            "setting": name, "kept_tokens_mean": float(ref_keep.sum(-1).double().mean()),
+            "full_softmax_gap_mean": float((full - ref).abs().mean()),
+            "device_abs_err_max": float((dev.double().cpu() - ref).abs().max()),
+            "cpu_fp32_abs_err_max": float((cpu.double() - ref).abs().max()),
+            "device_grad_err_max": float((dev_grad.double().cpu() - ref_grad).abs().max()),
+            "cpu_fp32_grad_err_max": float((cpu_grad.double() - ref_grad).abs().max()),
+            "device_support_diff": int((dev_keep != ref_keep).sum()),
+            "device_rows_support_diff": int((dev_keep != ref_keep).any(-1).sum()),
+            "full_ms": times["full"] * 1e3, "filtered_ms": times["filtered"] * 1e3,
+        })  # fmt: skip
+        print(f"  {name}: {results[-1]}", flush=True)
+    return results
+
+
 # ---- 3. SmolLM2's train step ---------------------------------------------------------------------------------
 def gemm_tflops(device: str, n: int, dtype, tf32: bool = False) -> float:
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -331,6 +417,8 @@ def render(payload: dict, out_dir: Path) -> str:
         lines += _log_prob_lines(res["token_log_probs"])
     if "model" in res:
         lines += _model_lines(res["model"], res["gemm_tflops"], cfg)
+    if "sampling_filters" in res:
+        lines += _filter_lines(res["sampling_filters"], cfg)
     text = "\n".join(lines) + "\n"
     (out_dir / f"{payload['benchmark']}.md").write_text(text)
     return text
@@ -359,6 +447,28 @@ def _log_prob_lines(t: dict) -> list[str]:
               f"{t['grad_abs_diff']:.1e}."]  # fmt: skip
 
 
+def _filter_lines(rows: list[dict], cfg: dict) -> list[str]:
+    tokens, vocab = cfg["filter_shape"]
+    lines = ["", f"## 4. Log-probs under the engine's sampling filters: {tokens} tokens x {vocab} vocabulary", "",
+             "The trainer's filtered token log-probs (models/sampling_filter.py) and their gradient in float32, "
+             "against a float64 CPU reference over the support the trainer's rule keeps on the CPU; targets "
+             "sampled from the filtered distribution. "
+             "Full-softmax gap: mean |log p| difference between the full softmax and the filtered distribution, "
+             "the mismatch a trainer that ignores the filter would report (min_new_tokens hides 2 ids at 3 of "
+             "every 64 positions, so its gap is small). Support: (position, token) pairs the "
+             "device's kept set differs on from the reference's (rows with any).", "",
+             "| setting | kept tokens (mean) | full-softmax gap | device max err | CPU fp32 max err | device grad err "
+             "| CPU fp32 grad err | support pairs differing (rows) | ms full / filtered |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['kept_tokens_mean']:.1f} | {r['full_softmax_gap_mean']:.3f} | "
+                     f"{r['device_abs_err_max']:.1e} | {r['cpu_fp32_abs_err_max']:.1e} | "
+                     f"{r['device_grad_err_max']:.1e} | {r['cpu_fp32_grad_err_max']:.1e} | "
+                     f"{r['device_support_diff']} ({r['device_rows_support_diff']}) | "
+                     f"{r['full_ms']:.2f} / {r['filtered_ms']:.2f} |")  # fmt: skip
+    return lines
+
+
 def _model_lines(model: dict, peaks: dict, cfg: dict) -> list[str]:
     lines = ["", f"## 3. SmolLM2-135M's train step ({model['params'] / 1e6:.1f}M parameters, random weights)", "",
              f"GEMM rate of the device ({cfg['gemm_n']}^3): fp32 {peaks['fp32']:.1f}, TF32 {peaks['tf32']:.1f}, "
@@ -385,7 +495,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="small shapes: checks the script on a CPU")
     p.add_argument("--steps", type=int, default=5, help="timed train steps per configuration")
-    p.add_argument("--parts", default="core,log-probs,model", help="which parts to run (comma-separated)")
+    p.add_argument("--parts", default="core,log-probs,model,filters", help="which parts to run (comma-separated)")
     p.add_argument("--rows", default="32,256", help="rows per optimizer step of part 3 (comma-separated)")
     p.add_argument("--micros", default="16", help="rows per micro-batch of part 3 (comma-separated)")
     p.add_argument("--paths", default="padded,packed", help="forwards of part 3: padded, packed")
@@ -400,7 +510,7 @@ def main(argv=None) -> int:
     cfg = {"device": args.device, "small": small, "steps": args.steps, "parts": args.parts, "micros": args.micros,
            "dtypes": args.dtypes,
            "core_rows": 32 if small else 256, "core_width": 64 if small else 1024,
-           "gemm_n": 512 if small else 8192}  # fmt: skip
+           "gemm_n": 512 if small else 8192, "filter_shape": (64, 512) if small else (2048, 49152)}  # fmt: skip
     parts = args.parts.split(",")
     results = {}
     if "core" in parts:
@@ -413,6 +523,9 @@ def main(argv=None) -> int:
     if "model" in parts:
         print("3. model", flush=True)
         results.update(_model_part(args, cfg))
+    if "filters" in parts:
+        print("4. sampling filters", flush=True)
+        results["sampling_filters"] = check_sampling_filters(args.device, *cfg["filter_shape"], reps=5)
     return save_and_render(NAME + args.suffix, cfg, results, args.output, render)
 
 

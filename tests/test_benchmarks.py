@@ -361,8 +361,15 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
     assert {(r["micro"], r["dtype"], r["packed"]) for r in model["steps"]} == {
         (m, d, p) for m in (4, 8) for d in ("fp32", "bf16 autocast") for p in (False, True)
     }
+    filters = {r["setting"]: r for r in payload["results"]["sampling_filters"]}
+    assert list(filters) == list(gpu_check.FILTERS)
+    for r in filters.values():  # the device (here the CPU again) keeps the reference's support; float32's error
+        assert r["device_support_diff"] == 0 and 0 < r["device_abs_err_max"] < 1e-5 and r["device_grad_err_max"] < 1e-5
+        assert r["full_softmax_gap_mean"] > (0 if r["setting"] == "min_new_tokens 3" else 0.1)  # another distribution
+    assert filters["top_k 5"]["kept_tokens_mean"] == 5.0
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| policy loss, IS reinforce_pro |" in table and "| 8 | 4 | fp32 | padded |" in table
+    assert "## 4. Log-probs under the engine's sampling filters: 64 tokens x 512 vocabulary" in table
 
 
 def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episodes():
