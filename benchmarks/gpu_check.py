@@ -410,7 +410,8 @@ def render(payload: dict, out_dir: Path) -> str:
     where = payload["machine"].get("cuda") or payload["machine"].get("cpu")
     machine = payload["machine"]
     lines = [f"# GPU check: the algorithm core and SmolLM2's train step on {cfg['device']} ({where})", "",
-             f"Commit {payload['commit'][:12]}, torch {machine['torch']}, {payload['created']}."]  # fmt: skip
+             f"Commit {payload['commit'][:12]}{_tree_note(payload)}, torch {machine['torch']}, "
+             f"{payload['created']}."]  # fmt: skip
     if "core" in res:
         lines += _core_lines(res["core"], cfg)
     if "token_log_probs" in res:
@@ -422,6 +423,15 @@ def render(payload: dict, out_dir: Path) -> str:
     text = "\n".join(lines) + "\n"
     (out_dir / f"{payload['benchmark']}.md").write_text(text)
     return text
+
+
+def _tree_note(payload: dict) -> str:
+    """A lease's copy of the checkout keeps git metadata older than the tree it runs: the JSON then names the
+    tree's commit apart (tree_commit, added here after the lease)."""
+    if "tree_commit" not in payload:
+        return ""
+    tree = payload["tree_commit"][:12]
+    return f" as recorded on the device; the tree it ran is {tree}'s (see tree_commit_note in the JSON)"
 
 
 def _core_lines(core: list[dict], cfg: dict) -> list[str]:
