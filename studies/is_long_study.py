@@ -566,11 +566,13 @@ def progress(runs: list[dict], plan: dict | None) -> list[str]:
 
 def pairing(runs: list[dict]) -> str:
     """The pairing check: every arm of a seed starts from the same held-out accuracy and the same first-step
-    reward (one warm start, one prompt order, one sampling seed)."""
-    starts: dict[int, set] = {}
+    reward (one warm start, one prompt order, one sampling seed), each engine apart: an FP8 engine's greedy
+    evaluation of the same warm start is its own (the fp8 arms pair with each other, not with bf16's)."""
+    starts: dict[tuple, set] = {}
     for r in runs:
-        starts.setdefault(r["seed"], set()).add((r["start_eval"], r["rewards"][0] if r["rewards"] else None))
-    broken = sorted(seed for seed, seen in starts.items() if len(seen) > 1)
+        engine = (r.get("regime_flags") or {}).get("vllm_quantization")
+        starts.setdefault((r["seed"], engine), set()).add((r["start_eval"], r["rewards"][0] if r["rewards"] else None))
+    broken = sorted({seed for (seed, _), seen in starts.items() if len(seen) > 1})
     if broken:
         return f"Pairing broken at seed(s) {', '.join(map(str, broken))}: their arms started from different places."
     weights: dict[int, set] = {}  # runs made before the warm start's hash was recorded have none
@@ -579,8 +581,9 @@ def pairing(runs: list[dict]) -> str:
             weights.setdefault(r["seed"], set()).add(r["warm_start_sha256"])
     if remade := sorted(seed for seed, seen in weights.items() if len(seen) > 1):
         return f"Pairing broken at seed(s) {', '.join(map(str, remade))}: their arms' warm starts are other weights."
-    return (f"Pairing: at each of the {len(starts)} seeds every arm started from the same held-out accuracy and the "
-            "same first-step reward.")  # fmt: skip
+    engines = "" if all(engine is None for _, engine in starts) else ", each engine's arms apart (fp8's its own)"
+    return (f"Pairing: at each of the {len({seed for seed, _ in starts})} seeds every arm started from the same "
+            f"held-out accuracy and the same first-step reward{engines}.")  # fmt: skip
 
 
 def versions_cell(row: dict) -> str:

@@ -276,6 +276,15 @@ def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_
     assert "Pairing: at each of the 2 seeds" in study.render(payload, tmp_path)
     payload["config"]["plan"] = None  # a screening is never partial
     assert not study.render(payload, tmp_path).startswith("**Partial")
+    # an FP8 engine evaluates the same warm start its own way: its arms pair with each other, not with bf16's
+    fp8 = {"vllm_quantization": "fp8_per_channel"}
+    runs += [{**_run(s, "fp8", c, 0.5), "start_eval": 0.25, "regime_flags": fp8}
+             for s in (1, 2) for c in ("none", "tis")]  # fmt: skip
+    text = study.render(payload, tmp_path)
+    assert "Pairing: at each of the 2 seeds every arm started from the same held-out accuracy and the same " \
+           "first-step reward, each engine's arms apart (fp8's its own)." in text  # fmt: skip
+    runs[-1] = {**runs[-1], "start_eval": 0.3}
+    assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
 
 
 def test_the_versions_cell_gives_the_share_of_rows_that_span_two_versions():
