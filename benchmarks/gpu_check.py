@@ -228,6 +228,11 @@ def _filtered(logits, targets, positions, temperature: float, filt: SamplingFilt
     return values.detach(), x.grad
 
 
+def _log_probs_under(temperature: float, filt: SamplingFilter | None, positions):
+    """token_log_probs under `filt` as a (logits, targets) -> log-probs function, for _time_log_probs."""
+    return lambda x, t: token_log_probs(x, t, temperature, sampling_filter=filt, positions=positions)[0]
+
+
 def _reference(logits, targets, positions, temperature: float, filt: SamplingFilter | None, grad):
     """The same in float64 on the CPU (token_log_probs computes in float32): the log-softmax over the support
     the trainer's rule keeps on the CPU (the sampled token always in it), and its gradient by autograd;
@@ -253,16 +258,8 @@ def check_sampling_filters(device: str, tokens: int, vocab: int, reps: int) -> l
         dev, dev_grad = _filtered(on[0], on[1], on[2], temperature, filt, on[3])
         dev_keep = kept_support(on[0] / temperature, filt, on[2]).cpu()
         dev_keep[torch.arange(tokens), targets] = True
-        times = {}
-        for label, f in (("full", None), ("filtered", filt)):
-            seconds = []
-            for _ in range(reps + 1):
-                sync(device)
-                start = time.perf_counter()
-                _filtered(on[0], on[1], on[2], temperature, f, on[3])
-                sync(device)
-                seconds.append(time.perf_counter() - start)
-            times[label] = statistics.median(seconds[1:])
+        times = {label: _time_log_probs(_log_probs_under(temperature, f, on[2]), on[0], on[1], on[3], device, reps)[0]
+                 for label, f in (("full", None), ("filtered", filt))}  # fmt: skip
         results.append({
             "setting": name, "kept_tokens_mean": float(ref_keep.sum(-1).double().mean()),
             "full_softmax_gap_mean": float((full - ref).abs().mean()),

@@ -120,7 +120,7 @@ def paired_test(diffs: list[float]) -> PairedTest:
     """The paired t-interval and t-test of `diffs` (per-seed a - b), with the Wilcoxon signed-rank test beside
     it. Needs at least 2 differences. Differences that do not vary give no t-test (p_t None): the t statistic
     divides by their spread, and on the held-out grid (steps of 0.005) two seeds can differ by exactly the same
-    amount, which once read as p 0 and marked a comparison of two seeds established."""
+    amount by chance, which says nothing a t-test can weigh."""
     from scipy import stats
 
     if len(diffs) < 2:

@@ -182,8 +182,8 @@ def test_the_design_meets_every_other_correction_head_to_head_with_holm_and_tost
     rows = {r["other"]: r for r in study.head_to_head(runs, margin=0.05)}
     assert set(rows) == {"none", "tis", "icepop", "minpro"}
     assert rows["none"]["mean"] == pytest.approx(0.3, abs=0.001) and rows["none"]["verdict"] == "better"
-    # the same difference at every seed: the t-test has no spread to scale by, so it establishes nothing (it once
-    # read p 0 and marked a coincidence of two seeds bold), while the seed-by-seed reading still shows the side
+    # the same difference at every seed: the t-test has no spread to scale by, so it establishes nothing, while
+    # the seed-by-seed reading still shows the side
     same = rows["minpro"]
     assert same["p_t"] is None and same["p_holm"] is None and same["verdict"].startswith("not established")
     assert (same["higher"], same["lower"]) == (6, 0) and "p_tost" not in same

@@ -174,11 +174,11 @@ def test_paired_t_interval_and_tests_match_hand_computation():
     assert abs(r.p_wilcoxon - 0.0625) < 1e-12  # exact: all 5 signs positive, 2 / 2^5
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paired_test([0.1])
-    # equal differences: no spread, so no t-test (once p 0, which marked two seeds' coincidence established)
+    # equal differences: no spread, so no t-test (a p of 0 would mark two seeds' coincidence established)
     assert paired_test([-0.01, -0.01]).p_t is None and paired_test([0.0, 0.0, 0.0]).p_t is None
     assert paired_test([-0.01, -0.01]).low == paired_test([-0.01, -0.01]).high == -0.01
     # accuracies read back from float32 (0.835 - 0.845 and 0.93 - 0.94 as the study's JSON holds them): no
-    # spread, so neither a t-test nor a TOST (which once called such a pair equivalent within any margin)
+    # spread, so neither a t-test nor a TOST (which would call such a pair equivalent within any margin)
     float32_pair = [0.8349999785 - 0.8450000286, 0.9300000072 - 0.9399999976]
     assert not varies(float32_pair) and paired_test(float32_pair).p_t is None
     with pytest.raises(ValueError, match="vary"):

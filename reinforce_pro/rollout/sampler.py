@@ -114,8 +114,8 @@ class Sampler:
     ) -> tuple[list[Generation], list[list[int]]]:
         """Like `sample`, `partial.chunk` tokens at a time (the rest at once from chunk `partial.settled` on):
         a response that has not stopped continues from its prompt plus its tokens so far, under whatever weights
-        the engines hold by then. Returns the
-        generations (each token's log-prob from the weights that sampled it) and each token's version."""
+        the engines hold by then. Returns the generations (each token's log-prob from the weights that sampled
+        it) and each token's version."""
         sampling = sampling or sampling_params(self.cfg)
         limit, n = sampling["max_tokens"], len(prompt_ids)
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
