@@ -564,15 +564,25 @@ def progress(runs: list[dict], plan: dict | None) -> list[str]:
             "findings.**", ""]  # fmt: skip
 
 
+def sampling(run: dict) -> tuple:
+    """How a run samples its first batch from the warm start: its engine, and whether it samples responses in
+    chunks (partial rollouts) and ahead of the trainer (asynchronously). Arms that sample alike draw the same first
+    batch; a chunked or asynchronous regime draws its own from the same weights."""
+    flags = run.get("regime_flags") or {}
+    return flags.get("vllm_quantization"), bool(flags.get("partial_rollout")), bool(flags.get("async_train"))
+
+
 def pairing(runs: list[dict]) -> str:
-    """The pairing check: every arm of a seed starts from the same held-out accuracy and the same first-step
-    reward (one warm start, one prompt order, one sampling seed), each engine apart: an FP8 engine's greedy
-    evaluation of the same warm start is its own (the fp8 arms pair with each other, not with bf16's)."""
-    starts: dict[tuple, set] = {}
+    """The pairing check: every arm of a seed starts from the same weights (the warm start's hash), the same
+    held-out accuracy and, among the arms that sample alike (`sampling`), the same first-step reward (one prompt
+    order, one sampling seed). Each engine apart: an FP8 engine's greedy evaluation of the same warm start is its
+    own (the fp8 arms pair with each other, not with bf16's)."""
+    evals: dict[tuple, set] = {}  # (seed, engine) -> held-out accuracies before training
+    firsts: dict[tuple, set] = {}  # (seed, how it samples) -> first-step rewards
     for r in runs:
-        engine = (r.get("regime_flags") or {}).get("vllm_quantization")
-        starts.setdefault((r["seed"], engine), set()).add((r["start_eval"], r["rewards"][0] if r["rewards"] else None))
-    broken = sorted({seed for (seed, _), seen in starts.items() if len(seen) > 1})
+        evals.setdefault((r["seed"], sampling(r)[0]), set()).add(r["start_eval"])
+        firsts.setdefault((r["seed"], sampling(r)), set()).add(r["rewards"][0] if r["rewards"] else None)
+    broken = sorted({seed for (seed, _), seen in [*evals.items(), *firsts.items()] if len(seen) > 1})
     if broken:
         return f"Pairing broken at seed(s) {', '.join(map(str, broken))}: their arms started from different places."
     weights: dict[int, set] = {}  # runs made before the warm start's hash was recorded have none
@@ -581,9 +591,15 @@ def pairing(runs: list[dict]) -> str:
             weights.setdefault(r["seed"], set()).add(r["warm_start_sha256"])
     if remade := sorted(seed for seed, seen in weights.items() if len(seen) > 1):
         return f"Pairing broken at seed(s) {', '.join(map(str, remade))}: their arms' warm starts are other weights."
-    engines = "" if all(engine is None for _, engine in starts) else ", each engine's arms apart (fp8's its own)"
-    return (f"Pairing: at each of the {len({seed for seed, _ in starts})} seeds every arm started from the same "
-            f"held-out accuracy and the same first-step reward{engines}.")  # fmt: skip
+    schemes = {sampling(r) for r in runs}
+    engines = "" if all(engine is None for engine, *_ in schemes) else ", each engine's arms apart (fp8's its own)"
+    apart = ""
+    if len({scheme[1:] for scheme in schemes}) > 1:
+        apart = "; the first-step reward compared among the arms that sample alike (a chunked or asynchronous regime "\
+                "draws its own first batch from the same weights)"  # fmt: skip
+    seeds = len({r["seed"] for r in runs})
+    return (f"Pairing: at each of the {seeds} seeds every arm started from the same held-out accuracy and the same "
+            f"first-step reward{engines}{apart}.")  # fmt: skip
 
 
 def versions_cell(row: dict) -> str:

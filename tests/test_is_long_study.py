@@ -285,6 +285,19 @@ def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_
            "first-step reward, each engine's arms apart (fp8's its own)." in text  # fmt: skip
     runs[-1] = {**runs[-1], "start_eval": 0.3}
     assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
+    # partial rollouts sample the same weights in chunks (and, asynchronously, ahead): another first batch, their own
+    runs[-1] = {**runs[-1], "start_eval": 0.25}
+    chunked = [{**_run(s, g, c, 0.5), "rewards": [reward] * 40, "regime_flags": flags} for s in (1, 2)
+               for g, flags, reward in (("partial", study.REGIMES["partial"], 0.35),
+                                        ("stale2+partial", study.REGIMES["stale2+partial"], 0.4))
+               for c in ("none", "tis")]  # fmt: skip
+    runs += chunked
+    text = study.render(payload, tmp_path)
+    assert "Pairing: at each of the 2 seeds" in text and "among the arms that sample alike" in text
+    chunked[-1]["rewards"] = [0.45] * 40  # but within a regime one first batch, as before
+    assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
+    chunked[-1]["rewards"], chunked[-1]["start_eval"] = [0.4] * 40, 0.21  # and one held-out start per engine
+    assert "Pairing broken at seed(s) 2" in study.render(payload, tmp_path)
 
 
 def test_the_versions_cell_gives_the_share_of_rows_that_span_two_versions():
