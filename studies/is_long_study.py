@@ -580,8 +580,9 @@ def pairing(runs: list[dict]) -> str:
     evals: dict[tuple, set] = {}  # (seed, engine) -> held-out accuracies before training
     firsts: dict[tuple, set] = {}  # (seed, how it samples) -> first-step rewards
     for r in runs:
-        evals.setdefault((r["seed"], sampling(r)[0]), set()).add(r["start_eval"])
-        firsts.setdefault((r["seed"], sampling(r)), set()).add(r["rewards"][0] if r["rewards"] else None)
+        how = sampling(r)
+        evals.setdefault((r["seed"], how[0]), set()).add(r["start_eval"])
+        firsts.setdefault((r["seed"], how), set()).add(r["rewards"][0] if r["rewards"] else None)
     broken = sorted({seed for (seed, _), seen in [*evals.items(), *firsts.items()] if len(seen) > 1})
     if broken:
         return f"Pairing broken at seed(s) {', '.join(map(str, broken))}: their arms started from different places."
