@@ -31,6 +31,7 @@ before its runs, and writes its own file. A seed whose runs so far another host 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -300,13 +302,25 @@ def run_study(
     return runs
 
 
-def set_aside_other_hosts(runs: list[dict], seeds, arm_list, steps: int, host: str) -> tuple[list[dict], list[dict]]:
-    """(kept, set aside): a seed with arms still to run whose runs so far another host made is run again whole on
-    this one. Its arms pair only on one host (a warm start made on another CPU is another model), so the other
-    host's runs of that seed leave the analysis; the file keeps them apart. Complete seeds stay where they ran."""
+def set_aside_other_hosts(
+    runs: list[dict], seeds, arm_list, steps: int, host: str, weights: Callable[[int], str] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """(kept, set aside): a seed with arms of `arm_list` still to run, whose runs of those arms another host made,
+    has them run again whole on this one. They pair only with runs from the same weights, and a warm start made on
+    another machine need not be the same model; `weights(seed)`, the hash of this host's warm start of the seed,
+    keeps the other host's runs where every one of them records that hash. Runs of other arms (another
+    invocation's regime) and complete seeds stay where they ran; the file keeps the set-aside runs apart."""
     incomplete = {s for s, missing in missing_arms(runs, seeds, arm_list, steps).items() if missing}
-    moved = {r["seed"] for r in runs if r["seed"] in incomplete and r["host_id"] != host}
-    return [r for r in runs if r["seed"] not in moved], [r for r in runs if r["seed"] in moved]
+    ours = [r for r in runs if r["seed"] in incomplete and (r["regime"], r["correction"]) in set(arm_list)]
+    elsewhere = {r["seed"] for r in ours if r["host_id"] != host}
+
+    def same_weights(seed: int) -> bool:
+        hashes = {r.get("warm_start_sha256") for r in ours if r["seed"] == seed}
+        return weights is not None and hashes == {weights(seed)}
+
+    moved = {s for s in elsewhere if not same_weights(s)}
+    gone = {id(r) for r in ours if r["seed"] in moved}
+    return [r for r in runs if id(r) not in gone], [r for r in runs if id(r) in gone]
 
 
 def workers_import(root: Path) -> None:
@@ -690,10 +704,13 @@ def main(argv=None) -> int:
     path = args.output / f"{study.name}.json"
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
     stored = stored_results(path)
+    scratch = Path(tempfile.mkdtemp(prefix="is_long_study_"))
+    weights = functools.cache(lambda seed: warm_start(seed, scratch, code, args.warm_cache)[1]["sha256"])
     runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
-                                        code["host_id"])  # fmt: skip
+                                        code["host_id"], weights)  # fmt: skip
     for seed in sorted({r["seed"] for r in aside}):
-        print(f"[is_long_study] seed {seed}: its runs so far were made on another host; set aside, run whole here")
+        print(f"[is_long_study] seed {seed}: its runs so far were made on another host from other weights; set "
+              "aside, run whole here")  # fmt: skip
     aside += stored.get("set_aside", [])
 
     def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured

@@ -236,6 +236,25 @@ def test_a_seed_cut_across_two_hosts_is_run_again_whole_on_the_second():
     kept, aside = study.set_aside_other_hosts(done_there + cut + own, [1, 2, 3], arm_list, 40, "here")
     assert kept == done_there + own and aside == cut
     assert study.set_aside_other_hosts(cut, [2], arm_list, 40, "there") == (cut, [])  # resumed on its own host
+    other_regime = [{**_run(2, "fp8", "none", 0.5), "host_id": "there"}]  # another invocation's arm: not paired here
+    assert study.set_aside_other_hosts(cut + other_regime, [2], arm_list, 40, "here") == (other_regime, cut)
+
+
+def test_another_host_s_runs_stay_where_this_host_s_warm_start_is_the_same_weights():
+    arm_list = study.arms(["sync", "stale4"], ["none", "reinforce_pro"])
+    cut = [{**_run(2, g, c, 0.5), "host_id": "there", "warm_start_sha256": "aa"} for g, c in arm_list[:2]]
+    asked = []
+
+    def weights(seed):
+        asked.append(seed)
+        return {2: "aa"}[seed]
+
+    assert study.set_aside_other_hosts(cut, [2], arm_list, 40, "here", weights) == (cut, [])
+    assert set(asked) == {2}  # asked only about the seed another host began
+    other = [cut[0], {**cut[1], "warm_start_sha256": "bb"}]  # one of them from other weights: the seed is redone
+    assert study.set_aside_other_hosts(other, [2], arm_list, 40, "here", weights) == ([], other)
+    unhashed = [{k: v for k, v in r.items() if k != "warm_start_sha256"} for r in cut]  # made before hashes were kept
+    assert study.set_aside_other_hosts(unhashed, [2], arm_list, 40, "here", weights) == ([], unhashed)
 
 
 def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the_screened_corrections():
