@@ -125,6 +125,17 @@ PLANS: dict[str, Plan] = {
         steps=100,
         margin=0.05,
     ),
+    # Registered on docs/results/is-long-study.md ("Registered plan: the second confirmation") before any of its
+    # runs, with the regime and arms studies/confirmation_rule.py picked from both screenings as committed. 24 seeds:
+    # the first confirmation's paired sd between a collapsing and a holding arm was 0.15-0.21.
+    "second_confirmation": Plan(
+        name="is_second_confirmation",
+        seeds=tuple(range(601, 625)),
+        regimes=("sync", "fp8"),
+        corrections=("none", "reinforce_pro", "reinforce_pro+rollout", "cppo", "dppo-tv"),
+        steps=100,
+        margin=0.03,
+    ),
 }
 
 

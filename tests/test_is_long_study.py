@@ -275,6 +275,36 @@ def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the
     assert study.screening_or_plan(parser, parser.parse_args(["--plan", "confirmation"])) is plan
 
 
+def test_the_second_confirmation_is_what_the_committed_rule_picked_on_seeds_no_study_has_used():
+    import argparse
+
+    from studies import confirmation_rule
+    from studies.study_stats import stored_runs
+
+    plan = study.PLANS["second_confirmation"]
+    rule = json.loads((study.RESULTS_DIR / f"{confirmation_rule.NAME}.json").read_text())["results"]
+    assert rule["complete"]  # registered only once both screenings had their seeds
+    again = confirmation_rule.apply_rule(stored_runs(study.RESULTS_DIR / "is_regime_screening.json"),
+                                         stored_runs(study.RESULTS_DIR / "is_mechanism_screening.json"))  # fmt: skip
+    for part in ("regime", "variant"):
+        assert again[part]["chosen"] == rule[part]["chosen"]
+    assert plan.regimes == ("sync", rule["regime"]["chosen"])
+    assert {"sync", *plan.corrections} == set(rule["arms"]) and len(plan.corrections) == len(set(plan.corrections))
+    for arm in plan.corrections:
+        assert study.correction_arm(arm) == arm  # a correction the study runs, written as --corrections takes it
+    used = {r["seed"] for f in study.RESULTS_DIR.glob("is_*.json") if not f.stem.startswith(plan.name)
+            for r in json.loads(f.read_text()).get("results", {}).get("runs", [])}  # fmt: skip
+    assert len(plan.seeds) == 24 and len(set(plan.seeds)) == 24 and not set(plan.seeds) & used
+    assert plan.steps == 100 and plan.margin == confirmation_rule.MARGIN
+    assert plan.name not in (study.NAME, study.PLANS["confirmation"].name)
+    parser = argparse.ArgumentParser()
+    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
+        parser.add_argument(flag, default=None)
+    assert study.screening_or_plan(parser, parser.parse_args(["--plan", "second_confirmation"])) is plan
+    with pytest.raises(SystemExit):
+        study.screening_or_plan(parser, parser.parse_args(["--plan", "second_confirmation", "--seeds", "501"]))
+
+
 def test_a_plan_rendered_before_its_last_run_says_it_is_partial_and_the_pairing_is_checked(tmp_path):
     plan = {"seeds": [1, 2], "regimes": ["sync", "stale4"], "corrections": ["none", "reinforce_pro"], "steps": 40}
     runs = [_run(s, g, c, 0.5 + 0.01 * s) for s in (1, 2) for g, c in study.arms(plan["regimes"], plan["corrections"])]
