@@ -25,7 +25,8 @@ Every run records its own commit, whether the tree was clean (a dirty tree refus
 JSON and the study resumes: a run already there (same seed, regime, correction, steps) is not run again. The
 analysis (paired t-interval, t-test and Wilcoxon, Holm over each endpoint's family, TOST against a margin) is
 studies/study_stats.py's; the confirmatory stage is registered in PLANS and on docs/results/is-long-study.md
-before its runs, and writes its own file. A seed whose runs so far another host made is run again whole.
+before its runs, and writes its own file. A seed whose runs so far another host made from other weights is run
+again whole.
 """
 
 from __future__ import annotations
@@ -322,7 +323,8 @@ def set_aside_other_hosts(
     keeps the other host's runs where every one of them records that hash. Runs of other arms (another
     invocation's regime) and complete seeds stay where they ran; the file keeps the set-aside runs apart."""
     incomplete = {s for s, missing in missing_arms(runs, seeds, arm_list, steps).items() if missing}
-    ours = [r for r in runs if r["seed"] in incomplete and (r["regime"], r["correction"]) in set(arm_list)]
+    wanted = set(arm_list)
+    ours = [r for r in runs if r["seed"] in incomplete and (r["regime"], r["correction"]) in wanted]
     elsewhere = {r["seed"] for r in ours if r["host_id"] != host}
 
     def same_weights(seed: int) -> bool:

@@ -199,14 +199,21 @@ def test_the_design_meets_every_other_correction_head_to_head_with_holm_and_tost
     assert study.verdict({"p_holm": 0.01, "mean": -0.2}, 0.05) == "worse"
 
 
-def test_a_registered_plan_runs_as_registered(monkeypatch):
+def _plan_parser():
+    """The flags screening_or_plan reads, as the study's parser declares them."""
     import argparse
 
-    plan = study.Plan("p", seeds=(7, 8), regimes=("sync",), corrections=("none",), steps=5, margin=0.1)
-    monkeypatch.setitem(study.PLANS, "p", plan)
     parser = argparse.ArgumentParser()
     for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
         parser.add_argument(flag, default=None)
+    return parser
+
+
+def test_a_registered_plan_runs_as_registered(monkeypatch):
+
+    plan = study.Plan("p", seeds=(7, 8), regimes=("sync",), corrections=("none",), steps=5, margin=0.1)
+    monkeypatch.setitem(study.PLANS, "p", plan)
+    parser = _plan_parser()
     assert study.screening_or_plan(parser, parser.parse_args(["--plan", "p"])) is plan
     for flag, value in (("--steps", "50"), ("--seeds", "1"), ("--name", "x")):  # nothing can change a plan
         with pytest.raises(SystemExit):
@@ -258,7 +265,6 @@ def test_another_host_s_runs_stay_where_this_host_s_warm_start_is_the_same_weigh
 
 
 def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the_screened_corrections():
-    import argparse
 
     plan = study.PLANS["confirmation"]
     screened = json.loads((study.RESULTS_DIR / f"{study.NAME}.json").read_text())["results"]["runs"]
@@ -269,14 +275,11 @@ def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the
         assert study.correction_arm(arm) == arm  # a correction the study runs, written as --corrections takes it
         assert any(r["correction"] == arm and r["regime"] in plan.regimes for r in screened)  # and it was screened
     assert plan.name != study.NAME and 0 < plan.margin < study.DELTA and plan.steps == 100
-    parser = argparse.ArgumentParser()
-    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
-        parser.add_argument(flag, default=None)
+    parser = _plan_parser()
     assert study.screening_or_plan(parser, parser.parse_args(["--plan", "confirmation"])) is plan
 
 
 def test_the_second_confirmation_is_what_the_committed_rule_picked_on_seeds_no_study_has_used():
-    import argparse
 
     from studies import confirmation_rule
     from studies.study_stats import stored_runs
@@ -297,9 +300,7 @@ def test_the_second_confirmation_is_what_the_committed_rule_picked_on_seeds_no_s
     assert len(plan.seeds) == 24 and len(set(plan.seeds)) == 24 and not set(plan.seeds) & used
     assert plan.steps == 100 and plan.margin == confirmation_rule.MARGIN
     assert plan.name not in (study.NAME, study.PLANS["confirmation"].name)
-    parser = argparse.ArgumentParser()
-    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
-        parser.add_argument(flag, default=None)
+    parser = _plan_parser()
     assert study.screening_or_plan(parser, parser.parse_args(["--plan", "second_confirmation"])) is plan
     with pytest.raises(SystemExit):
         study.screening_or_plan(parser, parser.parse_args(["--plan", "second_confirmation", "--seeds", "501"]))
