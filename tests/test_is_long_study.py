@@ -210,7 +210,6 @@ def _plan_parser():
 
 
 def test_a_registered_plan_runs_as_registered(monkeypatch):
-
     plan = study.Plan("p", seeds=(7, 8), regimes=("sync",), corrections=("none",), steps=5, margin=0.1)
     monkeypatch.setitem(study.PLANS, "p", plan)
     parser = _plan_parser()
@@ -265,7 +264,6 @@ def test_another_host_s_runs_stay_where_this_host_s_warm_start_is_the_same_weigh
 
 
 def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the_screened_corrections():
-
     plan = study.PLANS["confirmation"]
     screened = json.loads((study.RESULTS_DIR / f"{study.NAME}.json").read_text())["results"]["runs"]
     assert len(plan.seeds) >= 16 and len(set(plan.seeds)) == len(plan.seeds)
@@ -280,7 +278,6 @@ def test_the_registered_confirmation_uses_fresh_seeds_the_reference_arms_and_the
 
 
 def test_the_second_confirmation_is_what_the_committed_rule_picked_on_seeds_no_study_has_used():
-
     from studies import confirmation_rule
     from studies.study_stats import stored_runs
 
