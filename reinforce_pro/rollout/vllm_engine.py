@@ -148,6 +148,10 @@ class VLLMEngine:
             use_host_threads()  # before vLLM binds its threads
             if cfg.tensor_parallel_size > 1:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(cfg.tensor_parallel_size))
+            if cfg.quantization is not None:
+                from reinforce_pro.rollout.cpu_fp8 import use_fp32_product_on_cpu
+
+                use_fp32_product_on_cpu()  # in this process: tensor-parallel workers, spawned, keep vLLM's
         from vllm import LLM
 
         kwargs = dict(
