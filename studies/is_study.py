@@ -86,7 +86,7 @@ REGIMES = {
     ),
     "fp8": Regime(
         "FP8 rollouts: the engine quantizes its linear weights to FP8 per output channel at every sync "
-        "(--vllm_quantization fp8_per_channel, bf16 activations), fp32 trainer, synchronous",
+        "(--vllm_quantization fp8_per_channel, layer inputs in FP8 per token), fp32 trainer, synchronous",
         {"vllm_quantization": "fp8_per_channel"},
     ),
     "fp8-lr1e-3": Regime(

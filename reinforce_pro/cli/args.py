@@ -138,8 +138,9 @@ class EngineFlags:
     vllm_cpu_kvcache_gib: int = flag(1, "[reinforce_pro] KV cache of a CPU engine, GiB")
     vllm_quantization: str | None = flag(None,
         "[reinforce_pro] quantize the engine's linear weights when it loads them and at every weight sync, while the "
-        "trainer keeps --param_dtype: fp8_per_channel (FP8 weights with a scale per output channel, activations in "
-        "--vllm_dtype, which must be bfloat16 or float16; runs on vLLM's CPU build too): the FP8 rollouts of "
+        "trainer keeps --param_dtype: fp8_per_channel (FP8 weights with a scale per output channel, each linear "
+        "layer's input quantized to FP8 per token, the rest of the model in --vllm_dtype, which must be bfloat16 or "
+        "float16; runs on vLLM's CPU build too): the FP8 rollouts of "
         "large-scale RL, a mismatch for the IS correction to handle", choices=ENGINE_QUANTIZATIONS)
     enable_vllm_is_correction: bool = flag(False,
         "correct the rollout/training mismatch with importance sampling in the policy loss",
