@@ -4,9 +4,9 @@ vLLM's CPU build serves `--vllm_quantization fp8_per_channel` (FP8 weights, acti
 token) with its ChannelWiseTorchFP8ScaledMMLinearKernel: one `torch._scaled_mm` of the two FP8 operands with
 unit scales and an fp32 output, then both scales applied. PyTorch hands that call to oneDNN whenever the CPU
 reports AMX-INT8 (Sapphire Rapids and later), and oneDNN has no FP8 matmul for such a CPU: it runs its
-reference kernel, a scalar loop some 300 times slower than the product PyTorch computes on any other CPU (the
-operands widened to fp32, one fp32 matmul). An FP8 engine then spends seconds on an engine step of a 2-layer
-model (benchmarks/bench_cpu_fp8.py measures both).
+reference kernel, a scalar loop orders of magnitude slower than the product PyTorch computes on any other CPU
+(the operands widened to fp32, one fp32 matmul). An FP8 engine then spends seconds on an engine step of a
+2-layer model (benchmarks/bench_cpu_fp8.py measures both).
 
 The kernel here is vLLM's, with that product computed as on those other CPUs. FP8 values widen to fp32
 exactly and each product of two is exact in fp32, so only the order of the sums could differ from the
@@ -16,11 +16,13 @@ native AMX-FP8 keep vLLM's own kernel for them, which comes first in vLLM's list
 
 from __future__ import annotations
 
+import functools
 import math
 
 
+@functools.cache
 def fp32_product_kernel():
-    """The kernel class: vLLM's channel-wise FP8 kernel whose matmul is `A.float() @ B.float()`."""
+    """The kernel class (one per process): vLLM's channel-wise FP8 kernel whose matmul is `A.float() @ B.float()`."""
     import torch
     from vllm.model_executor.kernels.linear.scaled_mm.pytorch import ChannelWiseTorchFP8ScaledMMLinearKernel
     from vllm.platforms import current_platform
@@ -50,7 +52,6 @@ def use_fp32_product_on_cpu() -> None:
     from vllm.model_executor.kernels.linear.scaled_mm.pytorch import ChannelWiseTorchFP8ScaledMMLinearKernel
     from vllm.platforms import PlatformEnum
 
-    kernels = linear._POSSIBLE_FP8_KERNELS[PlatformEnum.CPU]
-    if any(k.__name__ == "CPUFp8Fp32ProductKernel" for k in kernels):
-        return
-    kernels.insert(kernels.index(ChannelWiseTorchFP8ScaledMMLinearKernel), fp32_product_kernel())
+    kernels, ours = linear._POSSIBLE_FP8_KERNELS[PlatformEnum.CPU], fp32_product_kernel()
+    if ours not in kernels:
+        kernels.insert(kernels.index(ChannelWiseTorchFP8ScaledMMLinearKernel), ours)
