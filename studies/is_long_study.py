@@ -280,37 +280,42 @@ def run_study(
     if not total:
         return runs
     workdir = Path(tempfile.mkdtemp(prefix="is_long_study_"))
-    eval_path = held_out_file(workdir)
-    workers_import(ROOT)
-    start_ray(logical_cpus=8)
-    for seed, pending in ((s, p) for s, p in todo.items() if p):
-        model, warm = warm_start(seed, workdir, code, cache)
-        configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
-        engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
-        for regime, correction in pending:
-            count += 1
-            print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
-            cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
-            setting = cfg.engines.config
-            if setting.quantization not in engines:
-                engines[setting.quantization] = ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)
-            engine = engines[setting.quantization]
-            ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
-            provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
-            plan = prepare(cfg)
-            history = build_and_fit(cfg, plan, engines=[engine])
-            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
-                      "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"],
-                      "warm_start_commit": warm["commit"], "warm_start_sha256": warm["sha256"],
-                      **provenance}  # fmt: skip
-            runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
-                         **lengths(history)})  # fmt: skip
-            save(runs)
-            if pictures is not None and (plan.run_dir / "drift.png").is_file():
-                pictures.mkdir(parents=True, exist_ok=True)
-                shutil.copy(plan.run_dir / "drift.png", pictures / f"{seed}_{regime}_{correction}.png")
-        for engine in engines.values():
-            ray.kill(engine)
+    try:
+        eval_path = held_out_file(workdir)
+        workers_import(ROOT)
+        start_ray(logical_cpus=8)
+        for seed, pending in ((s, p) for s, p in todo.items() if p):
+            model, warm = warm_start(seed, workdir, code, cache)
+            configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
+            engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
+            for regime, correction in pending:
+                count += 1
+                print(f"[is_long_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
+                cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+                setting = cfg.engines.config
+                if setting.quantization not in engines:
+                    engines[setting.quantization] = ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)
+                engine = engines[setting.quantization]
+                ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
+                provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
+                plan = prepare(cfg)
+                history = build_and_fit(cfg, plan, engines=[engine])
+                record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
+                          "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"],
+                          "warm_start_commit": warm["commit"], "warm_start_sha256": warm["sha256"],
+                          **provenance}  # fmt: skip
+                runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
+                             **lengths(history)})  # fmt: skip
+                save(runs)
+                if pictures is not None and (plan.run_dir / "drift.png").is_file():
+                    pictures.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(plan.run_dir / "drift.png", pictures / f"{seed}_{regime}_{correction}.png")
+            for engine in engines.values():
+                ray.kill(engine)
+    except BaseException:  # a run cut short keeps its logs and checkpoints; every finished one is in the JSON
+        print(f"[is_long_study] stopped: the unfinished run's files are in {workdir}", flush=True)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)  # what the study reads of each run is in its JSON and pictures
     return runs
 
 
@@ -717,10 +722,10 @@ def main(argv=None) -> int:
     path = args.output / f"{study.name}.json"
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
     stored = stored_results(path)
-    scratch = Path(tempfile.mkdtemp(prefix="is_long_study_"))
-    weights = functools.cache(lambda seed: warm_start(seed, scratch, code, args.warm_cache)[1]["sha256"])
-    runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
-                                        code["host_id"], weights)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="is_long_study_") as scratch:  # where a missing warm start is built
+        weights = functools.cache(lambda seed: warm_start(seed, Path(scratch), code, args.warm_cache)[1]["sha256"])
+        runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
+                                            code["host_id"], weights)  # fmt: skip
     for seed in sorted({r["seed"] for r in aside}):
         print(f"[is_long_study] seed {seed}: its runs so far were made on another host from other weights; set "
               "aside, run whole here")  # fmt: skip

@@ -363,3 +363,65 @@ def test_the_seed_by_seed_table_gives_every_arm_at_every_seed_and_marks_collapse
                          "| fp8 | none | 0.600 (c) | 0.700 |",
                          "| fp8 | reinforce_pro@0.98,1.02 | 0.600 | 0.700 |"]  # fmt: skip
     assert study.render_by_seed(runs[:2]) == []  # one seed: the main table already says it
+
+
+def test_a_study_removes_its_scratch_when_it_ends_and_keeps_a_cut_run_s_files(tmp_path, monkeypatch):
+    """run_study with Ray, the engine and the trainer replaced: the runs land in the JSON's list and their
+    pictures are kept; its temporary directory goes when it ends, and stays (named) when a run is cut short."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import ray
+
+    import reinforce_pro.run.driver as driver
+    import reinforce_pro.run.prepare as prepare
+    import reinforce_pro.workers.launcher as launcher
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(launcher, "start_ray", lambda **kw: None)
+    monkeypatch.setattr(study, "workers_import", lambda root: None)
+    monkeypatch.setattr(study, "warm_start", lambda seed, workdir, code, cache: ("/model", {"sft/steps": 7,
+                        "commit": "c", "sha256": "s"}))  # fmt: skip
+    monkeypatch.setattr(study, "run_config", lambda model, seed, steps, regime, eval_path: SimpleNamespace())
+    monkeypatch.setattr(study, "with_correction", lambda cfg, correction, save: SimpleNamespace(
+        engines=SimpleNamespace(config=SimpleNamespace(quantization=None)), save=save))  # fmt: skip
+    engine = SimpleNamespace(reseed=SimpleNamespace(remote=lambda seed: seed))
+    monkeypatch.setattr(ray, "remote", lambda cls: SimpleNamespace(options=lambda **kw: SimpleNamespace(
+        remote=lambda setting: engine)))  # fmt: skip
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+
+    def fake_prepare(cfg):
+        cfg.save.mkdir(parents=True)
+        (cfg.save / "drift.png").write_bytes(b"png")
+        return SimpleNamespace(run_dir=cfg.save)
+
+    fits = []
+
+    def fake_fit(cfg, plan, engines):
+        fits.append(plan.run_dir.name)
+        if plan.run_dir.name.endswith("cut"):
+            raise KeyboardInterrupt
+        return [{"step": 1}]
+
+    monkeypatch.setattr(prepare, "prepare", fake_prepare)
+    monkeypatch.setattr(driver, "build_and_fit", fake_fit)
+    monkeypatch.setattr(study, "held_out", lambda run_dir: [(0, 0.5), (1, 0.75)])
+    monkeypatch.setattr(study, "summarise", lambda history, wall, evals: {"final_eval": evals[-1][1]})
+    monkeypatch.setattr(study, "lengths", lambda history: {})
+    monkeypatch.setattr(study, "arms", lambda regimes, corrections: [(g, c) for g in regimes for c in corrections])
+    saved, pictures = [], tmp_path / "pictures"
+
+    runs = study.run_study([3], ["stale4"], ["none", "tis"], 5, [], lambda r: saved.append(len(r)), {"commit": "c"},
+                           pictures=pictures)  # fmt: skip
+    assert [(r["seed"], r["correction"], r["final_eval"], r["warm_start_sha256"]) for r in runs] == [
+        (3, "none", 0.75, "s"), (3, "tis", 0.75, "s")]  # fmt: skip
+    assert saved == [1, 2] and sorted(p.name for p in pictures.iterdir()) == ["3_stale4_none.png", "3_stale4_tis.png"]
+    assert list(scratch.iterdir()) == []  # each run's directory and the held-out file: gone
+
+    with pytest.raises(KeyboardInterrupt):
+        study.run_study([4], ["stale4"], ["none", "cut"], 5, [], lambda r: None, {"commit": "c"})
+    (left,) = scratch.iterdir()  # the stopped study's directory stays, with the cut run's files
+    assert (left / "4_stale4_cut" / "drift.png").is_file() and fits[-1] == "4_stale4_cut"
