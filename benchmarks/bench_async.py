@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure, scratch_dir  # noqa: E402
 
 CONDITIONS = {
     "sync": [],
@@ -47,9 +46,9 @@ def one_run(flags: list[str], seed: int, steps: int) -> list[dict]:
     from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
 
-    run_dir = Path(tempfile.mkdtemp(prefix="bench_async_"))
-    _, cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps), "--seed", str(seed), *flags])
-    return build_and_fit(cfg, prepare(cfg))
+    with scratch_dir("bench_async_") as run_dir:
+        _, cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps), "--seed", str(seed), *flags])
+        return build_and_fit(cfg, prepare(cfg))
 
 
 def summarise(history: list[dict], warmup: int, final_window: int) -> dict:

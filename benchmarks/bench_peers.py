@@ -32,14 +32,21 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    PACKAGED_MODELS,
+    RESULTS_DIR,
+    new_figure,
+    render_saved,
+    save_and_render,
+    save_figure,
+    scratch_dir,
+)
 
 PEERS = Path(__file__).resolve().parent / "peers"
 PHASES = ["generate", "make_experience", "train", "weight_sync"]
@@ -265,13 +272,13 @@ def measure(names: list[str], warmup_steps: int, trl_python: str) -> dict:
     results = {}
     for name in names:
         w = WORKLOADS[name]
-        workdir = Path(tempfile.mkdtemp(prefix=f"bench_peers_{name}_"))
-        spec = prepare(workdir, w, warmup_steps)
-        peak = gemm_peak_gflops()
-        print(f"[bench_peers] {name}: fp32 GEMM {peak:.0f} GFLOP/s; TRL GRPOTrainer ({workdir})", flush=True)
-        trl = run_trl(workdir, trl_python)
-        print(f"[bench_peers] {name}: train_ppo_ray (a first run of one step, then the measured run)", flush=True)
-        ours = run_ours_twice(workdir, spec)
+        with scratch_dir(f"bench_peers_{name}_") as workdir:
+            spec = prepare(workdir, w, warmup_steps)
+            peak = gemm_peak_gflops()
+            print(f"[bench_peers] {name}: fp32 GEMM {peak:.0f} GFLOP/s; TRL GRPOTrainer ({workdir})", flush=True)
+            trl = run_trl(workdir, trl_python)
+            print(f"[bench_peers] {name}: train_ppo_ray (a first run of one step, then the measured run)", flush=True)
+            ours = run_ours_twice(workdir, spec)
         summary = {"trl": summarise(trl, spec, peak), "ours": summarise(ours, spec, peak)}
         summary["throughput_ratio"] = summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
         work = {k: spec[k] for k in ("matmul_params", "prompt_tokens_mean")}

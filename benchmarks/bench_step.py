@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render, scratch_dir  # noqa: E402
 
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
 TARGETS = {"rollout_efficiency": 0.8, "weight_sync_share": 0.10}
@@ -60,6 +59,11 @@ class BareLLM:
 
 
 def measure(steps: int, warmup_steps: int) -> dict:
+    with scratch_dir("bench_step_") as run_dir:  # the run's checkpoints, read by the bare engine below
+        return measure_in(run_dir, steps, warmup_steps)
+
+
+def measure_in(run_dir: Path, steps: int, warmup_steps: int) -> dict:
     import ray
 
     from reinforce_pro.cli.train_ppo_ray import parse
@@ -68,7 +72,6 @@ def measure(steps: int, warmup_steps: int) -> dict:
     from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
 
-    run_dir = Path(tempfile.mkdtemp(prefix="bench_step_"))
     args, run_cfg = parse(["--save_path", str(run_dir), "--max_samples", str(32 * steps)])
     plan = prepare(run_cfg)
     history = build_and_fit(run_cfg, plan)[warmup_steps:]

@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
+import sys
+import tempfile
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +28,20 @@ def attention_kernel(config, kernel: str | None):
         yield
     finally:
         config._attn_implementation = loaded
+
+
+@contextmanager
+def scratch_dir(prefix: str):
+    """A new temporary directory for a study's or benchmark's runs, removed when the block ends; a block cut
+    short (an error, Ctrl-C) keeps it and prints where, since the unfinished run's logs are what one reads next.
+    What a study keeps of each run goes to its JSON before the block ends, never only here."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        print(f"[{prefix.rstrip('_')}] stopped: the unfinished run's files are in {path}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def machine_info() -> dict:

@@ -24,13 +24,12 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, new_figure, render_saved, save_and_render, save_figure, scratch_dir  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 
 TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
@@ -109,12 +108,11 @@ def measure_mismatch(model_dir: Path, data_dir: Path, n_prompts: int, n_samples:
     return out
 
 
-def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
+def learning_run(model_dir: Path, data_dir: Path, run_dir: Path, steps: int, extra: list[str], eval_steps: int) -> dict:
     from reinforce_pro.cli.train_ppo_ray import parse
     from reinforce_pro.run.driver import build_and_fit
     from reinforce_pro.run.prepare import prepare
 
-    run_dir = Path(tempfile.mkdtemp(prefix="bench_smollm2_"))
     argv = [*run_flags(model_dir, data_dir), "--max_samples", str(4 * steps), "--save_path", str(run_dir), *extra]
     if eval_steps:
         argv += ["--eval_before_training", "--eval_steps", str(eval_steps)]
@@ -126,7 +124,6 @@ def learning_run(model_dir: Path, data_dir: Path, steps: int, extra: list[str], 
     evals = [[r["step"], r["eval/eval/pass@1"]] for r in rows if "eval/eval/pass@1" in r]
     measured = history[1:] or history  # step 1 carries the engine's warm-up
     return {
-        "run_dir": str(run_dir),
         "steps": len(history),
         "wall_s": wall,
         "train_wall_s": sum(phase_time(h, "step") for h in history),
@@ -210,10 +207,11 @@ def main() -> int:
         return render_saved(args.render, render)
     prepare_s = prepare_inputs(args.model_dir, args.data_dir, n_train=2000, n_eval=args.eval_prompts)
     before = measure_mismatch(args.model_dir, args.data_dir, args.mismatch_prompts, 4)
-    full = learning_run(args.model_dir, args.data_dir, args.steps, [], args.eval_steps)
-    after = measure_mismatch(Path(full["run_dir"]) / "final_model", args.data_dir, args.mismatch_prompts, 4)
-    lora = learning_run(args.model_dir, args.data_dir, args.lora_steps, ["--lora_rank", "16", "--lora_alpha", "32",
-                        "--actor_learning_rate", "1e-4"], 0)  # fmt: skip
+    with scratch_dir("bench_smollm2_") as work:  # two runs' checkpoints of a 135M model: gone when it ends
+        full = learning_run(args.model_dir, args.data_dir, work / "full", args.steps, [], args.eval_steps)
+        after = measure_mismatch(work / "full" / "final_model", args.data_dir, args.mismatch_prompts, 4)
+        lora = learning_run(args.model_dir, args.data_dir, work / "lora", args.lora_steps, ["--lora_rank", "16",
+                            "--lora_alpha", "32", "--actor_learning_rate", "1e-4"], 0)  # fmt: skip
     config = {
         "task": TASK,
         "task_settings": TASK_SETTINGS,

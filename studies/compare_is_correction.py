@@ -34,13 +34,12 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import scratch_dir, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 
 CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size; 0: synchronous)
@@ -160,33 +159,33 @@ def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> d
     }
     if not any(pending.values()):
         return {"config": config, "runs": runs}
-    workdir = Path(tempfile.mkdtemp(prefix="compare_is_"))
-    start_ray(logical_cpus=8)
-    for seed, todo in pending.items():
-        if not todo:
-            continue
-        pretrain = warm_start(seed, workdir)
-        base = base_config(pretrain, seed, steps)
-        engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
-        dtypes = sorted({CONDITIONS[c][0] for c in conditions})  # each condition's engine dtype
-        engines = {
-            dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
-            for dtype in dtypes
-        }
-        # warm-up (vLLM compiles on its first generate): keep it out of the first run's wall time
-        ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])
-        for condition, correction in todo:
-            print(f"[training] seed {seed} {condition} {correction}", flush=True)
-            save = workdir / f"{seed}_{condition}_{correction}"
-            cfg = run_config_for(base, correction, condition, save)
-            start = time.perf_counter()
-            history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
-            runs.append({"seed": seed, "condition": condition, "correction": correction,
-                         **summarise_run(history, time.perf_counter() - start)})  # fmt: skip
-            if on_run is not None:
-                on_run({"config": config, "runs": runs})
-        for engine in engines.values():
-            ray.kill(engine)
+    with scratch_dir("compare_is_") as workdir:
+        start_ray(logical_cpus=8)
+        for seed, todo in pending.items():
+            if not todo:
+                continue
+            pretrain = warm_start(seed, workdir)
+            base = base_config(pretrain, seed, steps)
+            engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
+            dtypes = sorted({CONDITIONS[c][0] for c in conditions})  # each condition's engine dtype
+            engines = {
+                dtype: engine_cls.remote(EngineConfig(model_path=pretrain, dtype=dtype, seed=seed, max_model_len=64))
+                for dtype in dtypes
+            }
+            # warm-up (vLLM compiles on its first generate): keep it out of the first run's wall time
+            ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])
+            for condition, correction in todo:
+                print(f"[training] seed {seed} {condition} {correction}", flush=True)
+                save = workdir / f"{seed}_{condition}_{correction}"
+                cfg = run_config_for(base, correction, condition, save)
+                start = time.perf_counter()
+                history = build_and_fit(cfg, prepare(cfg), engines=[engines[cfg.engines.config.dtype]])
+                runs.append({"seed": seed, "condition": condition, "correction": correction,
+                             **summarise_run(history, time.perf_counter() - start)})  # fmt: skip
+                if on_run is not None:
+                    on_run({"config": config, "runs": runs})
+            for engine in engines.values():
+                ray.kill(engine)
     return {"config": config, "runs": runs}
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import run_provenance, write_result  # noqa: E402
+from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 from studies.is_study import held_out, summarise  # noqa: E402
 from studies.study_stats import (  # noqa: E402
@@ -279,8 +279,7 @@ def run_study(
     total, count = sum(map(len, todo.values())), 0
     if not total:
         return runs
-    workdir = Path(tempfile.mkdtemp(prefix="is_long_study_"))
-    try:
+    with scratch_dir("is_long_study_") as workdir:  # a run cut short keeps its logs and checkpoints there
         eval_path = held_out_file(workdir)
         workers_import(ROOT)
         start_ray(logical_cpus=8)
@@ -312,10 +311,6 @@ def run_study(
                     shutil.copy(plan.run_dir / "drift.png", pictures / f"{seed}_{regime}_{correction}.png")
             for engine in engines.values():
                 ray.kill(engine)
-    except BaseException:  # a run cut short keeps its logs and checkpoints; every finished one is in the JSON
-        print(f"[is_long_study] stopped: the unfinished run's files are in {workdir}", flush=True)
-        raise
-    shutil.rmtree(workdir, ignore_errors=True)  # what the study reads of each run is in its JSON and pictures
     return runs
 
 

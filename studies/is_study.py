@@ -23,14 +23,13 @@ import itertools
 import json
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, run_provenance, write_result  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 from studies import bench_smollm2 as smollm2  # noqa: E402
 from studies.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
@@ -216,33 +215,33 @@ def run_study(seeds, regimes, corrections, steps, runs: list[dict], save) -> lis
     total, count = sum(map(len, todo.values())), 0
     if not total:
         return runs
-    workdir = Path(tempfile.mkdtemp(prefix="is_study_"))
-    start_ray(logical_cpus=8)
-    for seed, pending in todo.items():
-        if not pending:
-            continue
-        models = {t: start_model(t, seed, workdir) for t in {REGIMES[g].task for g, _ in pending}}
-        configs = {g: regime_config(g, models[REGIMES[g].task], seed, steps) for g, _ in pending}
-        engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
-        engines = {  # one per (model, dtype, quantization) the pending regimes ask for
-            engine_kind(cfg): engine_cls.remote(cfg.engines.config) for cfg in configs.values()
-        }
-        ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])  # warm-up
-        for regime, correction in pending:
-            count += 1
-            print(f"[is_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
-            cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
-            engine = engines[engine_kind(cfg)]
-            ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
-            provenance, start = run_provenance(), time.perf_counter()  # the code and host of this run
-            plan = prepare(cfg)
-            history = build_and_fit(cfg, plan, engines=[engine])
-            wall = time.perf_counter() - start
-            record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, **provenance}
-            runs.append({**record, **summarise(history, wall, held_out(plan.run_dir))})
-            save(runs)
-        for engine in engines.values():
-            ray.kill(engine)
+    with scratch_dir("is_study_") as workdir:
+        start_ray(logical_cpus=8)
+        for seed, pending in todo.items():
+            if not pending:
+                continue
+            models = {t: start_model(t, seed, workdir) for t in {REGIMES[g].task for g, _ in pending}}
+            configs = {g: regime_config(g, models[REGIMES[g].task], seed, steps) for g, _ in pending}
+            engine_cls = ray.remote(VLLMEngine).options(num_cpus=1)
+            engines = {  # one per (model, dtype, quantization) the pending regimes ask for
+                engine_kind(cfg): engine_cls.remote(cfg.engines.config) for cfg in configs.values()
+            }
+            ray.get([e.generate.remote([[1, 21, 15, 22, 33]], {"max_tokens": 4}) for e in engines.values()])  # warm-up
+            for regime, correction in pending:
+                count += 1
+                print(f"[is_study] {count}/{total}: seed {seed} {regime} {correction}", flush=True)
+                cfg = with_correction(configs[regime], correction, workdir / f"{seed}_{regime}_{correction}")
+                engine = engines[engine_kind(cfg)]
+                ray.get(engine.reseed.remote(seed))  # paired: every correction of a seed samples its first batch alike
+                provenance, start = run_provenance(), time.perf_counter()  # the code and host of this run
+                plan = prepare(cfg)
+                history = build_and_fit(cfg, plan, engines=[engine])
+                wall = time.perf_counter() - start
+                record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps, **provenance}
+                runs.append({**record, **summarise(history, wall, held_out(plan.run_dir))})
+                save(runs)
+            for engine in engines.values():
+                ray.kill(engine)
     return runs
 
 

@@ -31,13 +31,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, write_result  # noqa: E402
+from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 
 NAME = "search_agent"
@@ -216,8 +215,8 @@ def main(argv=None) -> int:
             print(f"[search_agent] seed {seed}: already in {args.output / f'{name}.json'}, kept", flush=True)
             continue
         print(f"[search_agent] seed {seed}", flush=True)
-        workdir = Path(tempfile.mkdtemp(prefix=f"search_{seed}_"))
-        runs.append(run_seed(seed, args.steps, workdir, TRAINING_AGENTS[args.agent]))
+        with scratch_dir(f"search_{seed}_") as workdir:
+            runs.append(run_seed(seed, args.steps, workdir, TRAINING_AGENTS[args.agent]))
         write_result(name, config, {"runs": runs}, args.output)
     table = render(json.loads(path.read_text()))
     (args.output / f"{name}.md").write_text(table + "\n")

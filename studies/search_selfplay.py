@@ -32,13 +32,12 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, write_result  # noqa: E402
+from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
 from studies import RESULTS_DIR  # noqa: E402
 from studies.study_stats import parse_seeds, stored_runs  # noqa: E402
 
@@ -248,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     from reinforce_pro.workers.launcher import start_ray
 
     start_ray(logical_cpus=8)
-    workdir = Path(tempfile.mkdtemp(prefix="search_selfplay_"))
-    for seed in [s for s in args.seeds if s not in {r["seed"] for r in runs}]:
-        print(f"[search_selfplay] seed {seed}", flush=True)
-        runs.append(run_seed(seed, workdir, code))
-        write_result(args.name, SETTINGS, {"runs": runs}, args.output)  # after each seed: a stop loses no seed
+    with scratch_dir("search_selfplay_") as workdir:
+        for seed in [s for s in args.seeds if s not in {r["seed"] for r in runs}]:
+            print(f"[search_selfplay] seed {seed}", flush=True)
+            runs.append(run_seed(seed, workdir, code))
+            write_result(args.name, SETTINGS, {"runs": runs}, args.output)  # after each seed: a stop loses no seed
     table = render(json.loads(path.read_text()))
     (args.output / f"{args.name}.md").write_text(table + "\n")
     print(table)

@@ -440,3 +440,22 @@ def test_the_agent_endpoint_bench_splits_engine_time_from_the_rest_per_turn(tmp_
                "machine": {"cpu": "a CPU", "cpu_count": 2, "torch": "2.13.0+cpu"}}  # fmt: skip
     table = bench.render(payload, tmp_path)
     assert "+3.0 ms per model turn" in table and "| OpenAI SDK | 2.40 | 2.00 | 4.0 | 20.0 | 100 | 4 | 500 |" in table
+
+
+def test_scratch_dir_goes_when_its_block_ends_and_stays_named_when_cut(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from benchmarks.common import scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with scratch_dir("bench_x_") as work:
+        (work / "run" / "log.txt").parent.mkdir()
+        (work / "run" / "log.txt").write_text("step 1")
+        assert work.parent == tmp_path and work.name.startswith("bench_x_")
+    assert list(tmp_path.iterdir()) == []
+
+    with pytest.raises(KeyboardInterrupt), scratch_dir("bench_x_") as work:
+        (work / "log.txt").write_text("step 1")
+        raise KeyboardInterrupt
+    assert (work / "log.txt").read_text() == "step 1"
+    assert f"[bench_x] stopped: the unfinished run's files are in {work}" in capsys.readouterr().err
