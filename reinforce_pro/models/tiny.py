@@ -1,6 +1,7 @@
 """The built-in tiny model: a Qwen2-architecture causal LM and a character-level tokenizer, created
 locally (nothing is downloaded) and saved as an ordinary HF model directory that vLLM, DeepSpeed and
-transformers all load like any other.
+transformers all load like any other. `--embedded_model moe` builds its mixture-of-experts twin instead, a
+Qwen3-MoE (`build_tiny_moe_model`), for routing replay (models/routing.py).
 
 The tokenizer maps each printable ASCII character and the newline to one token, plus <pad>, <bos>, <eos>,
 <unk>. Its chat template renders a conversation as "<bos>user: ...\nassistant: " (an assistant turn of the
@@ -65,14 +66,11 @@ def build_tiny_model(
     Reuses the directory if it already holds a model with the same configuration, so repeated runs and
     tests do not rebuild it.
     """
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    path = Path(path)
     tokenizer = build_tokenizer()
-    vocab_size = 128  # len(vocab) = 99, rounded up for friendlier kernels
     config = Qwen2Config(
-        vocab_size=vocab_size,
+        vocab_size=VOCAB_SIZE,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -85,12 +83,71 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
+    return _save_new(Path(path), config, Qwen2ForCausalLM, tokenizer, seed, ("hidden_size", "num_hidden_layers"))
+
+
+def build_tiny_moe_model(
+    path: str | Path,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    num_experts: int = 8,
+    experts_per_token: int = 2,
+    expert_size: int = 96,
+    max_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Create (or reuse) the tiny model's mixture-of-experts twin at `path`: a Qwen3-MoE with every layer's MLP
+    a router over `num_experts` experts, `experts_per_token` chosen per token (the top-k of the router's softmax,
+    renormalised, as Qwen3-30B-A3B does), the same tokenizer and chat template. The experts are smaller than the
+    dense model's MLP (96 against 384) so that the two active per token cost about half of it. head_dim is 32:
+    vLLM's CPU attention kernel refuses 16."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=4 * expert_size,  # unused: every layer is sparse (mlp_only_layers empty)
+        moe_intermediate_size=expert_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        num_experts=num_experts,
+        num_experts_per_tok=experts_per_token,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    same = ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok")
+    return _save_new(Path(path), config, Qwen3MoeForCausalLM, tokenizer, seed, same)
+
+
+VOCAB_SIZE = 128  # len(vocab) = 99, rounded up for friendlier kernels
+
+
+def _save_new(path: Path, config, model_cls, tokenizer, seed: int, same: tuple[str, ...]) -> Path:
+    """Save a freshly initialised `model_cls(config)` and the tokenizer at `path`, unless `path` already holds a
+    model of the same architecture whose `same` settings and vocabulary agree (repeated runs and tests reuse it)."""
+    import torch
+    from transformers import AutoConfig
+
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        existing = Qwen2Config.from_pretrained(path)
-        if all(getattr(existing, k) == getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+        existing = AutoConfig.from_pretrained(path)
+        if existing.model_type == config.model_type and all(
+            getattr(existing, k, None) == getattr(config, k) for k in (*same, "vocab_size")
+        ):
             return path
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     path.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging
 
