@@ -44,6 +44,9 @@ class Samples:
     policy_version: torch.Tensor | None = None
     # (B, T) long, --partial_rollout: the engines' version that sampled each response token (0 on padding)
     token_version: torch.Tensor | None = None
+    # (B, S, L, K) int16, MoE engines that capture routes (rollout/route_capture.py): each MoE layer's top-k
+    # experts for every token the engine fed, aligned with `sequences`; -1 where there is none. None: not captured
+    routes: torch.Tensor | None = None
     # (F,) the last F rows are extra segments of agent episodes (agents/trajectory.py): the index of the row whose
     # advantage each shares (its episode's lead row, among the first B - F rows); None: no such rows
     fork_of: list[int] | None = None
@@ -114,9 +117,11 @@ def concat_samples(parts: list[Samples]) -> Samples:
         values = [getattr(s, name) for s in parts]
         return None if any(v is None for v in values) else values
 
-    seqs, attn, masks, lps, index, offset = [], [], [], [], [], 0
+    seqs, attn, masks, lps, index, offset, routes = [], [], [], [], [], 0, []
     for s in parts:
         left, right = p_len - (s.sequences.size(1) - s.num_actions), t_len - s.num_actions
+        if s.routes is not None:  # (B, S, L, K): the sequence columns are dim 1
+            routes.append(torch.nn.functional.pad(s.routes, (0, 0, 0, 0, left, right), value=-1))
         seqs.append(pad(s.sequences, left, right, 0))  # under attention_mask 0: never attended or trained
         attn.append(pad(s.attention_mask, left, right, 0))
         masks.append(pad(s.action_mask, 0, right, False))
@@ -133,6 +138,8 @@ def concat_samples(parts: list[Samples]) -> Samples:
     for name in ("turn_rewards", "token_version"):  # (B, T) per-token fields: padded on the right
         if per_token := every(name):
             optional[name] = torch.cat([pad(t, 0, t_len - t.size(1), 0) for t in per_token])
+    if len(routes) == len(parts):
+        optional["routes"] = torch.cat(routes)
     if versions := every("policy_version"):
         optional["policy_version"] = torch.cat(versions)
     for name in ("step_meta", "step_rewards_ext"):
@@ -165,6 +172,8 @@ class Experience:
     info: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample (B,) values for logging
     step_meta: list[dict] | None = None  # (B,) agent sidecars, see Samples
     step_rewards_ext: list[dict] | None = None  # (B,)
+    # (B, S, L, K) int16, MoE under --routing_replay: the routes the training forward replays (models/routing.py)
+    routes: torch.Tensor | None = None
 
     @property
     def num_actions(self) -> int:
@@ -199,7 +208,7 @@ class Experience:
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("sequences", "attention_mask"):
+            if f.name in ("sequences", "attention_mask", "routes") and value is not None:
                 value = value[:, columns]
             elif isinstance(value, torch.Tensor) and value.dim() == 2:  # (B, T) per-token fields
                 value = value[:, :keep]

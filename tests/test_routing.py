@@ -190,3 +190,112 @@ def test_mixtral_routers_are_replayed_too():
     replay.use(torch.tensor([2, 3]).repeat(12, 2, 1))
     forward(model, ids, mask)
     assert torch.equal(replay.records[1].used, torch.tensor([[2, 3]] * 12))
+
+
+def test_a_scoring_pass_hands_each_chunk_its_rows_routes_and_maps_flips_to_response_tokens(moe_dir):
+    """batched_log_probs cuts the batch into row chunks and trims padding columns; the routes (B, S, L, K) must
+    follow. A route changed at one position of one row is a flip of the response token that position predicts,
+    and of no other; with the model's own routes everywhere nothing flips and the log-probs are the plain ones."""
+    from reinforce_pro.models.routing import RoutingPass
+    from reinforce_pro.workers.base import batched_log_probs
+
+    model = load(moe_dir)
+    rows, prompt, t = 5, 6, 7
+    ids = torch.randint(5, 99, (rows, prompt + t), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    for i in range(rows):
+        mask[i, : i % 3] = 0  # left padding
+        mask[i, prompt + t - (i % 4) :] = 0  # right padding
+    replay = RouteReplay.install(model)
+    plain = batched_log_probs(model, ids, mask, t, 1.0, micro=rows)
+    own = torch.full((rows, prompt + t, 2, 2), -1, dtype=torch.int16)
+    for i in range(rows):  # each row's own routes, from a forward of that row alone
+        real = mask[i].bool()
+        replay.use(None)
+        forward(model, ids[i : i + 1, real], torch.ones(1, int(real.sum()), dtype=torch.long))
+        own[i, real] = replay.own_routes()
+    routing = RoutingPass(replay, own)
+    scored = batched_log_probs(model, ids, mask, t, 1.0, micro=2, routing=routing)
+    result = routing.result()
+    action = mask[:, prompt:].bool()  # padding columns hold whatever each chunk's trimmed forward left there
+    torch.testing.assert_close(scored[action], plain[action], rtol=0, atol=1e-5)
+    assert not result["flips"][action].nan_to_num(1.0).any()  # compared at every response token, none flipped
+    assert torch.equal(result["own_routes"][mask.bool()], own[mask.bool()])
+    changed = own.clone()
+    row, position = 3, prompt + 2  # the position whose output predicts response token 3
+    changed[row, position, 1] = torch.tensor([e for e in range(8) if e not in own[row, position, 1].tolist()][:2])
+    routing = RoutingPass(replay, changed, force=False)
+    compared = batched_log_probs(model, ids, mask, t, 1.0, micro=2, routing=routing)
+    flips = routing.result()["flips"]
+    torch.testing.assert_close(compared[action], plain[action], rtol=0, atol=1e-5)  # only compared: none replayed
+    assert flips[action].nan_to_num(0.0).nonzero().tolist() == [[int(action[:row].sum()) + 3, 1]]
+    routing = RoutingPass(replay, changed)
+    replayed = batched_log_probs(model, ids, mask, t, 1.0, micro=2, routing=routing)
+    moved = ((replayed - plain).abs() > 1e-5) & action
+    assert moved[row, 3:][action[row, 3:]].all() and not moved[row, :3].any() and not moved[[0, 1, 2, 4]].any()
+
+
+def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
+    from reinforce_pro.trainer.experience_builder import agreement_line, routing_metrics
+
+    nan = float("nan")
+    flips = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]],  # row 0: 3 response tokens, a flip at tokens 0 and 2
+            [[0.0, 0.0], [nan, nan], [1.0, 0.0]],  # row 1: token 1 has no engine routes; token 2 is padding
+        ]
+    )
+    action = torch.tensor([[True, True, True], [True, True, False]])
+    m = routing_metrics(flips, action, replayed=True)
+    assert m["routing/flip_frac"] == pytest.approx(3 / 8)  # 4 tokens with routes x 2 layers
+    assert m["routing/flip_frac/layer0"] == pytest.approx(2 / 4) and m["routing/flip_frac/layer1"] == pytest.approx(
+        1 / 4
+    )
+    assert m["routing/token_flip_frac"] == pytest.approx(2 / 4) and m["routing/row_flip_frac"] == pytest.approx(1 / 2)
+    assert m["routing_pos/flip_frac/0-1"] == pytest.approx(1 / 6) and m["routing_pos/flip_frac/2-3"] == 1.0
+    assert m["routing/replayed"] == 1.0
+    gaps = {"rollout/logprob_abs_diff_mean": 1e-7, "rollout/logprob_abs_diff_p99": 1e-6}
+    line = agreement_line({**gaps, "rollout/logprob_abs_diff_max": 1e-6, **m}, "float32", "fp32", None)
+    assert "experts differ at 37.50% of (token, layer) pairs, then replayed the engine's" in line
+    assert routing_metrics(torch.full((1, 2, 2), nan), torch.ones(1, 2, dtype=torch.bool), False) == {}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--routing_replay", "r3", "--agent_func_path", "a.py"],
+            "--routing_replay r3 does not work with --agent_func",
+        ),
+        (["--routing_replay", "R2", "--packing_samples"], "--routing_replay r2 does not work with --packing_samples"),
+        (["--routing_replay", "r3", "--absolute_zero"], "--routing_replay r3 does not work with --absolute_zero"),
+        (["--routing_replay", "r4"], "invalid choice: 'r4'"),
+        (["--aux_loss_coef", "-0.1"], "--aux_loss_coef"),
+        (["--embedded_model", "moe", "--pretrain", "/x"], "--embedded_model moe picks the built-in model"),
+    ],
+)
+def test_routing_flags_that_cannot_work_stop_in_one_line(argv, message, capsys):
+    from reinforce_pro.cli.train_ppo_ray import parse
+
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags", [["--routing_replay", "r3"], ["--aux_loss_coef", "0.01"]])
+def test_moe_flags_on_a_dense_model_stop_before_anything_starts(tmp_path, capsys, flags):
+    from reinforce_pro.cli.train_ppo_ray import main
+
+    dense = build_tiny_model(tmp_path / "dense")
+    assert main(["--pretrain", str(dense), "--max_len", "64", "--save_path", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "needs a mixture-of-experts model" in err and err.count("\n") == 1, err
+
+
+def test_verls_values_of_the_replay_mode_are_read_as_ours():
+    from reinforce_pro.cli.train_ppo_ray import parse
+
+    for given, mode in [("R3", "r3"), ("disabled", "none"), ("r2", "r2")]:
+        _, cfg = parse(["--routing_replay", given])
+        assert cfg.forward.routing_replay == mode == cfg.experience.routing_replay

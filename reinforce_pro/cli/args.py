@@ -67,6 +67,11 @@ def flag(default, help: str, *, dotted=(), also=(), choices=None, metavar=None, 
     return dataclasses.field(default=default, metadata={"flag": spec})
 
 
+def replay_mode(routing_replay: str) -> str:
+    """--routing_replay in reinforce_pro's spelling: verl's disabled / R2 / R3 are none / r2 / r3."""
+    return {"disabled": "none", "R2": "r2", "R3": "r3"}.get(routing_replay, routing_replay)
+
+
 SELFPLAY = "[reinforce_pro] --absolute_zero:"  # how the self-play flags' help begins
 
 
@@ -279,9 +284,10 @@ class DeepSpeedFlags:
     attn_implementation: str = flag("flash_attention_2",
         "HF attention kernel for trainer models; flash_attention_2 falls back to sdpa when flash-attn is not "
         "installed (always on CPU), with a notice", dotted="ds.attn_implementation")
-    experts_implementation: str | None = flag(None, "MoE expert kernels (OpenRLHF v0.11)", flat=False,
-        dotted="ds.experts_implementation", choices=("eager", "batched_mm", "grouped_mm", "deepgemm"),
-        refused="no MoE expert kernels are wired in")
+    experts_implementation: str | None = flag(None,
+        "MoE expert kernels of the trainer's models (transformers' experts_implementation; unset: its default): "
+        "eager, batched_mm, grouped_mm (the last where torch has grouped_mm); deepgemm needs CUDA and DeepGEMM",
+        flat=False, dotted="ds.experts_implementation", choices=("eager", "batched_mm", "grouped_mm", "deepgemm"))
     use_liger_kernel: bool = flag(False, "Liger kernels", dotted="ds.use_liger_kernel",
         refused="Liger kernels are not wired in")
     grad_accum_dtype: str | None = flag(None, "gradient accumulation dtype", dotted="ds.grad_accum_dtype",
@@ -389,8 +395,16 @@ class TrainingFlags:
         "OpenRLHF 0.11.2: token-mean (every token of the batch weighs the same) or seq-mean-token-mean (every "
         "response weighs the same: the mean of its tokens' losses)", dotted="actor.loss_agg_mode",
         choices=("token-mean", "seq-mean-token-mean"))
-    aux_loss_coef: float = flag(0, "MoE auxiliary loss coefficient", dotted="actor.aux_loss_coef",
-        refused="no MoE auxiliary loss")
+    aux_loss_coef: float = flag(0,
+        "MoE models: weight of the router's load-balancing loss (Switch Transformer's, as transformers computes "
+        "it: the number of experts per token when balanced) in the policy loss; logged as policy/aux_loss",
+        dotted="actor.aux_loss_coef", at_least=0, finite=True)
+    routing_replay: str = flag("none",
+        "[reinforce_pro] MoE models: the experts the trainer's forwards use. r3: the engine's, recorded for every "
+        "sampled token (rollout routing replay, arXiv 2510.11370); r2: the old policy's, from the forward that "
+        "computes the old log-probs; none: the trainer routes itself. routing/* measures the disagreement either "
+        "way. verl's values (actor_rollout_ref.actor.router_replay.mode) disabled / R2 / R3 are accepted",
+        choices=("none", "r2", "r3", "disabled", "R2", "R3"))
     entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef")
     adam_betas: tuple[float, float] = flag((0.9, 0.95), "AdamW betas", dotted="actor.adam.betas")
     reward_clip_range: tuple[float, float] = flag((-10, 10), "clip rewards to this range", dotted="reward.clip_range")
@@ -479,6 +493,10 @@ class ModelDataFlags:
 
     pretrain: str | None = flag(None, "policy HF model dir (unset: the built-in tiny model)",
         dotted="actor.model_name_or_path")
+    embedded_model: str = flag("dense",
+        "[reinforce_pro] with --pretrain unset: the built-in model is dense (a tiny Qwen2) or moe (its "
+        "mixture-of-experts twin, a tiny Qwen3-MoE with 8 experts, 2 per token: routing replay, docs/models.md)",
+        choices=("dense", "moe"))
     reward_pretrain: str | None = flag(None, "reward model HF dir (sequence classification)",
         dotted="reward.model_name_or_path")
     remote_rm_url: str | None = flag(None, "a .py file defining reward_func(queries, prompts, labels)",

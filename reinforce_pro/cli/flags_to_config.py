@@ -19,6 +19,7 @@ are taken from the engines section there, so each is set in one place.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from argparse import Namespace
 from datetime import datetime
@@ -27,6 +28,7 @@ from pathlib import Path
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
+from reinforce_pro.cli.args import replay_mode
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.rollout.sampler import RolloutConfig
@@ -98,11 +100,17 @@ def engines(
 
 def forward(
     attn_implementation, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu,
-    train_max_tokens_per_gpu, packing_samples, ring_attn_size,
+    train_max_tokens_per_gpu, packing_samples, ring_attn_size, routing_replay, experts_implementation,
 ) -> ForwardConfig:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
-    return ForwardConfig(attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size)
+    if experts_implementation == "deepgemm" and importlib.util.find_spec("deep_gemm") is None:
+        raise ValueError("--ds.experts_implementation deepgemm needs DeepGEMM (CUDA), which is not installed here; "
+                         "eager, batched_mm and grouped_mm run anywhere")  # fmt: skip
+    return ForwardConfig(
+        attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size,
+        replay_mode(routing_replay), experts_implementation,
+    )  # fmt: skip
 
 
 def _optim(world: int, train_batch_size: int, **settings) -> OptimConfig:
@@ -157,6 +165,7 @@ def loss(
     vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, vllm_is_correction_args,
     vllm_is_anchor, is_correction_level, is_correction_mode, is_correction_gating, is_position_metrics, use_kl_loss,
     kl_estimator, kl_unbiased_gradient, loss_agg_mode, entropy_loss_coef, temperature, top_p, top_k, min_new_tokens,
+    aux_loss_coef,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
     enable, correction = enable_vllm_is_correction, vllm_is_correction_type
@@ -186,7 +195,7 @@ def loss(
     replay = SamplingFilter(top_k=top_k, top_p=top_p, min_tokens=min_new_tokens)
     return PolicyLossConfig(
         surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient,
-        replay if replay.active or min_new_tokens else None,
+        replay if replay.active or min_new_tokens else None, aux_loss_coef,
     )  # fmt: skip
 
 
@@ -241,7 +250,7 @@ def rollout(
 def experience(
     n_samples_per_prompt, max_new_tokens, max_len, advantage_estimator, gamma, lambd, no_advantage_std_norm,
     reward_clip_range, reward_nan_policy, overlong_buffer_len, overlong_penalty_factor, stop_properly_penalty_coef,
-    normalize_reward, kl_estimator, use_kl_loss,
+    normalize_reward, kl_estimator, use_kl_loss, routing_replay,
 ) -> ExperienceConfig:  # fmt: skip
     return ExperienceConfig(
         n_samples_per_prompt=n_samples_per_prompt,
@@ -258,6 +267,7 @@ def experience(
         normalize_reward=normalize_reward,
         kl_estimator=kl_estimator,
         use_kl_loss=use_kl_loss,
+        routing_replay=replay_mode(routing_replay),
     )
 
 
@@ -315,12 +325,13 @@ def loop(
 def models(
     pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
     disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
-    save_value_network, sft_warmup_target,
+    save_value_network, sft_warmup_target, embedded_model,
 ) -> sections.Models:  # fmt: skip
     lora_settings = LoraAdapterConfig(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
     return sections.Models(
         pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
         disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network, sft_warmup_target,
+        embedded_model,
     )  # fmt: skip
 
 

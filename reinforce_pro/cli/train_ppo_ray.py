@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds, replay_mode
 from reinforce_pro.cli.presets import preset_defaults, preset_for
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
@@ -85,7 +85,29 @@ def template_problem(template: str) -> str | None:
 
 def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
-    return invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args) or invalid_min_length(args)
+    return (
+        invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args) or invalid_min_length(args)
+        or invalid_routing(args)
+    )  # fmt: skip
+
+
+def invalid_routing(args) -> str | None:
+    """Routing replay where the routes do not reach yet, or None. The engine's routes travel with plain prompt
+    rollouts (partial ones included) through padded forwards; agent rows, self-play rows, packed and ring
+    forwards do not carry them."""
+    mode = replay_mode(args.routing_replay)
+    if mode == "none":
+        return None
+    unsupported = {
+        "--agent_func_path": args.agent_func_path,
+        "--absolute_zero": args.absolute_zero,
+        "--packing_samples": args.packing_samples,
+        "--ring_attn_size": args.ring_attn_size > 1,
+    }
+    given = [name for name, on in unsupported.items() if on]
+    if given:
+        return f"--routing_replay {mode} does not work with {given[0]} yet: its rows or forwards do not carry routes"
+    return None
 
 
 def invalid_min_length(args) -> str | None:

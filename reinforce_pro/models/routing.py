@@ -56,6 +56,15 @@ def moe_shape(model) -> tuple[int, int, int] | None:
     return len(routers), int(routers[0].num_experts), int(routers[0].top_k)
 
 
+def is_moe_dir(path: str) -> bool:
+    """Whether the HF model directory at `path` is a mixture of experts (its config names experts per token)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    config = getattr(config, "get_text_config", lambda: config)()
+    return bool(getattr(config, "num_experts_per_tok", 0))
+
+
 def check_routes(routes: torch.Tensor, layers: int, experts: int, top_k: int, tokens: int | None = None) -> None:
     """Refuse, in one line, routes this model cannot replay."""
     want = f"(tokens, {layers} MoE layers, top-{top_k})"
@@ -97,6 +106,7 @@ class RouteReplay:
     real: torch.Tensor | None = None  # (N,) bool, the tokens that are not padding (the load-balancing loss)
     records: dict[int, LayerRecord] = field(default_factory=dict)  # layer -> what it saw in the last forward
     keep_probs: bool = False  # record the softmax with its graph (only when the load-balancing loss is wanted)
+    force: bool = True  # False: compare the given routes with the trainer's own, and route as trained
 
     @classmethod
     def install(cls, model) -> RouteReplay:
@@ -113,12 +123,13 @@ class RouteReplay:
     def layers(self) -> int:
         return len(self.routers)
 
-    def use(self, routes: torch.Tensor | None, real: torch.Tensor | None = None) -> None:
-        """Replay `routes` (N, L, K; -1: own routing) in the forwards that follow, or None: route as trained.
-        `real`: (N,) which tokens are not padding. Clears what earlier forwards recorded."""
+    def use(self, routes: torch.Tensor | None, real: torch.Tensor | None = None, force: bool = True) -> None:
+        """Replay `routes` (N, L, K; -1: own routing) in the forwards that follow, or None: route as trained;
+        with `force` False the routes are only compared (flips) and the trainer routes itself. `real`: (N,)
+        which tokens are not padding. Clears what earlier forwards recorded."""
         if routes is not None:
             check_routes(routes, self.layers, self.experts, self.top_k)
-        self.routes, self.real, self.records = routes, real, {}
+        self.routes, self.real, self.force, self.records = routes, real, force, {}
 
     def _hook(self, layer: int):
         def hook(module, args, output):
@@ -132,13 +143,14 @@ class RouteReplay:
                 given = self.routes[:, layer].to(own.device, torch.long)
             used, flipped = own, None
             if given is not None:
-                forced = given[:, 0] >= 0
-                used = torch.where(forced.unsqueeze(-1), given, own)
-                flipped = forced & (own.sort(-1).values != given.sort(-1).values).any(-1)
+                known = given[:, 0] >= 0
+                flipped = known & (own.sort(-1).values != given.sort(-1).values).any(-1)
+                if self.force:
+                    used = torch.where(known.unsqueeze(-1), given, own)
             self.records[layer] = LayerRecord(
                 own.detach(), flipped, probs if self.keep_probs else probs.detach(), used.detach()
             )
-            if given is None:
+            if given is None or not self.force:
                 return output
             chosen = probs.gather(-1, used)
             if getattr(module, "norm_topk_prob", False) or type(module).__name__ in ALWAYS_RENORMALISED:
@@ -177,3 +189,44 @@ class RouteReplay:
             rows += used.size(0)
         rows = max(rows, 1)
         return self.experts * torch.sum((slots / rows) * (prob_sum / rows))
+
+
+@dataclass
+class RoutingPass:
+    """One scoring pass over a batch (its forwards cut into row chunks, padding columns trimmed) under a
+    RouteReplay: hands each forward its rows' routes, and gathers per row what the routers did.
+
+    `routes` (B, S, L, K) are aligned with the batch's sequences; `force` False only compares them."""
+
+    replay: RouteReplay
+    routes: torch.Tensor | None
+    force: bool = True
+    flips: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, T, L) float, NaN: not compared
+    own: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, S, L, K) int16, -1 on trimmed columns
+
+    def before(self, rows: slice, columns: slice, mask: torch.Tensor) -> None:
+        """Before the forward of `rows`, whose columns `columns` are kept; mask: their (b, w) attention mask."""
+        layers, k = self.replay.layers, self.replay.top_k
+        given = None if self.routes is None else self.routes[rows, columns].reshape(-1, layers, k)
+        self.replay.use(given, mask.flatten().bool(), self.force)
+        self._chunk = (rows, columns, tuple(mask.shape), given)
+
+    def after(self, keep: int, num_actions: int, width: int) -> None:
+        """After that forward: `keep` response columns were scored out of `num_actions`; `width` = S."""
+        rows, columns, (b, w), given = self._chunk
+        layers, k = self.replay.layers, self.replay.top_k
+        flips = torch.full((b, num_actions, layers), float("nan"))
+        compared = self.replay.flips()
+        if compared is not None:  # the positions whose outputs predict the response tokens: w-keep-1 .. w-2
+            known = (given[:, :, 0] >= 0).view(b, w, layers)[:, w - keep - 1 : w - 1]
+            found = compared.view(b, w, layers)[:, w - keep - 1 : w - 1].float().cpu()
+            flips[:, :keep] = torch.where(known.cpu(), found, float("nan"))
+        own = torch.full((b, width, layers, k), -1, dtype=torch.int16)
+        own[:, columns] = self.replay.own_routes().view(b, w, layers, k).cpu()
+        self.flips.append(flips)
+        self.own.append(own)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """{"flips": (B, T, L) float (1: the trainer's own top-k set differs from the given one at the position
+        that predicts response token t, NaN where nothing was compared), "own_routes": (B, S, L, K) int16}."""
+        return {"flips": torch.cat(self.flips), "own_routes": torch.cat(self.own)}

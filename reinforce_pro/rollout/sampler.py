@@ -70,6 +70,31 @@ def token_versions(versions: list[list[int]], width: int) -> torch.Tensor:
     return torch.tensor([v + [0] * (width - len(v)) for v in versions], dtype=torch.long)
 
 
+def extend_routes(kept: torch.Tensor | None, chunk: torch.Tensor | None) -> torch.Tensor | None:
+    """A partial rollout's routes after one more chunk: the positions earlier chunks fed keep the routes they
+    were sampled under (a later chunk re-feeds them as its prompt, under newer weights, only to rebuild the KV
+    cache), the chunk adds the positions it fed first. None when the engine captures none."""
+    if chunk is None:
+        return None
+    if kept is None:
+        return chunk
+    return torch.cat([kept, chunk[len(kept) :]])
+
+
+def routes_layout(prompt_ids: list[list[int]], generations: list[Generation], width: int) -> torch.Tensor | None:
+    """(B, S, L, K) int16 routes aligned with the padded sequences (prompt left-padded to the longest, S =
+    `width`), -1 on padding and on each response's last token (never fed); None unless every row has some."""
+    if not generations or any(g.routes is None for g in generations):
+        return None
+    shape = generations[0].routes.shape[1:]
+    out = torch.full((len(generations), width, *shape), -1, dtype=torch.int16)
+    p_len = max(len(p) for p in prompt_ids)
+    for row, (p, g) in enumerate(zip(prompt_ids, generations, strict=True)):
+        start = p_len - len(p)
+        out[row, start : start + len(g.routes)] = g.routes
+    return out
+
+
 @dataclass
 class PartialRollout:
     """--partial_rollout: responses are sampled `chunk` tokens at a time; before each chunk `between(i)` (i = 0
@@ -119,7 +144,7 @@ class Sampler:
         sampling = sampling or sampling_params(self.cfg)
         limit, n = sampling["max_tokens"], len(prompt_ids)
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
-        finish, active, chunks = ["length"] * n, list(range(n)), 0
+        finish, active, chunks, routes = ["length"] * n, list(range(n)), 0, [None] * n
         while active:
             version = partial.between(chunks)
             room = limit - len(tokens[active[0]])  # every active row has the same length
@@ -128,6 +153,7 @@ class Sampler:
             chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
             still = []
             for i, g in zip(active, chunk, strict=True):
+                routes[i] = extend_routes(routes[i], g.routes)
                 tokens[i] += g.token_ids
                 log_probs[i] += g.log_probs
                 versions[i] += [version] * len(g.token_ids)
@@ -135,7 +161,7 @@ class Sampler:
                 if g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
                     still.append(i)
             active = still
-        return [Generation(tokens[i], log_probs[i], finish[i]) for i in range(n)], versions
+        return [Generation(tokens[i], log_probs[i], finish[i], routes[i]) for i in range(n)], versions
 
     def sample_texts(
         self, prompts: list[str], sampling: dict | None = None, engines=None
@@ -164,7 +190,9 @@ class Sampler:
         )  # fmt: skip
         truncated = torch.tensor([g.finish_reason == "length" for g in generations])
         responses = self.decode(generations)
-        return Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
+        samples = Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
+        samples.routes = routes_layout(prompt_ids, generations, sequences.size(1))
+        return samples
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 WORKER_EXTENSION = "reinforce_pro.rollout.weight_receiver.WeightSyncExtension"
 # --colocate_all_models with tensor parallelism on GPUs: the devices of the policy ranks whose bundles the
@@ -49,6 +50,10 @@ class EngineConfig:
     # measures both). False: Inductor's graph cache, keyed by the graph: any directory of an architecture
     # compiled before hits it, and every start traces the model again.
     aot_compile: bool = False
+    # MoE models: record the experts each layer picked for every token (rollout/route_capture.py), for routing
+    # replay (--routing_replay r3). Hooks run only in eager mode, and a prefix-cache hit skips the forward of
+    # the cached tokens: the engine then runs eager, and refuses prefix caching.
+    capture_routes: bool = False
 
 
 @dataclass
@@ -56,6 +61,10 @@ class Generation:
     token_ids: list[int]  # response tokens
     log_probs: list[float]  # the engine's log-prob of each response token (after temperature)
     finish_reason: str  # "stop" or "length"
+    # (prompt + response - 1, L, K) int16 with capture_routes: the top-k experts of each MoE layer for every
+    # token the engine fed through the model (the prompt's, then each sampled token but the last); -1 where no
+    # forward covered a position. None: not captured.
+    routes: Any = None
 
 
 class _DropBenignReloadWarning(logging.Filter):
@@ -123,8 +132,51 @@ def sampled_log_probs(completion) -> list[float]:
     return out
 
 
+def fitted_routes(routes, positions: int):
+    """Routes for exactly `positions` tokens: cut after the last fed token, or -1 (the trainer's own routing)
+    where the engine recorded none."""
+    import torch
+
+    if routes.size(0) >= positions:
+        return routes[:positions]
+    missing = torch.full((positions - routes.size(0), *routes.shape[1:]), -1, dtype=routes.dtype)
+    return torch.cat([routes, missing])
+
+
+def llm_kwargs(cfg: EngineConfig, engine_index: int, on_gpu: bool) -> dict:
+    """vllm.LLM's keywords for an engine of `cfg`."""
+    kwargs = dict(
+        model=cfg.model_path,
+        dtype=cfg.dtype,
+        seed=cfg.seed + engine_index,
+        enforce_eager=cfg.enforce_eager,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        worker_extension_cls=WORKER_EXTENSION,
+        # log-probs of the distribution actually sampled from (temperature applied), which is what
+        # the trainer recomputes; "raw" would ignore the temperature.
+        logprobs_mode="processed_logprobs",
+    )
+    if cfg.tensor_parallel_size > 1:
+        # TP workers as processes of this actor, on the devices (or cores) it was given. Inside a Ray
+        # placement group vLLM would otherwise pick its Ray executor, which its CPU build refuses.
+        kwargs["distributed_executor_backend"] = "mp"
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    else:
+        kwargs["max_num_batched_tokens"] = cfg.cpu_max_batched_tokens * cfg.tensor_parallel_size
+    if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
+        kwargs["quantization"] = cfg.quantization
+    if cfg.capture_routes:
+        if cfg.enable_prefix_caching:
+            raise ValueError("route capture needs prefix caching off: a cached prefix is never fed again")
+        kwargs["enforce_eager"] = True  # a compiled graph would not run the capture's hooks at every step
+    return kwargs
+
+
 class VLLMEngine:
-    """Wrapped with ray.remote by the launcher (rollout/launcher.py)."""
+    """Wrapped with ray.remote by the launcher (workers/launcher.py) or by the caller."""
 
     def __init__(self, cfg: EngineConfig, engine_index: int = 0, name: str = "engine"):
         if os.environ.get(ENGINE_DEVICES_ENV):  # before anything asks CUDA for its devices
@@ -154,30 +206,12 @@ class VLLMEngine:
                 use_fp32_product_on_cpu()  # in this process: tensor-parallel workers, spawned, keep vLLM's
         from vllm import LLM
 
-        kwargs = dict(
-            model=cfg.model_path,
-            dtype=cfg.dtype,
-            seed=cfg.seed + engine_index,
-            enforce_eager=cfg.enforce_eager,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            max_model_len=cfg.max_model_len,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            worker_extension_cls=WORKER_EXTENSION,
-            # log-probs of the distribution actually sampled from (temperature applied), which is what
-            # the trainer recomputes; "raw" would ignore the temperature.
-            logprobs_mode="processed_logprobs",
-        )
-        if cfg.tensor_parallel_size > 1:
-            # TP workers as processes of this actor, on the devices (or cores) it was given. Inside a Ray
-            # placement group vLLM would otherwise pick its Ray executor, which its CPU build refuses.
-            kwargs["distributed_executor_backend"] = "mp"
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        else:
-            kwargs["max_num_batched_tokens"] = cfg.cpu_max_batched_tokens * cfg.tensor_parallel_size
-        if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
-            kwargs["quantization"] = cfg.quantization
+        kwargs = llm_kwargs(cfg, engine_index, on_gpu)
         self.llm = LLM(**kwargs)
+        self.capture_routes = cfg.capture_routes
+        if cfg.capture_routes:
+            top_k = self.llm.llm_engine.model_config.hf_text_config.num_experts_per_tok
+            self.llm.collective_rpc("start_route_capture", args=(int(top_k),))
         tied_head = getattr(self.llm.llm_engine.model_config.hf_text_config, "tie_word_embeddings", False)
         for handler in logging.getLogger("vllm").handlers:  # configured by now
             handler.addFilter(_DropBenignReloadWarning(tied_head))
@@ -190,11 +224,17 @@ class VLLMEngine:
 
         params = SamplingParams(**{"detokenize": bool(sampling.get("stop")), **sampling}, logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
+        routes = {}
+        if self.capture_routes:  # the first worker's: every tensor-parallel worker routes alike
+            routes = self.llm.collective_rpc("take_routes", args=([o.request_id for o in outputs],))[0]
         result = []
-        for out in outputs:
+        for prompt, out in zip(prompt_token_ids, outputs, strict=True):
             completion = out.outputs[0]
             ids = list(completion.token_ids)
-            result.append(Generation(ids, sampled_log_probs(completion), completion.finish_reason or "length"))
+            fed = routes.get(out.request_id)
+            if fed is not None:
+                fed = fitted_routes(fed, len(prompt) + len(ids) - 1)
+            result.append(Generation(ids, sampled_log_probs(completion), completion.finish_reason or "length", fed))
         return result
 
     def update_weights(self, blob: bytes) -> int:

@@ -21,6 +21,7 @@ class WeightSyncExtension:
         state_dict = load(blob)
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
         self._repack_cpu_embedding_gemms()
+        self._repack_cpu_moe_experts()
         return len(state_dict)
 
     def join_weight_group(self, spec, rank_offset: int, host: str) -> int:
@@ -41,6 +42,7 @@ class WeightSyncExtension:
         stream = receive(self._weight_group, manifest, bucket_bytes, self._weight_device)
         self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
         self._repack_cpu_embedding_gemms()
+        self._repack_cpu_moe_experts()
         return len(manifest)
 
     def _repack_cpu_embedding_gemms(self) -> None:
@@ -56,6 +58,41 @@ class WeightSyncExtension:
             method = getattr(module, "quant_method", None)
             if isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
                 method.process_weights_after_loading(module)
+
+    def _repack_cpu_moe_experts(self) -> None:
+        """vLLM's CPU MoE kernel computes with the experts' weights prepacked into its grouped-GEMM layout, made
+        when the weights are first processed. On an in-place reload vLLM 0.32 copies the new weights into the
+        parameters and skips that step (it sets the kernel up on the first load only), so every sync after the
+        first left an MoE engine computing with unpacked weights read as packed ones: samples and log-probs from
+        a model nobody trained. Prepack them again. An intermediate size the kernel pads (not a multiple of 32)
+        would need the padding redone as well, which is not done here: such a model is refused."""
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+        for module in self.model_runner.model.modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+                continue
+            if (
+                experts._padded_intermediate_size(experts.moe_config)
+                != experts.moe_config.intermediate_size_per_partition
+            ):
+                raise NotImplementedError(
+                    "in-place weight sync of a CPU MoE engine whose expert size is not a multiple of 32"
+                )
+            experts.process_weights_after_loading(module)
+
+    def start_route_capture(self, top_k: int) -> int:
+        """Record each MoE layer's top-k experts of every token this worker's forwards see
+        (rollout/route_capture.py); returns the number of MoE layers."""
+        from reinforce_pro.rollout.route_capture import RouteRecorder
+
+        self._route_recorder = RouteRecorder(self.model_runner, top_k)
+        return len(self._route_recorder.routers)
+
+    def take_routes(self, request_ids: list[str]) -> dict:
+        """The routes recorded for these requests (RouteRecorder.take)."""
+        return self._route_recorder.take(request_ids)
 
     def reseed(self, seed: int) -> None:
         """Reset the sampler's random state: requests without a seed of their own draw from torch's default

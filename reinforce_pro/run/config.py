@@ -85,10 +85,15 @@ class Models:
     lora_save_merged: bool
     save_value_network: bool
     sft_warmup_target: float = 0.0  # stop the warm start at this greedy accuracy (0: run every step)
+    embedded_model: str = "dense"  # the built-in model: dense (Qwen2) or moe (Qwen3-MoE)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sft_warmup_target <= 1.0:
             raise ValueError(f"--sft_warmup_target is an accuracy in [0, 1], got {self.sft_warmup_target}")
+        if self.pretrain and self.embedded_model != "dense":
+            raise ValueError(
+                f"--embedded_model {self.embedded_model} picks the built-in model: give it without --pretrain"
+            )
 
 
 @dataclass(frozen=True)

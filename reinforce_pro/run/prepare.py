@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from reinforce_pro.data.prompts import DataError, PromptConfig, build_prompts, load_prompt_records
+from reinforce_pro.models.routing import is_moe_dir
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 from reinforce_pro.run.config import Data, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
@@ -182,20 +183,39 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
     else:
         source = "builtin:exact_match"
     _check_max_len(data.max_len, pretrain)
+    _check_moe_flags(cfg, pretrain)
     log_dir = None if cfg.output.verbose else run_dir / "logs"
     return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls, log_dir)
+
+
+def _check_moe_flags(cfg: RunConfig, pretrain: str) -> None:
+    """The MoE flags need an MoE model, and an MoE engine records routes only without prefix caching."""
+    moe = is_moe_dir(pretrain)
+    if not moe and (cfg.forward.routing_replay != "none" or cfg.loss.aux_loss_coef > 0):
+        flag = (
+            f"--routing_replay {cfg.forward.routing_replay}"
+            if cfg.forward.routing_replay != "none"
+            else "--aux_loss_coef"
+        )
+        raise UserInputError(f"{flag} needs a mixture-of-experts model; {pretrain} has no experts")
+    if moe and cfg.engines.config.enable_prefix_caching:
+        raise UserInputError(
+            "--enable_prefix_caching with a mixture-of-experts model: its engine records every token's experts "
+            "(routing/*, --routing_replay), and a cached prefix is never fed again; drop the flag"
+        )
 
 
 def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
     """The built-in model; warm-started on the built-in task (or the self-play task's examples of both
     roles) when that is what we train on."""
     from reinforce_pro.data import EMBEDDED_TASKS
-    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.models.tiny import build_tiny_model, build_tiny_moe_model
     from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
     layers = 2 if task else EMBEDDED_TASKS[cfg.data.builtin_task]().model_layers
     positions = getattr(task, "tiny_model_positions", None) or 256  # task files are duck-typed
-    base = build_tiny_model(run_dir / "base_model", seed=cfg.seed, num_layers=layers, max_positions=positions)
+    build = build_tiny_moe_model if cfg.models.embedded_model == "moe" else build_tiny_model
+    base = build(run_dir / "base_model", seed=cfg.seed, num_layers=layers, max_positions=positions)
     steps, out = cfg.models.sft_warmup_steps, run_dir / "warmstart"
     if cfg.data.prompt_data is not None or steps <= 0:
         return str(base)

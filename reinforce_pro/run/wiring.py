@@ -14,6 +14,7 @@ import ray
 
 from reinforce_pro.data import embedded_reward
 from reinforce_pro.data.prompts import PromptConfig, build_prompts, load_records
+from reinforce_pro.models.routing import is_moe_dir
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
@@ -399,7 +400,10 @@ def engine_config(engine: EngineConfig, plan: RunPlan) -> EngineConfig:
     trace); one the run made itself (the built-in model, a warm start, under the run directory) is new every
     run and keeps Inductor's graph cache, which any directory of an architecture compiled before hits."""
     made_by_run = Path(plan.pretrain).resolve().is_relative_to(Path(plan.run_dir).resolve())
-    return replace(engine, model_path=plan.pretrain, aot_compile=not made_by_run)
+    # an MoE engine records every token's experts: routing/* and --routing_replay r3 (rollout/route_capture.py)
+    return replace(
+        engine, model_path=plan.pretrain, aot_compile=not made_by_run, capture_routes=is_moe_dir(plan.pretrain)
+    )
 
 
 def rollout_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: Sampler, use_gpu: bool):

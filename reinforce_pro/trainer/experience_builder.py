@@ -38,6 +38,7 @@ class ExperienceConfig:
     normalize_reward: bool = False
     kl_estimator: str = "k1"
     use_kl_loss: bool = False  # KL in the loss (the policy's), not in the reward
+    routing_replay: str = "none"  # MoE: none / r2 / r3, whose routes the forwards replay (models/routing.py)
 
 
 class RunningMoments:
@@ -101,9 +102,12 @@ class ExperienceBuilder:
         supplies them; the trainer then logs `old_log_prob_metrics` after training)."""
         seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
         old_lp = outside = None
+        scored, mode, engine_routes = {}, self.cfg.routing_replay, samples.routes
         if old_log_probs:  # with the tokens the trainer's replay of the engine's filter would have removed
-            old_lp, outside = _sharded_call(self.policy, "log_probs_and_outside", seq, attn, t).unbind(dim=1)
-        ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t) if self.reference else None
+            scored = _sharded_call(self.policy, "score", seq, attn, t, engine_routes)
+            old_lp, outside = scored["log_probs"], scored["outside"]
+        r3 = engine_routes if mode == "r3" else None
+        ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t, r3) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
         reward = self.rewards(samples)
         action_mask = samples.action_mask
@@ -135,8 +139,11 @@ class ExperienceBuilder:
             info={"score": reward.scores},
             step_meta=samples.step_meta,
             step_rewards_ext=samples.step_rewards_ext,
+            routes=r3 if mode != "r2" else scored.get("own_routes"),  # r2 without an old forward: nothing moved
         )
         metrics = {**self._metrics(samples, reward), **penalty_metrics, **samples.metrics}
+        if "flips" in scored:
+            metrics.update(routing_metrics(scored["flips"], action_mask, replayed=mode == "r3"))
         if old_lp is not None:
             metrics.update(self.old_log_prob_metrics(exp))
             action = exp.action_mask.bool()
@@ -229,6 +236,9 @@ def agreement_line(metrics: dict[str, float], engine_dtype: str, trainer_dtype: 
     head = (
         f"[agreement] step 1, {sides} on the same weights: mean |log-prob gap| {gap:.1e} (p99 {p99:.1e}, max {top:.1e})"
     )
+    if "routing/flip_frac" in metrics:  # an MoE model: how often the two sides' routers disagreed
+        replayed = ", then replayed the engine's" if metrics["routing/replayed"] else ""
+        head += f"; experts differ at {metrics['routing/flip_frac']:.2%} of (token, layer) pairs{replayed}"
     if quantization:
         return f"{head}: a quantised engine has no rounding bound; read it as the quantisation's cost"
     bound = max(DTYPE_NOISE.get(engine_dtype, 5e-2), DTYPE_NOISE.get(trainer_dtype, 5e-2))
@@ -240,8 +250,38 @@ def agreement_line(metrics: dict[str, float], engine_dtype: str, trainer_dtype: 
     )
 
 
-def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions) -> torch.Tensor:
-    """Split rows across the data-parallel ranks of `group`, call `method` on each, concatenate."""
+def routing_metrics(flips: torch.Tensor, action_mask: torch.Tensor, replayed: bool) -> dict[str, float]:
+    """routing/*: how often the trainer's own top-k experts differ from the engine's (before any replay), over
+    the positions that predict response tokens: (B, T, L) flips, NaN where the engine gave no routes."""
+    known = action_mask.bool().unsqueeze(-1) & ~flips.isnan()
+    if not known.any():
+        return {}
+    flipped = torch.where(known, flips, 0.0)
+    m = {
+        "routing/flip_frac": float(flipped.sum() / known.sum()),
+        "routing/token_flip_frac": float(flipped.amax(-1)[known.any(-1)].mean()),
+        "routing/row_flip_frac": float(flipped.amax(-1).amax(-1)[known.any(-1).any(-1)].mean()),
+        "routing/replayed": float(replayed),
+    }
+    for layer in range(flips.size(-1)):
+        m[f"routing/flip_frac/layer{layer}"] = float(masked_mean(flipped[..., layer], known[..., layer]))
+    bucket, names = position_buckets(action_mask)
+    for b, name in enumerate(names):
+        where = known & (bucket == b).unsqueeze(-1)
+        m[f"routing_pos/flip_frac/{name}"] = float(masked_mean(flipped, where))
+    return m
+
+
+def _sharded_call(group: list, method: str, sequences, attention_mask, num_actions, routes=None):
+    """Split rows across the data-parallel ranks of `group`, call `method` on each (with each shard's `routes`
+    when given), concatenate (a dict result key by key)."""
     group = ActorGroup.of(group)
-    refs = group.call_sharded(method, sequences.size(0), lambda idx: (sequences[idx], attention_mask[idx], num_actions))
-    return torch.cat(group.speakers(ray.get(refs)), dim=0)
+
+    def args_of(idx):
+        rows = (sequences[idx], attention_mask[idx], num_actions)
+        return rows if routes is None else (*rows, routes[idx])
+
+    results = group.speakers(ray.get(group.call_sharded(method, sequences.size(0), args_of)))
+    if isinstance(results[0], dict):
+        return {key: torch.cat([r[key] for r in results], dim=0) for key in results[0]}
+    return torch.cat(results, dim=0)

@@ -268,9 +268,11 @@ class PPOTrainer:
         (TRL does the same with num_iterations=1). Saves one forward pass over the batch per step."""
         one_pass = self.cfg.max_epochs == 1 and len(samples.prompts) <= self.cfg.train_batch_size
         trains_policy = self.step + 1 > self.cfg.freezing_actor_steps
+        routed = samples.routes is not None  # the engine's routes: the old forward measures routing/* against them
         return (
             self.cfg.recompute_old_log_probs or self.builder.needs_old_log_probs() or not (one_pass and trains_policy)
-        )
+            or routed
+        )  # fmt: skip
 
     def evaluate(self) -> dict[str, float]:
         """Between steps, with the engines held: under --async_train no rollout is generated meanwhile; under

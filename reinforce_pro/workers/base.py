@@ -17,6 +17,7 @@ import torch
 from reinforce_pro.algos.stats import Stat, merge_stats
 from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
 from reinforce_pro.models.logprobs import response_log_probs
+from reinforce_pro.models.routing import RoutingPass
 from reinforce_pro.models.sampling_filter import SamplingFilter
 
 
@@ -61,6 +62,12 @@ class ForwardConfig:
     max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
     packing_samples: bool = False  # padding-free forwards
     ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
+    routing_replay: str = "none"  # --routing_replay, MoE models: whose routes the forwards replay (models/routing.py)
+    experts_implementation: str | None = None  # MoE models: transformers' expert kernels (None: its default)
+
+    def model_kwargs(self) -> dict:
+        """from_pretrained keywords for the expert kernels, when set (an MoE model's; a dense one has none)."""
+        return {"experts_implementation": self.experts_implementation} if self.experts_implementation else {}
 
 
 def use_host_threads() -> None:
@@ -239,12 +246,14 @@ def batched_log_probs(
     log_probs_fn=None,
     sampling_filter: SamplingFilter | None = None,
     outside: list[torch.Tensor] | None = None,
+    routing: RoutingPass | None = None,
 ) -> torch.Tensor:
     """(B, T) float32 log-probs of the response tokens, computed `micro` rows (or `max_tokens` tokens) at a
     time; `packed`: padding-free forwards (--packing_samples); `log_probs_fn`: instead of
     models.logprobs.response_log_probs, with its arguments (the policy's ring under --ring_attn_size);
     `sampling_filter`: the engine's filters, replayed (models/sampling_filter.py); `outside`: receives the
-    (B, T) float 0/1 of sampled tokens that filter would have removed, when it is active."""
+    (B, T) float 0/1 of sampled tokens that filter would have removed, when it is active; `routing`: an MoE
+    model's routes for each forward, gathering what its routers did (models/routing.py; padded forwards)."""
     log_probs_fn = log_probs_fn or response_log_probs
     dev = device()
     out, flags = [], []
@@ -252,8 +261,12 @@ def batched_log_probs(
         columns, keep = padding_columns(attention_mask[rows], num_actions)  # padding of every row: skipped
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
         extra = {"outside": flags} if outside is not None else {}
+        if routing is not None:
+            routing.before(rows, columns, mask)
         lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter,
                              **extra)  # fmt: skip
+        if routing is not None:
+            routing.after(keep, num_actions, sequences.size(1))
         out.append(pad_actions(lp.float().cpu(), num_actions))
         if flags:
             flags[-1] = pad_actions(flags[-1].float().cpu(), num_actions)

@@ -28,6 +28,7 @@ from reinforce_pro.models.lora import (
     trainable_summary,
 )
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
+from reinforce_pro.models.routing import RouteReplay, RoutingPass, moe_shape
 from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
@@ -59,6 +60,7 @@ class PolicyLossConfig:
     kl_unbiased_gradient: bool = False  # the KL loss's gradient: the reverse KL's own (algos/kl.kl_loss)
     # the engine's top-k / top-p / minimum length, replayed on the trainer's logits (models/sampling_filter.py)
     sampling_filter: SamplingFilter | None = None
+    aux_loss_coef: float = 0.0  # MoE: the load-balancing loss's weight in the loss (models/routing.py)
 
 
 class PolicyWorker:
@@ -82,7 +84,13 @@ class PolicyWorker:
         if forward.ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
             register()
             attn = "ring"
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=torch.float32, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            pretrain, dtype=torch.float32, attn_implementation=attn, **forward.model_kwargs()
+        )
+        # MoE: every forward's routing is measured, replayed under --routing_replay, and feeds the balance loss
+        self.replay = RouteReplay.install(model) if moe_shape(model) else None
+        if self.replay is not None:
+            self.replay.keep_probs = loss.aux_loss_coef > 0
         if lora is not None:
             model = apply_lora(model, lora)
             if dist.rank == 0:
@@ -111,17 +119,29 @@ class PolicyWorker:
         return self.log_probs_and_outside(sequences, attention_mask, num_actions)[:, 0]
 
     def log_probs_and_outside(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int):
-        """(B, 2, T): the old log-probs and, where the engine's sampling filter is replayed, 1 on each sampled
-        token that the trainer's filter would have removed (else 0): the two sides' filters disagreed there,
-        as a bf16 engine's logits near a top-p or top-k boundary make them (models/sampling_filter.py). NaN
-        where nothing was replayed (no filter, or the ring's forward)."""
+        """(B, 2, T): score()'s log-probs and outside flags, stacked."""
+        scored = self.score(sequences, attention_mask, num_actions)
+        return torch.stack([scored["log_probs"], scored["outside"]], dim=1)
+
+    def score(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, routes=None) -> dict:
+        """The old forward over a rollout: {"log_probs": (B, T), "outside": (B, T), 1 on each sampled token
+        that the trainer's replay of the engine's sampling filter would have removed (else 0; the two sides'
+        filters disagreed there, as a bf16 engine's logits near a top-p or top-k boundary make them:
+        models/sampling_filter.py), NaN where nothing was replayed (no filter, or the ring's forward)}. An MoE
+        policy adds RoutingPass.result()'s "flips" against `routes` (B, S, L, K), the engine's, which it
+        replays under --routing_replay r3, and "own_routes", which R2 replays in the training forward."""
         self.engine.eval()
         fwd, outside = self.forward, []
+        routing = None
+        if self.replay is not None:
+            routing = RoutingPass(self.replay, routes, force=fwd.routing_replay == "r3")
         lp = batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
             fwd.max_tokens, fwd.packing_samples, self.response_log_probs, self.loss_cfg.sampling_filter, outside,
+            routing,
         )  # fmt: skip
-        return torch.stack([lp, outside[0] if outside else torch.full_like(lp, float("nan"))], dim=1)  # NaN: none
+        scored = {"log_probs": lp, "outside": outside[0] if outside else torch.full_like(lp, float("nan"))}
+        return {**scored, **(routing.result() if routing is not None else {})}
 
     def train_minibatch(
         self, micro_batches: list[Experience], global_tokens: float, global_seqs: float, kl_coef: float = 0.0
@@ -137,6 +157,7 @@ class PolicyWorker:
         """
         self.engine.train()
         history, log_probs = [], []
+        self._micro_batches = len(micro_batches)
         for i, exp in enumerate(micro_batches):
             # the optimizer steps after the last micro-batch, however many there are (self-play varies it)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
@@ -153,6 +174,7 @@ class PolicyWorker:
         exp = exp.trim_padding()
         seq, mask, action_mask = exp.sequences.to(dev), exp.attention_mask.to(dev), exp.action_mask.to(dev)
         want_entropy = cfg.entropy_loss_coef is not None
+        self._route(exp, mask)
         log_probs, entropy = self.response_log_probs(
             self.engine, seq, mask, exp.num_actions, cfg.temperature, want_entropy, self.forward.packing_samples,
             cfg.sampling_filter,
@@ -176,6 +198,11 @@ class PolicyWorker:
             )  # fmt: skip
             loss = loss + kl
             metrics.update(kl_metrics)
+        if self.replay is not None and cfg.aux_loss_coef > 0:
+            balance = self.replay.balance_loss()
+            # the mean over this step's micro-batches; DeepSpeed averages the ranks' gradients (OpenRLHF's scale)
+            loss = loss + cfg.aux_loss_coef * balance / self._micro_batches
+            metrics["policy/aux_loss"] = Stat(balance.detach())
         if want_entropy:
             ent = aggregate_loss(entropy, action_mask, level, **agg)
             loss = loss - cfg.entropy_loss_coef * ent
@@ -185,6 +212,16 @@ class PolicyWorker:
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
         return {k: v.item() for k, v in metrics.items()}, pad_actions(log_probs.detach(), num_actions)
+
+    def _route(self, exp: Experience, mask: torch.Tensor) -> None:
+        """Before a training forward of an MoE policy: replay the routes the experience carries (the engine's
+        under --routing_replay r3, the old forward's under r2), or let it route itself."""
+        if self.replay is None:
+            return
+        routes = None
+        if exp.routes is not None:
+            routes = exp.routes.reshape(-1, self.replay.layers, self.replay.top_k)
+        self.replay.use(routes, mask.flatten().bool())
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
@@ -299,20 +336,22 @@ class ReferenceWorker:
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
         attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
-        model = AutoModelForCausalLM.from_pretrained(pretrain, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            pretrain, dtype=dtype, attn_implementation=attn, **forward.model_kwargs()
+        )
         self.model = model.to(device()).eval()
         self.forward, self.temperature = forward, temperature
         self.sampling_filter = with_engine_stop_ids(sampling_filter, pretrain)
+        self.replay = RouteReplay.install(model) if moe_shape(model) else None
 
-    def log_probs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
+    def log_probs(
+        self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, routes=None
+    ) -> torch.Tensor:
+        """(B, T) log-probs under the reference; an MoE reference replays `routes` (B, S, L, K) when given (the
+        engine's, under --routing_replay r3), else routes itself."""
+        fwd = self.forward
+        routing = RoutingPass(self.replay, routes) if self.replay is not None else None
         return batched_log_probs(
-            self.model,
-            sequences,
-            attention_mask,
-            num_actions,
-            self.temperature,
-            self.forward.micro_batch_size,
-            self.forward.max_tokens,
-            self.forward.packing_samples,
-            sampling_filter=self.sampling_filter,
-        )
+            self.model, sequences, attention_mask, num_actions, self.temperature, fwd.micro_batch_size,
+            fwd.max_tokens, fwd.packing_samples, sampling_filter=self.sampling_filter, routing=routing,
+        )  # fmt: skip

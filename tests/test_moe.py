@@ -1,0 +1,190 @@
+"""Mixture-of-experts end to end on CPU: the engine records every token's experts (rollout/route_capture.py), the
+routes travel with the samples (partial rollouts included), and a run replays them (models/routing.py).
+
+One Ray cluster and one fp32 vLLM engine of a tiny Qwen3-MoE are shared by the tests here. The reference for the
+engine's routes is transformers' own router in an fp32 forward of the same token ids: on equal fp32 weights the
+two must pick the same top-k experts at every position.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("deepspeed")
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
+from reinforce_pro.models.routing import RouteReplay, moe_routers  # noqa: E402
+from reinforce_pro.models.tiny import build_tiny_moe_model  # noqa: E402
+from reinforce_pro.rollout.sampler import PartialRollout, RolloutConfig, Sampler  # noqa: E402
+from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine  # noqa: E402
+from reinforce_pro.run.driver import build_and_fit  # noqa: E402
+from reinforce_pro.run.prepare import prepare  # noqa: E402
+from reinforce_pro.workers.launcher import start_ray  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory) -> str:
+    """The embedded MoE model with routers that choose decisively (a fresh router's near-zero logits make ties)."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_moe_model(tmp_path_factory.mktemp("moe") / "model", seed=1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(1)
+    for router in moe_routers(model):
+        torch.nn.init.normal_(router.weight, std=0.5)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def engine(moe_model):
+    start_ray(logical_cpus=8)
+    config = EngineConfig(model_path=moe_model, dtype="float32", max_model_len=96, seed=0, capture_routes=True)
+    actor = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
+    yield actor
+    ray.kill(actor)
+    ray.shutdown()
+
+
+def prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(n)
+    return [[1] + torch.randint(5, 99, (3 + i % 9,), generator=g).tolist() for i in range(n)]
+
+
+def reference_routes(model_dir: str, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' own top-k experts of every position of each sequence, one fp32 forward per sequence."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    replay = RouteReplay.install(model)
+    out = []
+    for seq in sequences:
+        replay.use(None)
+        with torch.no_grad():
+            model(torch.tensor([seq]))
+        out.append(replay.own_routes())
+    return out
+
+
+def same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.sort(-1).values, b.sort(-1).values)
+
+
+def test_the_engine_records_every_fed_tokens_experts_as_an_fp32_reference_forward_picks_them(engine, moe_model):
+    """48 prompts sampled together (batched decoding, requests of different lengths in one forward): each row's
+    routes cover its prompt and every sampled token but the last, and equal transformers' at every position."""
+    batch = prompts(48)
+    generations = ray.get(engine.generate.remote(batch, dict(temperature=1.0, max_tokens=20)))
+    fed = [p + g.token_ids[:-1] for p, g in zip(batch, generations, strict=True)]
+    for g, seq, ref in zip(generations, fed, reference_routes(moe_model, fed), strict=True):
+        assert g.routes.shape == (len(seq), 2, 2) and g.routes.dtype == torch.int16
+        assert same_sets(g.routes, ref)
+
+
+def test_partial_rollouts_keep_the_routes_each_chunk_fed_first(engine, moe_model):
+    """Sampled 3 tokens at a time, each chunk re-feeding the tokens so far as its prompt: the concatenated routes
+    cover every fed position once and, the weights being unchanged, equal an unchunked forward's. The padded
+    layout puts each position's routes under its token and -1 on padding and on each response's last token."""
+    batch = prompts(12)
+    sampler = Sampler([engine], None, RolloutConfig(max_new_tokens=10, temperature=1.0))
+    generations, _ = sampler.sample_in_chunks(batch, PartialRollout(3, lambda i: 0))
+    assert any(len(g.token_ids) > 3 for g in generations)  # some rows took several chunks
+    fed = [p + g.token_ids[:-1] for p, g in zip(batch, generations, strict=True)]
+    for g, seq, ref in zip(generations, fed, reference_routes(moe_model, fed), strict=True):
+        assert g.routes.shape == (len(seq), 2, 2) and (g.routes >= 0).all()
+        assert same_sets(g.routes, ref)
+    from reinforce_pro.rollout.sampler import routes_layout
+
+    width = max(map(len, batch)) + max(len(g.token_ids) for g in generations)
+    layout = routes_layout(batch, generations, width)
+    row = 5
+    start = max(map(len, batch)) - len(batch[row])
+    assert (layout[row, :start] == -1).all()
+    assert torch.equal(layout[row, start : start + len(fed[row])], generations[row].routes)
+    assert (layout[row, start + len(fed[row]) :] == -1).all()
+
+
+RUN_ARGS = [
+    "--vllm_dtype", "float32", "--param_dtype", "fp32", "--sft_warmup_steps", "0",
+    "--rollout_batch_size", "8", "--n_samples_per_prompt", "4", "--train_batch_size", "32",
+    "--micro_train_batch_size", "16", "--micro_rollout_batch_size", "32", "--actor_learning_rate", "1e-3",
+    "--max_new_tokens", "6", "--max_samples", "16", "--max_len", "64", "--advantage_estimator", "reinforce_baseline",
+    "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro", "--actor_num_gpus_per_node", "1",
+    "--ref_num_gpus_per_node", "1", "--critic_num_gpus_per_node", "1",
+]  # fmt: skip
+
+
+def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, engine, moe_model):
+    """Two steps with --routing_replay r3 --aux_loss_coef 0.001: the routes reach the trainer aligned with its
+    tokens (on the same fp32 weights, at step 1, no token's experts differ between engine and trainer), the
+    old forward replays them, the balance loss is logged and the policy trains."""
+    argv = RUN_ARGS + ["--routing_replay", "r3", "--aux_loss_coef", "0.001"]
+    _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
+    plan = prepare(cfg)
+    history = build_and_fit(cfg, plan, engines=[engine])
+    first = history[0]
+    assert first["routing/flip_frac"] == 0.0 and first["routing/replayed"] == 1.0
+    assert {"routing/flip_frac/layer0", "routing/flip_frac/layer1", "routing/row_flip_frac"} <= set(first)
+    assert any(k.startswith("routing_pos/flip_frac/") for k in first)
+    assert first["rollout/logprob_abs_diff_max"] < 1e-4  # replayed fp32 forward: the engine's numbers
+    for step in history:
+        assert 1.0 < step["policy/aux_loss"] < 8.0  # 2 (the top-k) when balanced, 8 (the experts) at worst
+        assert step["policy/grad_norm"] > 0
+    logged = [json.loads(line) for line in (plan.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [1, 2] and all("routing/flip_frac" in m for m in logged)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert [k for k in logged[0] if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
+
+
+def test_a_synced_moe_engine_samples_as_one_that_loaded_the_weights(tmp_path, engine, moe_model):
+    """New weights sent in place (the trainer's sync) must reach the CPU MoE kernel's prepacked experts: the synced
+    engine samples the same tokens, log-probs and routes as a fresh engine loaded from those weights, and a second
+    sync back restores the first engine's samples."""
+    from safetensors.torch import save
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "experts" in name or "gate" in name:
+                weight.add_(torch.randn_like(weight) * weight.std())
+    other = tmp_path / "other"
+    model.save_pretrained(other)
+    for f in Path(moe_model).iterdir():  # the tokenizer travels with the weights
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, other / f.name)
+    batch, sampling = prompts(16), dict(temperature=1.0, max_tokens=12, seed=7)
+
+    def sample(actor):
+        return [(g.token_ids, g.log_probs, g.routes) for g in ray.get(actor.generate.remote(batch, sampling))]
+
+    def send(state: dict) -> None:  # a tied LM head is the embedding, which is sent
+        ray.get(
+            engine.update_weights.remote(save({n: t.contiguous() for n, t in state.items() if n != "lm_head.weight"}))
+        )
+
+    original = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32).state_dict()
+    send(original)  # whatever an earlier test trained into the shared engine
+    before = sample(engine)
+    send(model.state_dict())
+    config = EngineConfig(model_path=str(other), dtype="float32", max_model_len=96, seed=0, capture_routes=True)
+    fresh = ray.remote(VLLMEngine).options(num_cpus=1).remote(config)
+    synced, loaded = sample(engine), sample(fresh)
+    ray.kill(fresh)
+    send(original)
+    restored = sample(engine)
+    for (ids, lp, routes), (ids2, lp2, routes2) in zip(synced, loaded, strict=True):
+        assert ids == ids2 and torch.equal(routes, routes2)
+        gaps = [abs(a - b) for a, b in zip(lp, lp2, strict=True)]
+        assert max(gaps) < 1e-5, (max(gaps), lp[gaps.index(max(gaps))])
+    assert any(a[0] != b[0] for a, b in zip(before, synced, strict=True))  # the new weights sample otherwise
+    for (ids, lp, routes), (ids2, lp2, routes2) in zip(before, restored, strict=True):
+        assert ids == ids2 and torch.equal(routes, routes2) and lp == pytest.approx(lp2, abs=1e-5)
