@@ -299,3 +299,27 @@ def test_verls_values_of_the_replay_mode_are_read_as_ours():
     for given, mode in [("R3", "r3"), ("disabled", "none"), ("r2", "r2")]:
         _, cfg = parse(["--routing_replay", given])
         assert cfg.forward.routing_replay == mode == cfg.experience.routing_replay
+
+
+@pytest.mark.parametrize("kernel", ["batched_mm", "grouped_mm"])
+def test_the_expert_kernels_compute_what_eager_does_and_replay_reaches_them(moe_dir, kernel):
+    """--ds.experts_implementation: transformers' batched and grouped expert kernels run on CPU and agree with the
+    eager loop, with the router hooks (replay) in front of them."""
+    from transformers import AutoModelForCausalLM
+
+    ids, mask = batch()
+    outputs = {}
+    for name in ("eager", kernel):
+        model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32, experts_implementation=name).eval()
+        for router in moe_routers(model):
+            torch.nn.init.normal_(router.weight, std=0.5, generator=torch.Generator().manual_seed(0))
+        replay = RouteReplay.install(model)
+        replay.use(None)
+        with torch.no_grad():
+            plain = forward(model, ids, mask)
+        replay.use(torch.tensor([3, 5]).repeat(ids.numel(), 2, 1))
+        with torch.no_grad():
+            outputs[name] = (plain, forward(model, ids, mask))
+    for a, b in zip(outputs["eager"], outputs[kernel], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert (outputs["eager"][0] - outputs["eager"][1]).abs().max() > 1e-3  # the replayed experts are others

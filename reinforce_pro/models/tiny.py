@@ -69,20 +69,8 @@ def build_tiny_model(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )
+    shape = _shape(tokenizer, hidden_size, num_layers, num_heads, num_kv_heads, max_positions)
+    config = Qwen2Config(**shape, intermediate_size=intermediate_size)
     return _save_new(Path(path), config, Qwen2ForCausalLM, tokenizer, seed, ("hidden_size", "num_hidden_layers"))
 
 
@@ -106,32 +94,33 @@ def build_tiny_moe_model(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = build_tokenizer()
+    shape = _shape(tokenizer, hidden_size, num_layers, num_heads, num_kv_heads, max_positions)
     config = Qwen3MoeConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden_size,
+        **shape,
         intermediate_size=4 * expert_size,  # unused: every layer is sparse (mlp_only_layers empty)
         moe_intermediate_size=expert_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
         head_dim=hidden_size // num_heads,
         num_experts=num_experts,
         num_experts_per_tok=experts_per_token,
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
     )
     same = ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok")
     return _save_new(Path(path), config, Qwen3MoeForCausalLM, tokenizer, seed, same)
 
 
 VOCAB_SIZE = 128  # len(vocab) = 99, rounded up for friendlier kernels
+
+
+def _shape(tokenizer, hidden_size: int, layers: int, heads: int, kv_heads: int, positions: int) -> dict:
+    """The config settings the dense model and its MoE twin share: sizes, a tied head, the tokenizer's ids."""
+    return dict(
+        vocab_size=VOCAB_SIZE, hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, max_position_embeddings=positions, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+    )  # fmt: skip
 
 
 def _save_new(path: Path, config, model_cls, tokenizer, seed: int, same: tuple[str, ...]) -> Path:

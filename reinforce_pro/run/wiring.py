@@ -425,6 +425,8 @@ def announce_engines(cfg: RunConfig, use_gpu: bool) -> None:
     count, device = cfg.engines.count, "GPU" if use_gpu else "CPU"
     if cfg.engines.config.enforce_eager:
         what = "no compilation (--enforce_eager)"
+    elif cfg.engines.config.capture_routes:
+        what = "no compilation: a mixture-of-experts engine runs eagerly, recording each token's experts (routing/*)"
     elif use_gpu:
         what = "compiling the model's graph with torch.compile (vLLM caches it per model path)"
     elif uses_aot_cache(cfg.engines.config):
