@@ -25,6 +25,11 @@ Three parts:
    of the kept support differ from the reference's, and how far the full softmax sits from the filtered
    distribution (the mismatch a trainer that ignores the filter reports); forward + backward time with and
    without the filter.
+5. **MoE routing replay** (models/routing.py) on a Qwen3-MoE from config (random weights, transformers' own
+   router initialisation): the experts a float32 CPU forward picks, replayed in a float32 forward on the device
+   (logit error against the CPU forward; how many (token, layer) top-k sets the device would have picked
+   otherwise), and the route agreement between a bf16 and a float32 forward on the device, with the log-prob gap
+   with and without replaying the float32 routes in the bf16 forward.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ FILTERS = {
     "temperature 0.7, top_p 0.9, top_k 20": (0.7, SamplingFilter(top_p=0.9, top_k=20)),
     "min_new_tokens 3": (1.0, SamplingFilter(min_tokens=3, stop_token_ids=(0, 2))),
 }
+# part 5: Qwen3-30B-A3B's router (128 experts, 8 per token, renormalised) on a model small enough for one check
+MOE_MODEL = {"hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 384, "num_hidden_layers": 8,
+             "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_experts": 128,
+             "num_experts_per_tok": 8, "vocab_size": 32768}  # fmt: skip
+SMALL_MOE = {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+             "num_experts_per_tok": 2, "vocab_size": 512}  # fmt: skip
 SMALL_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": True}  # fmt: skip
 
@@ -276,6 +288,56 @@ def check_sampling_filters(device: str, tokens: int, vocab: int, reps: int) -> l
 
 
 # ---- 3. SmolLM2's train step ---------------------------------------------------------------------------------
+def _moe_forward(model, replay, ids, routes=None):
+    """(logits (B, S, V) float32 on the CPU, own routes (N, L, K)) of one forward, replaying `routes` if given."""
+    from reinforce_pro.models.routing import RouteReplay  # noqa: F401  (the replay type of `replay`)
+
+    replay.use(routes.to(ids.device) if routes is not None else None)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits.float().cpu()
+    return logits, replay.own_routes().cpu()
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of (token, layer) pairs whose top-k sets differ."""
+    return float((a.sort(-1).values != b.sort(-1).values).any(-1).float().mean())
+
+
+def _gap(logits: torch.Tensor, ref: torch.Tensor, ids: torch.Tensor) -> float:
+    """Mean |log-prob gap| of the next tokens of `ids` between two forwards' logits."""
+    target = ids[:, 1:].cpu().unsqueeze(-1)
+    lp = lambda x: torch.log_softmax(x[:, :-1].double(), -1).gather(-1, target)  # noqa: E731
+    return float((lp(logits) - lp(ref)).abs().mean())
+
+
+def check_moe(device: str, shape: dict, rows: int, width: int) -> dict:
+    """Part 5: the replayed forward on `device` against the CPU's, and bf16 against fp32 routing on `device`."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from reinforce_pro.models.routing import RouteReplay
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, norm_topk_prob=True, attn_implementation="sdpa")).eval()
+    ids = torch.randint(0, shape["vocab_size"], (rows, width), generator=torch.Generator().manual_seed(1))
+    replay = RouteReplay.install(model)
+    cpu_logits, cpu_routes = _moe_forward(model, replay, ids)
+    model.to(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev_ids = ids.to(device)
+    own_logits, own_routes = _moe_forward(model, replay, dev_ids)
+    replayed_logits, _ = _moe_forward(model, replay, dev_ids, cpu_routes)
+    fp32 = {"flip_frac_vs_cpu": _differ(own_routes, cpu_routes),
+            "logit_err_own": float((own_logits - cpu_logits).abs().max()),
+            "logit_err_replayed": float((replayed_logits - cpu_logits).abs().max())}  # fmt: skip
+    model.to(torch.bfloat16)
+    bf16_logits, bf16_routes = _moe_forward(model, replay, dev_ids)
+    bf16_replayed, _ = _moe_forward(model, replay, dev_ids, own_routes)
+    bf16 = {"flip_frac_vs_fp32": _differ(bf16_routes, own_routes),
+            "logprob_gap_own": _gap(bf16_logits, own_logits, ids),
+            "logprob_gap_replayed": _gap(bf16_replayed, own_logits, ids)}  # fmt: skip
+    return {"shape": shape, "rows": rows, "width": width, "fp32": fp32, "bf16": bf16}
+
+
 def gemm_tflops(device: str, n: int, dtype, tf32: bool = False) -> float:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -417,9 +479,27 @@ def render(payload: dict, out_dir: Path) -> str:
         lines += _model_lines(res["model"], res["gemm_tflops"], cfg)
     if "sampling_filters" in res:
         lines += _filter_lines(res["sampling_filters"], cfg)
+    if "moe" in res:
+        lines += _moe_lines(res["moe"], cfg)
     text = "\n".join(lines) + "\n"
     (out_dir / f"{payload['benchmark']}.md").write_text(text)
     return text
+
+
+def _moe_lines(moe: dict, cfg: dict) -> list[str]:
+    shape, fp32, bf16 = moe["shape"], moe["fp32"], moe["bf16"]
+    return [
+        "", f"## 5. MoE routing replay ({shape['num_hidden_layers']} layers, {shape['num_experts']} experts, top-"
+        f"{shape['num_experts_per_tok']}; {moe['rows']} x {moe['width']} tokens, random weights)", "",
+        "| check | value |", "|---|---|",
+        f"| fp32 on {cfg['device']}: (token, layer) top-k sets unlike the CPU's | {fp32['flip_frac_vs_cpu']:.4%} |",
+        f"| fp32 on {cfg['device']}: max logit error against the CPU, own routing | {fp32['logit_err_own']:.2e} |",
+        f"| fp32 on {cfg['device']}: max logit error against the CPU, CPU's routes replayed | "
+        f"{fp32['logit_err_replayed']:.2e} |",
+        f"| bf16 vs fp32 on {cfg['device']}: (token, layer) top-k sets that differ | {bf16['flip_frac_vs_fp32']:.4%} |",
+        f"| bf16 vs fp32: mean log-prob gap, own routing | {bf16['logprob_gap_own']:.2e} |",
+        f"| bf16 vs fp32: mean log-prob gap, fp32 routes replayed | {bf16['logprob_gap_replayed']:.2e} |",
+    ]  # fmt: skip
 
 
 def _tree_note(payload: dict) -> str:
@@ -502,7 +582,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="small shapes: checks the script on a CPU")
     p.add_argument("--steps", type=int, default=5, help="timed train steps per configuration")
-    p.add_argument("--parts", default="core,log-probs,model,filters", help="which parts to run (comma-separated)")
+    p.add_argument("--parts", default="core,log-probs,model,filters,moe", help="which parts to run (comma-separated)")
     p.add_argument("--rows", default="32,256", help="rows per optimizer step of part 3 (comma-separated)")
     p.add_argument("--micros", default="16", help="rows per micro-batch of part 3 (comma-separated)")
     p.add_argument("--paths", default="padded,packed", help="forwards of part 3: padded, packed")
@@ -533,6 +613,11 @@ def main(argv=None) -> int:
     if "filters" in parts:
         print("4. sampling filters", flush=True)
         results["sampling_filters"] = check_sampling_filters(args.device, *cfg["filter_shape"], reps=5)
+    if "moe" in parts:
+        print("5. MoE routing replay", flush=True)
+        results["moe"] = check_moe(
+            args.device, SMALL_MOE if small else MOE_MODEL, 4 if small else 16, 64 if small else 512
+        )
     return save_and_render(NAME + args.suffix, cfg, results, args.output, render)
 
 

@@ -370,6 +370,10 @@ def test_gpu_check_runs_its_small_shapes_on_the_cpu(tmp_path):
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| policy loss, IS reinforce_pro |" in table and "| 8 | 4 | fp32 | padded |" in table
     assert "## 4. Log-probs under the engine's sampling filters: 64 tokens x 512 vocabulary" in table
+    moe = payload["results"]["moe"]  # the device is the CPU again: the same routes, the same logits
+    assert moe["fp32"]["flip_frac_vs_cpu"] == 0 and moe["fp32"]["logit_err_replayed"] < 1e-5
+    assert 0 < moe["bf16"]["flip_frac_vs_fp32"] < 0.2 and moe["bf16"]["logprob_gap_own"] > 0
+    assert "## 5. MoE routing replay (2 layers, 8 experts, top-2" in table
 
 
 def test_the_search_selfplay_table_pairs_four_arms_with_holm_and_matches_episodes():
