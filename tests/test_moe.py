@@ -189,3 +189,28 @@ def test_a_synced_moe_engine_samples_as_one_that_loaded_the_weights(tmp_path, en
     assert any(a[0] != b[0] for a, b in zip(before, synced, strict=True))  # the new weights sample otherwise
     for (ids, lp, routes), (ids2, lp2, routes2) in zip(before, restored, strict=True):
         assert ids == ids2 and torch.equal(routes, routes2) and lp == pytest.approx(lp2, abs=1e-5)
+
+
+DIGIT_REWARD = """
+import torch
+
+def reward_func(queries, prompts, labels):  # dense for an untrained model: the fraction of digits in the response
+    responses = [q[len(p):] for q, p in zip(queries, prompts)]
+    return torch.tensor([sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses])
+"""
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_an_moe_run_without_replay_measures_routing_and_trains(tmp_path, engine, moe_model, packed):
+    """--routing_replay none: the trainer routes itself and still logs the disagreement (padded forwards);
+    --packing_samples forwards carry no routes, so they route themselves and log none."""
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGIT_REWARD)
+    argv = RUN_ARGS + ["--max_samples", "8", "--remote_rm_url", str(reward)] + (["--packing_samples"] if packed else [])
+    _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
+    (step,) = build_and_fit(cfg, prepare(cfg), engines=[engine])
+    assert step["policy/grad_norm"] > 0 and "policy/aux_loss" not in step
+    if packed:
+        assert not any(k.startswith("routing") for k in step)
+    else:
+        assert step["routing/flip_frac"] == 0.0 and step["routing/replayed"] == 0.0

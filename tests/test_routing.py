@@ -270,6 +270,7 @@ def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
         (["--routing_replay", "R2", "--packing_samples"], "--routing_replay r2 does not work with --packing_samples"),
         (["--routing_replay", "r3", "--absolute_zero"], "--routing_replay r3 does not work with --absolute_zero"),
         (["--routing_replay", "r4"], "invalid choice: 'r4'"),
+        (["--aux_loss_coef", "0.01", "--packing_samples"], "--aux_loss_coef does not work with --packing_samples"),
         (["--aux_loss_coef", "-0.1"], "--aux_loss_coef"),
         (["--embedded_model", "moe", "--pretrain", "/x"], "--embedded_model moe picks the built-in model"),
     ],
