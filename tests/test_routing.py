@@ -324,3 +324,13 @@ def test_the_expert_kernels_compute_what_eager_does_and_replay_reaches_them(moe_
     for a, b in zip(outputs["eager"], outputs[kernel], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert (outputs["eager"][0] - outputs["eager"][1]).abs().max() > 1e-3  # the replayed experts are others
+
+
+def test_a_partial_rollouts_routes_keep_what_each_chunk_fed_first():
+    from reinforce_pro.rollout.sampler import extend_routes
+
+    first = torch.full((6, 2, 2), 1, dtype=torch.int16)  # chunk 1 fed the prompt (4) and 2 of its 3 sampled tokens
+    second = torch.full((9, 2, 2), 2, dtype=torch.int16)  # chunk 2 re-fed those 7 tokens and 2 of its own
+    routes = extend_routes(extend_routes(None, first), second)
+    assert routes.shape == (9, 2, 2) and (routes[:6] == 1).all() and (routes[6:] == 2).all()
+    assert extend_routes(first, None) is None  # an engine that records none
