@@ -289,9 +289,8 @@ def check_sampling_filters(device: str, tokens: int, vocab: int, reps: int) -> l
 
 # ---- 3. SmolLM2's train step ---------------------------------------------------------------------------------
 def _moe_forward(model, replay, ids, routes=None):
-    """(logits (B, S, V) float32 on the CPU, own routes (N, L, K)) of one forward, replaying `routes` if given."""
-    from reinforce_pro.models.routing import RouteReplay  # noqa: F401  (the replay type of `replay`)
-
+    """(logits (B, S, V) float32 on the CPU, own routes (N, L, K)) of one forward under the RouteReplay `replay`,
+    replaying `routes` if given."""
     replay.use(routes.to(ids.device) if routes is not None else None)
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits.float().cpu()

@@ -100,8 +100,8 @@ def score(model_dir: str, samples) -> dict:
         routing = RoutingPass(replay, samples.routes, force=force)
         out[name] = batched_log_probs(model, seq, attn, t, 1.0, micro=64, routing=routing)
         if not force:
-            out["flips"] = routing.result()["flips"]
-            own = routing.result()["own_routes"]
+            result = routing.result()
+            out["flips"], own = result["flips"], result["own_routes"]
     prompt = attn.bool() & (samples.routes[..., 0, 0] >= 0)  # (B, S): positions the engine fed
     prompt[:, -t:] = False
     differ = (own.sort(-1).values != samples.routes.sort(-1).values).any(-1)  # (B, S, L)

@@ -67,9 +67,13 @@ def flag(default, help: str, *, dotted=(), also=(), choices=None, metavar=None, 
     return dataclasses.field(default=default, metadata={"flag": spec})
 
 
+ROUTING_REPLAY = ("none", "r2", "r3")  # --routing_replay (models/routing.py)
+VERL_REPLAY_MODES = {"disabled": "none", "R2": "r2", "R3": "r3"}  # verl's router_replay.mode, accepted too
+
+
 def replay_mode(routing_replay: str) -> str:
-    """--routing_replay in reinforce_pro's spelling: verl's disabled / R2 / R3 are none / r2 / r3."""
-    return {"disabled": "none", "R2": "r2", "R3": "r3"}.get(routing_replay, routing_replay)
+    """--routing_replay in reinforce_pro's spelling."""
+    return VERL_REPLAY_MODES.get(routing_replay, routing_replay)
 
 
 SELFPLAY = "[reinforce_pro] --absolute_zero:"  # how the self-play flags' help begins
@@ -404,7 +408,7 @@ class TrainingFlags:
         "sampled token (rollout routing replay, arXiv 2510.11370); r2: the old policy's, from the forward that "
         "computes the old log-probs; none: the trainer routes itself. routing/* measures the disagreement either "
         "way. verl's values (actor_rollout_ref.actor.router_replay.mode) disabled / R2 / R3 are accepted",
-        choices=("none", "r2", "r3", "disabled", "R2", "R3"))
+        choices=(*ROUTING_REPLAY, *VERL_REPLAY_MODES))
     entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef")
     adam_betas: tuple[float, float] = flag((0.9, 0.95), "AdamW betas", dotted="actor.adam.betas")
     reward_clip_range: tuple[float, float] = flag((-10, 10), "clip rewards to this range", dotted="reward.clip_range")

@@ -10,7 +10,7 @@ its gradient. R2 replays the old policy's own routes in the training forward ins
 `RouteReplay` hooks every router of an HF model once (persistent hooks: gradient checkpointing re-runs a layer's
 forward during the backward, and must see the same routes). Before each forward, `use(routes, real)` says what the
 next forwards replay: `routes` (N, L, K) holds the top-k expert ids of each of the N tokens the forward flattens
-(rows times columns for a padded batch, the packed order for a packed one), per MoE layer; -1 on a token leaves
+(rows times columns of the padded batch; packed and ring forwards are not replayed), per MoE layer; -1 on a token leaves
 it to the trainer's own router. Each forward records, per layer, the tokens whose own top-k set differs from the
 given one (`flips`), its own routes (`own`, for R2), and the router softmax and expert counts the load-balancing
 loss needs.
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-ROUTING_REPLAY = ("none", "r2", "r3")  # --routing_replay
 # Routers whose top-k weights are renormalised over the chosen experts whatever their config says
 ALWAYS_RENORMALISED = ("MixtralTopKRouter",)
 
@@ -65,13 +64,11 @@ def is_moe_dir(path: str) -> bool:
     return bool(getattr(config, "num_experts_per_tok", 0))
 
 
-def check_routes(routes: torch.Tensor, layers: int, experts: int, top_k: int, tokens: int | None = None) -> None:
-    """Refuse, in one line, routes this model cannot replay."""
+def check_routes(routes: torch.Tensor, layers: int, experts: int, top_k: int) -> None:
+    """Refuse, in one line, routes this model cannot replay (the hook checks their count against its forward's)."""
     want = f"(tokens, {layers} MoE layers, top-{top_k})"
     if routes.dim() != 3 or tuple(routes.shape[1:]) != (layers, top_k):
         raise RoutingDataError(f"routes of shape {tuple(routes.shape)} cannot be replayed: this model takes {want}")
-    if tokens is not None and routes.size(0) != tokens:
-        raise RoutingDataError(f"routes for {routes.size(0)} tokens given to a forward of {tokens} tokens")
     if routes.is_floating_point():
         raise RoutingDataError(f"routes must be integer expert ids, got {routes.dtype}")
     bad = (routes < -1) | (routes >= experts)
@@ -209,11 +206,11 @@ class RoutingPass:
         layers, k = self.replay.layers, self.replay.top_k
         given = None if self.routes is None else self.routes[rows, columns].reshape(-1, layers, k)
         self.replay.use(given, mask.flatten().bool(), self.force)
-        self._chunk = (rows, columns, tuple(mask.shape), given)
+        self._chunk = (columns, tuple(mask.shape), given)
 
     def after(self, keep: int, num_actions: int, width: int) -> None:
         """After that forward: `keep` response columns were scored out of `num_actions`; `width` = S."""
-        rows, columns, (b, w), given = self._chunk
+        columns, (b, w), given = self._chunk
         layers, k = self.replay.layers, self.replay.top_k
         flips = torch.full((b, num_actions, layers), float("nan"))
         compared = self.replay.flips()

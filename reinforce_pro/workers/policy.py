@@ -157,18 +157,17 @@ class PolicyWorker:
         """
         self.engine.train()
         history, log_probs = [], []
-        self._micro_batches = len(micro_batches)
         for i, exp in enumerate(micro_batches):
             # the optimizer steps after the last micro-batch, however many there are (self-play varies it)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
-            stats, lp = self._micro_step(exp, global_tokens, global_seqs, kl_coef)
+            stats, lp = self._micro_step(exp, global_tokens, global_seqs, kl_coef, len(micro_batches))
             history.append(stats)
             log_probs.append(lp)
         old = torch.cat(log_probs).float().cpu() if micro_batches[0].old_log_probs is None else None
         return optimizer_step_stats(self.engine, history, "policy"), old
 
     def _micro_step(
-        self, exp: Experience, global_tokens: float, global_seqs: float, kl_coef: float
+        self, exp: Experience, global_tokens: float, global_seqs: float, kl_coef: float, micro_batches: int
     ) -> tuple[dict[str, Stat], torch.Tensor]:
         dev, cfg, num_actions = device(), self.loss_cfg, exp.num_actions
         exp = exp.trim_padding()
@@ -201,7 +200,7 @@ class PolicyWorker:
         if self.replay is not None and cfg.aux_loss_coef > 0:
             balance = self.replay.balance_loss()
             # the mean over this step's micro-batches; DeepSpeed averages the ranks' gradients (OpenRLHF's scale)
-            loss = loss + cfg.aux_loss_coef * balance / self._micro_batches
+            loss = loss + cfg.aux_loss_coef * balance / micro_batches
             metrics["policy/aux_loss"] = Stat(balance.detach())
         if want_entropy:
             ent = aggregate_loss(entropy, action_mask, level, **agg)
