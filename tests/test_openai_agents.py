@@ -653,7 +653,7 @@ def test_the_anthropic_sdk_gets_messages_and_its_turns_extend_one_sequence(live,
     [
         pytest.param({"model": "policy", "messages": MESSAGES["messages"]}, 400, BAD, id="no-max"),
         pytest.param({**MESSAGES, "max_tokens": 13}, 400, BAD, id="max-over-the-run"),
-        pytest.param({**MESSAGES, "tools": [{"name": "calc"}]}, 400, BAD, id="tools"),
+        pytest.param({**MESSAGES, "tools": [{"type": "web_search_20250305", "name": "s"}]}, 400, BAD, id="server-tool"),
         pytest.param({**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 4}}, 400, BAD, id="thinking"),
         pytest.param({**MESSAGES, "messages": [{"role": "tool", "content": ""}]}, 400, BAD, id="tool"),
         pytest.param(
@@ -684,10 +684,11 @@ def test_the_anthropic_sdk_raises_its_own_errors(live):
     stopped = client.messages.create(**{**MESSAGES, "max_tokens": 12}, stop_sequences=["k"])
     assert (stopped.content[0].text, stopped.stop_reason, stopped.stop_sequence) == ("o", "stop_sequence", "k")
     from reinforce_pro.agents.openai_app import message_response
+    from reinforce_pro.agents.tools import Parsed
     from reinforce_pro.agents.trajectory import Call
 
     cut = Call([1], [5, 6], [-0.1, -0.2], "length", "ab", None)  # the engine stopped at max_tokens
-    assert message_response(MESSAGES, [], cut, endpoint.tokenizer)["stop_reason"] == "max_tokens"
+    assert message_response(MESSAGES, [], cut, endpoint.tokenizer, Parsed("ab", []))["stop_reason"] == "max_tokens"
 
 
 def test_an_agent_file_that_asks_for_the_anthropic_client_trains_on_its_ids(tokenizer, tmp_path):

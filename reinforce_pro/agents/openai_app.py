@@ -3,7 +3,9 @@
 Requests are read with a size cap and parsed here; the endpoint decides the sampling and records the call. Every
 refusal is an OpenAI-style JSON error (the SDK raises BadRequestError, NotFoundError, ...), never a traceback.
 Anthropic's Messages API (POST /v1/messages, the wire format of the `anthropic` SDK) is served beside it: the
-same sessions, sampling and recording, Anthropic's request, response and error shapes.
+same sessions, sampling and recording, Anthropic's request, response and error shapes; and OpenAI's Responses API
+(POST /v1/responses, which the OpenAI Agents SDK uses), read into the same chat conversation
+(agents/responses_api.py). Every chat-shaped route takes tools and returns parsed tool calls (agents/tools.py).
 
 `stream: true` is answered as server-sent events in each API's chunk format. The engines sample whole
 completions (requests are batched across sessions), so the stream starts once the completion is sampled and
@@ -19,6 +21,19 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from reinforce_pro.agents import responses_api
+from reinforce_pro.agents import tools as tools_module
+from reinforce_pro.agents.tools import (
+    CLOSE,
+    Parsed,
+    ToolError,
+    ToolRequest,
+    parse_completion,
+    remember_calls,
+    render_chat,
+    template_tools,
+    tool_request,
+)
 from reinforce_pro.agents.trajectory import Call
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is refused (413) before it is parsed
@@ -59,6 +74,7 @@ def build_app(endpoint) -> FastAPI:
         app.add_api_route(f"{prefix}/chat/completions", routes.chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", routes.completions, methods=["POST"])
         app.add_api_route(f"{prefix}/messages", routes.messages, methods=["POST"])
+        app.add_api_route(f"{prefix}/responses", routes.responses, methods=["POST"])
     return app
 
 
@@ -80,13 +96,19 @@ class Routes:
         endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
-        text = chat_prompt_text(endpoint.tokenizer, body.get("messages"))
+        tools = requested_tools(body)
+        text = chat_prompt_text(endpoint.tokenizer, body.get("messages"), tools, session.sampled_calls)
+        text += (prefill := forced_call(endpoint.tokenizer, tools))
         ids = endpoint.prompt_ids(session, text, with_bos=False)
-        call = await endpoint.complete(session, text, ids, body, request.is_disconnected)
-        message = {"role": "assistant", "content": call.text}
+        call = await endpoint.complete(session, text, ids, body, request.is_disconnected, kept_stop(tools))
+        parsed = read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
+        message = chat_message(parsed)
+        finish = tools_module.finish_reason(call, parsed)
         if body.get("stream"):
-            return openai_stream("chat.completion.chunk", body, call, {"delta": message}, {"delta": {}})
-        return response("chat.completion", body, call, {"message": message}, endpoint.tokenizer)
+            delta = {**message, "tool_calls": [{"index": k, **c} for k, c in enumerate(parsed.calls)]}
+            return openai_stream("chat.completion.chunk", body, call, {"delta": delta}, {"delta": {}}, finish)
+        return response("chat.completion", body, call, {"message": message, "finish_reason": finish},
+                        endpoint.tokenizer)  # fmt: skip
 
     async def completions(self, request: Request, sid: str | None = None):
         endpoint = self.endpoint
@@ -105,22 +127,41 @@ class Routes:
         return response("text_completion", body, call, {"text": call.text}, endpoint.tokenizer)
 
     async def messages(self, request: Request, sid: str | None = None):
-        """Anthropic's Messages API: a conversation (and `system`) in, one assistant message out. A last message
-        from the assistant is continued (Anthropic's prefill), not answered."""
+        """Anthropic's Messages API: a conversation (and `system`, `tools`) in, one assistant message out. A last
+        message from the assistant is continued (Anthropic's prefill), not answered."""
         endpoint = self.endpoint
         try:
             body = await read_body(request)
             session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
-            conversation, sampling = anthropic_request(body)
-            text = chat_prompt_text(
-                endpoint.tokenizer, conversation, continue_last=conversation[-1]["role"] == "assistant"
-            )
+            conversation, sampling, tools = anthropic_request(body)
+            prefilled = conversation[-1]["role"] == "assistant"
+            text = chat_prompt_text(endpoint.tokenizer, conversation, tools, session.sampled_calls, prefilled)
+            text += (forced := "" if prefilled else forced_call(endpoint.tokenizer, tools))
             ids = endpoint.prompt_ids(session, text, with_bos=False)
-            call = await endpoint.complete(session, text, ids, sampling, request.is_disconnected)
+            call = await endpoint.complete(session, text, ids, sampling, request.is_disconnected, kept_stop(tools))
         except EndpointError as e:
             return JSONResponse(e.anthropic_body(), status_code=e.status)
-        message = message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer)
+        parsed = read_reply(endpoint.tokenizer, session, tools, forced + call.text)
+        message = message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer, parsed)
         return anthropic_stream(message) if body.get("stream") else message
+
+    async def responses(self, request: Request, sid: str | None = None):
+        """OpenAI's Responses API (agents/responses_api.py), served as the chat conversation it writes."""
+        endpoint = self.endpoint
+        body = await read_body(request)
+        session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
+        try:
+            messages, chat = responses_api.chat_request(body)
+        except ToolError as e:
+            raise EndpointError(400, str(e), e.code, e.param) from None
+        tools = requested_tools(chat)
+        text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls)
+        text += (prefill := forced_call(endpoint.tokenizer, tools))
+        ids = endpoint.prompt_ids(session, text, with_bos=False)
+        call = await endpoint.complete(session, text, ids, chat, request.is_disconnected, kept_stop(tools))
+        parsed = read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
+        out = responses_api.response_object(body, call, parsed)
+        return sse(responses_api.stream_events(out)) if body.get("stream") else out
 
 
 async def read_body(request: Request) -> dict:
@@ -143,31 +184,54 @@ async def read_body(request: Request) -> dict:
     return body
 
 
-def chat_prompt_text(tokenizer, messages, continue_last: bool = False) -> str:
-    """The text the tokenizer's chat template gives `messages`: with the assistant's generation prompt, or
-    (`continue_last`) ending inside the last message, which the completion continues."""
-    if not isinstance(messages, list) or not messages:
-        raise EndpointError(400, "messages must be a non-empty list", "invalid", "messages")
-    plain = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise EndpointError(400, f"messages[{i}] must be an object with a role", "invalid", "messages")
-        plain.append({"role": m["role"], "content": _text(m.get("content"), i)})
+def chat_prompt_text(tokenizer, messages, tools: ToolRequest | None = None, sampled: dict | None = None,
+                     continue_last: bool = False) -> str:  # fmt: skip
+    """The text the tokenizer's chat template gives `messages` (and `tools`): with the assistant's generation
+    prompt, or (`continue_last`) ending inside the last message, which the completion continues. `sampled`: the
+    session's tool call ids -> the text sampled with them (agents/tools.py)."""
     try:
-        if continue_last:
-            return tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=True)
-        return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # a template that refuses these messages (a role it does not know)
-        raise EndpointError(400, f"the chat template refused the messages: {e}", "invalid", "messages") from None
+        return render_chat(tokenizer, messages, tools, sampled or {}, continue_last)
+    except ToolError as e:
+        raise EndpointError(400, str(e), e.code, e.param) from None
 
 
-def _text(content, i: int) -> str:
-    """A message's content as text: a string, or OpenAI's list of parts of which only text parts are served."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
-    raise EndpointError(400, f"messages[{i}].content: only text is served", "unsupported", "messages")
+def requested_tools(body: dict) -> ToolRequest | None:
+    try:
+        return tool_request(body)
+    except ToolError as e:
+        raise EndpointError(400, str(e), e.code, e.param) from None
+
+
+def forced_call(tokenizer, tools: ToolRequest | None) -> str:
+    """The text a forced tool call starts with (tool_choice "required" or a named function), written after the
+    generation prompt as the assistant's first words: the engine continues it, and only what it samples is
+    trained. "" when the model chooses."""
+    if tools is None or tools.choice in ("auto", "none"):
+        return ""
+    opener = template_tools(tokenizer).opener
+    return opener if tools.choice == "required" else opener + f'{{"name": "{tools.choice}", "arguments": '
+
+
+def kept_stop(tools: ToolRequest | None) -> str | None:
+    """parallel_tool_calls false: sampling stops after the first call's closing tag."""
+    return CLOSE if tools is not None and tools.parses and not tools.parallel else None
+
+
+def read_reply(tokenizer, session, tools: ToolRequest | None, text: str) -> Parsed:
+    """The reply's content, reasoning and tool calls; the calls are filed under the sampled text."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    parsed = parse_completion(text, tools, think="<think>" in template)
+    remember_calls(session, parsed, text)
+    return parsed
+
+
+def chat_message(parsed: Parsed) -> dict:
+    message = {"role": "assistant", "content": parsed.content}
+    if parsed.calls:
+        message["tool_calls"] = parsed.calls
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    return message
 
 
 def completion_prompt_text(prompt) -> str:
@@ -197,7 +261,7 @@ def response(kind: str, body: dict, call: Call, choice: dict, tokenizer) -> dict
         "object": kind,
         "created": int(time.time()),
         "model": body.get("model") or "policy",
-        "choices": [{"index": 0, **choice, "finish_reason": call.finish_reason, "logprobs": logprobs}],
+        "choices": [{"index": 0, "finish_reason": call.finish_reason, **choice, "logprobs": logprobs}],
         "usage": {
             "prompt_tokens": len(call.prompt_ids),
             "completion_tokens": len(call.completion_ids),
@@ -207,14 +271,13 @@ def response(kind: str, body: dict, call: Call, choice: dict, tokenizer) -> dict
     }
 
 
-def anthropic_request(body: dict) -> tuple[list[dict], dict]:
-    """(the conversation as chat messages, the request's sampling fields as the OpenAI routes name them) of a
-    Messages API body: `system` becomes a first system message, text blocks become text; a request the trainer
-    could not replay (tools, images, streaming) is refused by name."""
+def anthropic_request(body: dict) -> tuple[list[dict], dict, ToolRequest | None]:
+    """(the conversation as OpenAI chat messages, the request's sampling fields as the OpenAI routes name them,
+    its tools as OpenAI declares them) of a Messages API body: `system` becomes a first system message, text
+    blocks text, `tool_use` blocks an assistant's tool calls, `tool_result` blocks tool messages; a request the
+    trainer could not replay (images, extended thinking) is refused by name."""
     if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
         raise EndpointError(400, "max_tokens: a positive integer is required", "invalid", "max_tokens")
-    if body.get("tools") or body.get("tool_choice"):
-        raise EndpointError(400, "tools are not served: write the tool loop in the agent", "unsupported", "tools")
     thinking = body.get("thinking")
     if thinking and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise EndpointError(400, "thinking is not served: the policy writes what it thinks in its text", "unsupported",
@@ -229,10 +292,53 @@ def anthropic_request(body: dict) -> tuple[list[dict], dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise EndpointError(400, f"messages[{i}].role must be user or assistant", "invalid", "messages")
-        conversation.append({"role": m["role"], "content": _blocks(m.get("content"), f"messages[{i}].content")})
+        conversation += _anthropic_turn(m, f"messages[{i}].content")
     stops = body.get("stop_sequences")
     sampling = {key: body.get(key) for key in ("max_tokens", "temperature", "top_p", "top_k", "stream")}
-    return conversation, {**sampling, "stop": stops if stops else None}
+    return conversation, {**sampling, "stop": stops if stops else None}, anthropic_tools(body)
+
+
+def anthropic_tools(body: dict) -> ToolRequest | None:
+    """Anthropic's `tools` (name, description, input_schema) and `tool_choice` (auto, any, tool, none) as the
+    OpenAI routes declare them."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        return requested_tools({"tool_choice": None if choice in (None, {"type": "none"}) else choice})
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise EndpointError(400, "tools must be a list of tool objects", "invalid", "tools")
+    for i, t in enumerate(tools):
+        if t.get("type") not in (None, "custom"):
+            raise EndpointError(400, f"tools[{i}]: only client tools (name, input_schema) are served, not "
+                                f"{t.get('type')!r}", "unsupported", "tools")  # fmt: skip
+    functions = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),
+                  "parameters": t.get("input_schema", {})}} for t in tools]  # fmt: skip
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    named = {"type": "function", "function": {"name": choice.get("name")}} if kind == "tool" else None
+    openai_choice = {None: "auto", "auto": "auto", "any": "required", "none": "none", "tool": named}.get(kind, choice)
+    parallel = not (isinstance(choice, dict) and choice.get("disable_parallel_tool_use"))
+    return requested_tools({"tools": functions, "tool_choice": openai_choice, "parallel_tool_calls": parallel})
+
+
+def _anthropic_turn(m: dict, where: str) -> list[dict]:
+    """One Messages API turn as chat messages: an assistant's text and tool_use blocks as one message with
+    tool_calls; a user's tool_result blocks as tool messages, then its text (if any) as a user message."""
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise EndpointError(400, f"{where}: a string or a list of content blocks", "invalid", "messages")
+    kinds = {"assistant": ("text", "tool_use"), "user": ("text", "tool_result")}[m["role"]]
+    if any(b.get("type") not in kinds for b in content):
+        raise EndpointError(400, f"{where}: only {' and '.join(kinds)} blocks are served in a {m['role']} turn",
+                            "unsupported", where)  # fmt: skip
+    text = "".join(str(b.get("text", "")) for b in content if b["type"] == "text")
+    if m["role"] == "assistant":
+        calls = [{"id": b.get("id"), "type": "function", "function": {"name": b.get("name"),
+                  "arguments": b.get("input", {})}} for b in content if b["type"] == "tool_use"]  # fmt: skip
+        return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
+    results = [{"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _blocks(b.get("content") or "",
+                f"{where} tool_result")} for b in content if b["type"] == "tool_result"]  # fmt: skip
+    return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
 def _blocks(content, where: str) -> str:
@@ -244,19 +350,24 @@ def _blocks(content, where: str) -> str:
     raise EndpointError(400, f"{where}: only text blocks are served", "unsupported", where)
 
 
-def message_response(body: dict, stops: list[str], call: Call, tokenizer) -> dict:
+def message_response(body: dict, stops: list[str], call: Call, tokenizer, parsed: Parsed) -> dict:
     """Anthropic's Message object, with the engine's ids (`token_ids`, as the OpenAI routes add them)."""
     sampled = tokenizer.decode(call.completion_ids, skip_special_tokens=True)
     stop = next((s for s in stops if s in sampled), None)
     reason = "max_tokens" if call.finish_reason == "length" else "stop_sequence" if stop else "end_turn"
+    blocks = [{"type": "thinking", "thinking": parsed.reasoning, "signature": ""}] if parsed.reasoning else []
+    if parsed.content or not parsed.calls:
+        blocks.append({"type": "text", "text": parsed.content or ""})
+    blocks += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                "input": json.loads(c["function"]["arguments"])} for c in parsed.calls]  # fmt: skip
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model") or "policy",
-        "content": [{"type": "text", "text": call.text}],
-        "stop_reason": reason,
-        "stop_sequence": stop,
+        "content": blocks,
+        "stop_reason": "tool_use" if parsed.calls else reason,
+        "stop_sequence": stop if not parsed.calls else None,
         "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": len(call.completion_ids)},
         "token_ids": {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids},
     }
@@ -273,7 +384,8 @@ def sse(events) -> StreamingResponse:
     return StreamingResponse(lines(), media_type="text/event-stream")
 
 
-def openai_stream(kind: str, body: dict, call: Call, first: dict, last: dict) -> StreamingResponse:
+def openai_stream(kind: str, body: dict, call: Call, first: dict, last: dict, finish: str | None = None
+                  ) -> StreamingResponse:  # fmt: skip
     """An OpenAI stream of a sampled completion: the text in one chunk, then the finish reason with the engine's
     ids (`token_ids`), the usage when `stream_options.include_usage` asks, then [DONE]."""
     prefix = "chatcmpl" if kind == "chat.completion.chunk" else "cmpl"
@@ -282,7 +394,8 @@ def openai_stream(kind: str, body: dict, call: Call, first: dict, last: dict) ->
     ids = {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids}
     events = [
         (None, {**head, "choices": [{"index": 0, **first, "finish_reason": None, "logprobs": None}]}),
-        (None, {**head, "choices": [{"index": 0, **last, "finish_reason": call.finish_reason, "logprobs": None}],
+        (None, {**head, "choices": [{"index": 0, **last, "finish_reason": finish or call.finish_reason,
+                                     "logprobs": None}],
                 "token_ids": ids}),
     ]  # fmt: skip
     if (body.get("stream_options") or {}).get("include_usage"):
@@ -294,18 +407,31 @@ def openai_stream(kind: str, body: dict, call: Call, first: dict, last: dict) ->
 
 
 def anthropic_stream(message: dict) -> StreamingResponse:
-    """Anthropic's event stream of a sampled Message: start, one text block in one delta, the stop reason."""
-    text, usage = message["content"][0]["text"], message["usage"]
+    """Anthropic's event stream of a sampled Message: start, each content block whole in one delta (thinking,
+    text, tool_use), the stop reason."""
+    usage = message["usage"]
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0}}  # fmt: skip
     stop = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    block = {"type": "text", "text": ""}
-    events = [
-        {"type": "message_start", "message": start},
-        {"type": "content_block_start", "index": 0, "content_block": block},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
-        {"type": "content_block_stop", "index": 0},
+    events = [{"type": "message_start", "message": start}]
+    for index, block in enumerate(message["content"]):
+        empty, delta = _block_delta(block)
+        events += [
+            {"type": "content_block_start", "index": index, "content_block": empty},
+            {"type": "content_block_delta", "index": index, "delta": delta},
+            {"type": "content_block_stop", "index": index},
+        ]
+    events += [
         {"type": "message_delta", "delta": stop, "usage": {"output_tokens": usage["output_tokens"]}},
         {"type": "message_stop"},
     ]
     return sse([(e["type"], e) for e in events])  # each event is named by its type, as Anthropic's are
+
+
+def _block_delta(block: dict) -> tuple[dict, dict]:
+    """(the block as its start event gives it, the one delta that fills it)."""
+    if block["type"] == "tool_use":
+        return {**block, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    if block["type"] == "thinking":
+        return {**block, "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+    return {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}

@@ -47,6 +47,8 @@ class Session:
     # The last call's prompt text plus its completion, as the engine's ids decode (special tokens kept) and as
     # the client was shown it (a stop string cut off): a next prompt that starts with either extends the ids.
     seen_texts: tuple[str, ...] = ()
+    # the ids of the tool calls parsed out of its completions -> the text sampled with them (agents/tools.py)
+    sampled_calls: dict[str, str] = field(default_factory=dict)
 
 
 class Batcher:
@@ -258,18 +260,23 @@ class Endpoint:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     async def complete(self, session: Session, prompt_text: str | None, prompt_ids: list[int], body: dict,
-                       gone: Callable[[], Awaitable[bool]] | None = None) -> Call:  # fmt: skip
+                       gone: Callable[[], Awaitable[bool]] | None = None,
+                       kept_stop: str | None = None) -> Call:  # fmt: skip
         """Sample from exactly `prompt_ids` and record the call in the session's trajectory; `prompt_text`: the
         prompt as text (None for token ids in), which the next prompt's text is matched against; `gone`: whether
         the client has disconnected meanwhile (Starlette's request.is_disconnected): a generation it never
-        received is not recorded, so an agent that retries continues from what it saw, not from a fork."""
+        received is not recorded, so an agent that retries continues from what it saw, not from a fork.
+        `kept_stop`: one more stop string, kept in the text (a tool call's closing tag, parallel_tool_calls
+        false)."""
         sampling = self.sampling_for(body, len(prompt_ids))
+        if kept_stop is not None:
+            sampling["stop"] = [*sampling.get("stop", ()), kept_stop]
         generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine)
         shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
         for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
             if stop in shown:
-                shown = shown[: shown.index(stop)]
+                shown = shown[: shown.index(stop) + (len(stop) if stop == kept_stop else 0)]
         call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
                     generation.finish_reason, shown, versions)  # fmt: skip
         if not session.open:  # the episode ended while this request waited: nothing is recorded

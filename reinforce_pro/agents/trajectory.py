@@ -38,6 +38,8 @@ class Trajectory:
 
     segments: list[list[Call]] = field(default_factory=list)
     abandoned: int = 0  # completions sampled for a client that had disconnected: not recorded
+    tool_calls: int = 0  # tool calls parsed out of its completions (agents/tools.py)
+    tool_call_failures: int = 0  # completions that held a call that did not parse
 
     @property
     def calls(self) -> int:

@@ -19,9 +19,18 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # vocabulary of plain " " would lose every space once the model is saved and loaded (ids: space 4, newline 99).
 CHARS = ["Ġ" if c == 32 else chr(c) for c in range(32, 127)] + ["Ċ"]
 # An assistant turn in the history ends with <eos>, where the model's own turn ended: a multi-turn agent's next
-# prompt then extends the ids the engine sampled (agents/trajectory.py), as Qwen's <|im_end|> does.
+# prompt then extends the ids the engine sampled (agents/trajectory.py), as Qwen's <|im_end|> does. Declared tools
+# come first, as one short line of signatures ("tools: add(a, b)": every character is a position of a 256-long
+# context); an assistant's tool calls follow its text in the chatml family's tags, which the endpoint parses
+# (agents/tools.py): <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>. A conversation
+# without tools renders as it always has.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{{ bos_token }}{% if tools %}tools: {% for t in tools %}{{ t['function']['name'] }}("
+    "{{ (t['function']['parameters']['properties'] or {}) | list | join(', ') }}){% if not loop.last %}, {% endif %}"
+    "{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}"
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
@@ -134,6 +143,9 @@ def _save_new(path: Path, config, model_cls, tokenizer, seed: int, same: tuple[s
         if existing.model_type == config.model_type and all(
             getattr(existing, k, None) == getattr(config, k) for k in (*same, "vocab_size")
         ):
+            saved = path / "chat_template.jinja"
+            if not saved.exists() or saved.read_text() != tokenizer.chat_template:
+                tokenizer.save_pretrained(path)  # a directory from before the template last changed
             return path
     torch.manual_seed(seed)
     model = model_cls(config)
