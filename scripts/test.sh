@@ -11,7 +11,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-EXTRAS=cpu,models,search,dev INTEGRATIONS=1 bash scripts/setup_env.sh  # + reasoning-gym, BM25; OpenRLHF, TRL, verl
+EXTRAS=cpu,models,search,frameworks,dev INTEGRATIONS=1 bash scripts/setup_env.sh  # + reasoning-gym, BM25, LangGraph, Agents SDK; OpenRLHF, TRL, verl
 PY=.venv/bin/python
 
 echo "[test] ruff"

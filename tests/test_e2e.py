@@ -979,6 +979,24 @@ def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_mode
         assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
 
 
+def test_a_tool_calling_agent_trains_on_the_engine(tmp_path, engine, tiny_model):
+    """examples/python/agent_calculator_tools.py (the OpenAI guide's tool loop, `tools=` on the chat route): the
+    tools are rendered into every episode's prompt, the replies are read for calls, and the run trains and logs
+    the tool metrics docs/metrics.md names."""
+    pytest.importorskip("openai")
+    agent = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_tools.py"
+    cfg, plan, history = run(
+        ["--agent_func_path", str(agent), "--advantage_estimator", "reinforce_baseline", "--max_samples", "8",
+         "--label_key", "label"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    (row,) = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert row["agent/episodes"] == 8 * 4 and row["agent/dropped_episodes"] == 0 and "policy/grad_norm" in row
+    assert row["agent/tool_calls_mean"] >= 0 and row["agent/tool_call_failures"] >= 0
+    assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
+
+
 @pytest.mark.parametrize(("shape", "mode"), [("agent_calculator.py", "sync"),
                                            ("agent_calculator_openai.py", "async-partial")])  # fmt: skip
 def test_an_agent_run_evaluates_held_out_episodes(tmp_path, engine, tiny_model, shape, mode):
