@@ -1020,6 +1020,8 @@ def test_an_agent_run_evaluates_held_out_episodes(tmp_path, engine, tiny_model, 
     for r in evals:
         assert r["eval/held/num_prompts"] == 4 and 0 <= r["eval/held/score_mean"] <= r["eval/held/pass@2"] <= 1
         assert r["eval/held/response_length_mean"] >= 1  # every episode sampled at least one token
+        if shape == "agent_calculator_openai.py":  # its run_agent's extra_logs, averaged
+            assert 0 <= r["eval/held/logs/tool_calls"] <= 4
 
 
 def test_openai_endpoint_rows_are_the_engines_ids_bit_for_bit(engine, tiny_model):

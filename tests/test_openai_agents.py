@@ -250,6 +250,7 @@ def test_held_out_episodes_of_both_agent_shapes_score_alike_at_the_eval_temperat
     assert a["eval/held/reward_mean"] == b["eval/held/reward_mean"] == pytest.approx(1.8 / 3)
     assert a["eval/held/response_length_mean"] == b["eval/held/response_length_mean"]
     assert a["eval/held/num_prompts"] == 3
+    assert a["eval/held/logs/tool_calls"] == pytest.approx(1 / 3)  # the SDK agent's extra_logs: 2 of 6 episodes
     assert set(sdk_engine.temperatures) == set(twin_engine.temperatures) == {0.25}
 
 

@@ -100,6 +100,7 @@ class OpenAIAgentSource:
         self.partial = None
         self.timeout_s = EPISODE_TIMEOUT_S
         self.solver_endpoints: dict[str, tuple[Endpoint, object]] = {}  # answer(): sampling -> (endpoint, executor)
+        self.eval_logs: dict[str, float] = {}  # the last evaluate()'s mean extra_logs per key
         self.answered = 0  # answer()'s episodes since the caller last read it (self-play logs and resets both)
         self.failed_answers = 0  # of those, the ones that failed
 
@@ -183,6 +184,7 @@ class OpenAIAgentSource:
             rewards = torch.tensor([0.0 if f else e.turn_rewards[0] for e, f in zip(lasts, failed, strict=True)])
             scores = torch.tensor([0.0 if f else e.turn_scores[0] for e, f in zip(lasts, failed, strict=True)])
         ok = torch.tensor([not f for f in failed], dtype=torch.float32)
+        self.eval_logs = _mean_logs([None if f else r for r, f in zip(results, failed, strict=True)])
         return scores * ok, rewards * ok, lengths
 
     def answer(self, prompts: list[str], labels: list, sampling: dict) -> list[tuple[Episode, list[Episode], str]]:
@@ -375,6 +377,13 @@ def _failure(result, trajectory) -> str | None:
     if reward is not None and not isinstance(reward, int | float):
         return f"run_agent returned a non-numeric reward {reward!r}"
     return None
+
+
+def _mean_logs(results: list[dict | None]) -> dict[str, float]:
+    """The mean of each numeric `extra_logs` key over the episodes (a failed one, None, counts 0)."""
+    logs = [(r or {}).get("extra_logs") or {} for r in results]
+    keys = sorted({k for log in logs for k, v in log.items() if isinstance(v, int | float)})
+    return {k: sum(float(log.get(k, 0.0)) for log in logs) / len(logs) for k in keys} if logs else {}
 
 
 def _set_result(rows: list[Episode], result: dict | None) -> None:

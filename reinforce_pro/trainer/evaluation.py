@@ -41,7 +41,8 @@ def evaluate_agent(source, score: Callable[..., RewardOutput], prompts: list[dic
     """The same metrics over n episodes per prompt of the run's agent (`source`: AgentSource or
     OpenAIAgentSource, whose `evaluate` runs them without training anything)."""
     scores, rewards, lengths = source.evaluate(prompts, n, temperature, score)
-    return summarise(name, n, scores, rewards, lengths)
+    logs = {f"eval/{name}/logs/{k}": v for k, v in getattr(source, "eval_logs", {}).items()}
+    return {**summarise(name, n, scores, rewards, lengths), **logs}
 
 
 def summarise(name: str, n: int, scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor) -> dict:
