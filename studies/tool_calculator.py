@@ -51,6 +51,7 @@ ARMS = {"tools": EXAMPLES / "agent_calculator_tools.py", "text": EXAMPLES / "age
 MAX_OPERAND = 99
 HELD_OUT_SEED = 1234
 TOOL_SHARE = 0.5  # of the warm start's records shown as a call, then the answer after the result
+WARM_TARGET = 0.5  # greedy episode accuracy at which each arm's warm start stops (see warm_start)
 SCORE, CALLS = "eval/held_out/score_mean", "eval/held_out/logs/tool_calls"
 # the embedded default's RL settings (cli/presets.py EMBEDDED), with room for a call and its result
 ROOM = {"max_new_tokens": 96, "max_len": 256, "prompt_max_len": 64}  # a call is 72 characters
@@ -126,17 +127,68 @@ def _add_tool() -> dict:
 
 
 def warm_start(arm: str, seed: int, steps: int, workdir: Path) -> tuple[str, dict]:
+    """The arm's warm start from the seed's base model: up to `steps` SFT steps, stopped at the first check
+    (every 100 steps) where greedy episodes on 64 training additions (drawn with seed + 2) score WARM_TARGET.
+    The model learns to copy the operands into a call at a step that differs by seed and by format (the JSON
+    call writes them ~45 characters after the prompt, `calc(` right after it), so a fixed step count would
+    compare a model that can call its tool with one that cannot."""
     from transformers import AutoTokenizer
 
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import sft_warm_start
+    from reinforce_pro.trainer.sft_warmup import AccuracyStop, sft_warm_start
 
     base = build_tiny_model(workdir / f"base_{seed}", seed=seed, max_positions=256)
     tokenizer = AutoTokenizer.from_pretrained(base)
     examples = demonstrations(arm, 4096, seed + 1, tokenizer)
     out = workdir / f"warm_{arm}_{seed}"
-    stats = sft_warm_start(base, out, examples, steps=steps, seed=seed)
+    probe = records(64, seed + 2)
+    stop = AccuracyStop(lambda model, tok: episode_accuracy(arm, model, tok, probe), WARM_TARGET, every=100)
+    stats = sft_warm_start(base, out, examples, steps=steps, seed=seed, stop=stop)
     return str(out), {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
+
+
+def episode_accuracy(arm: str, model, tokenizer, probe: list[dict]) -> float:
+    """Greedy two-turn episodes of `arm` on the HF model: the reply, and where it is a call the agent would
+    run, the answer after the tool's result; the share answered right (with or without the tool)."""
+    import re
+
+    from reinforce_pro.trainer.sft_warmup import greedy_sampler
+
+    model.eval()
+    sample = greedy_sampler(model, tokenizer)
+
+    def replies(texts: list[str]) -> list[str]:
+        ids = [[tokenizer.bos_token_id] + tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return tokenizer.batch_decode([g.token_ids for g in sample(ids, {"max_tokens": 96})], skip_special_tokens=True)
+
+    firsts = [r["input"] if arm == "text" else _chat(tokenizer, [{"role": "user", "content": r["input"]}])
+              for r in probe]  # fmt: skip
+    right, seconds, labels = 0, [], []
+    pattern = re.compile(r"calc\((\d+)\+(\d+)\)" if arm == "text" else r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    for r, first, reply in zip(probe, firsts, replies(firsts), strict=True):
+        operands = _operands(arm, pattern.search(reply))
+        if operands is None:
+            right += reply.strip() == r["label"]
+            continue
+        result = str(sum(operands))
+        env = f" -> {result}; answer: " if arm == "text" else f"\ntool: {result}\nassistant: "
+        seconds.append(first + reply + tokenizer.eos_token + env)
+        labels.append(r["label"])
+    right += sum(a.strip() == label for a, label in zip(replies(seconds) if seconds else [], labels, strict=True))
+    model.train()
+    return right / len(probe)
+
+
+def _operands(arm: str, match) -> tuple[int, int] | None:
+    if match is None:
+        return None
+    if arm == "text":
+        return int(match.group(1)), int(match.group(2))
+    try:
+        arguments = json.loads(match.group(1))["arguments"]
+        return int(arguments["a"]), int(arguments["b"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def write_data(workdir: Path) -> tuple[Path, Path]:
@@ -230,15 +282,16 @@ def render(payload: dict, out_dir: Path) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="42,1,2", help="paired seeds, e.g. 42,1,2 or 1-4")
-    p.add_argument("--steps", type=int, default=80, help="RL steps per run")
-    p.add_argument("--sft_steps", type=int, default=1200, help="warm-start steps per run")
+    p.add_argument("--steps", type=int, default=60, help="RL steps per run")
+    p.add_argument("--sft_steps", type=int, default=3000, help="warm-start steps per run at most")
     p.add_argument("--arms", default=",".join(ARMS), help="arms to run (default: both)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="where the JSON and table go")
     p.add_argument("--render", type=Path, help="re-render the table from this JSON and exit")
     args = p.parse_args(argv)
     if args.render:
         return render_saved(args.render, render)
-    config = {"steps": args.steps, "sft_steps": args.sft_steps, "max_operand": MAX_OPERAND, "tool_share": TOOL_SHARE}
+    config = {"steps": args.steps, "sft_steps": args.sft_steps, "max_operand": MAX_OPERAND, "tool_share": TOOL_SHARE,
+              "warm_target": WARM_TARGET}  # fmt: skip
     path = args.output / f"{NAME}.json"
     runs = stored_runs(path)
     outputs = (path, args.output / f"{NAME}.md")

@@ -323,6 +323,22 @@ def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeyp
     )
 
 
+def test_an_agent_whose_every_episode_fails_is_one_line(tmp_path, capsys, monkeypatch):
+    from reinforce_pro.agents.contract import AgentFileError
+    from reinforce_pro.run import driver, prepare
+
+    why = "--agent_func_path a.py: step 2: all 32 episodes of the step failed; the first: run_agent raised KeyError"
+
+    def failing(cfg, plan):
+        raise AgentFileError(why)
+
+    monkeypatch.setattr(prepare, "prepare", lambda cfg: None)
+    monkeypatch.setattr(driver, "build_and_fit", failing)
+    args = parse_args(["--agent_func_path", "a.py", "--pretrain", "m", "--save_path", str(tmp_path)])
+    assert driver.train(run_config(args)) == 2
+    assert capsys.readouterr().err == f"train_ppo_ray: error: {why}\n"
+
+
 def test_missing_model_path(tmp_path, capsys):
     err = _main_error(["--pretrain", str(tmp_path / "nope"), "--save_path", str(tmp_path / "run")], capsys)
     assert "nope: not a local HF model directory" in err

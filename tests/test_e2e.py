@@ -979,6 +979,36 @@ def test_calculator_written_to_the_openai_sdk_trains(tmp_path, engine, tiny_mode
         assert [k for k in row if k != "step" and f"`{k}`" not in doc and not k.startswith("reward/")] == []
 
 
+FAILS_AT_SECOND_STEP = """
+calls = 0
+
+async def run_agent(client, prompt, label):
+    global calls
+    calls += 1
+    if calls > 32:  # every episode of the second step
+        raise KeyError("the tool's service is down")
+    reply = await client.completions.create(model="policy", prompt=prompt)
+    return {"reward": 0.5}
+"""
+
+
+def test_an_agent_whose_every_episode_fails_names_the_step_after_the_done_steps_are_logged(
+    tmp_path, engine, tiny_model
+):
+    """An SDK agent that fails every episode of step 2: the run stops with its file, the step and the first
+    error in one message (the command line prints it as one line), and step 1 is in metrics.jsonl."""
+    pytest.importorskip("openai")
+    from reinforce_pro.agents.contract import AgentFileError
+
+    agent = tmp_path / "failing_agent.py"
+    agent.write_text(FAILS_AT_SECOND_STEP)
+    want = rf"^--agent_func_path {agent}: step 2: all 32 episodes of the step failed; the first: run_agent raised "
+    with pytest.raises(AgentFileError, match=want + "KeyError"):
+        run(["--agent_func_path", str(agent), "--advantage_estimator", "reinforce_baseline", "--max_samples", "16",
+             "--label_key", "label"], tmp_path, engine, tiny_model)  # fmt: skip
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1]
+
+
 def test_a_tool_calling_agent_trains_on_the_engine(tmp_path, engine, tiny_model):
     """examples/python/agent_calculator_tools.py (the OpenAI guide's tool loop, `tools=` on the chat route): the
     tools are rendered into every episode's prompt, the replies are read for calls, and the run trains and logs

@@ -67,7 +67,7 @@ def test_knowledge_base_is_seeded_and_its_splits_share_no_fact(kb):
 # ------------------------------------------------------------------------------------------ the service
 def test_service_answers_search_r1_shape_best_first(kb, service):
     client = RetrieverClient(service)
-    assert client.health() == {"status": "ok", "passages": len(kb.passages)}
+    assert client.health() == {"status": "ok", "passages": len(kb.passages), "client_disconnects": 0}
     single = [q for q in kb.heldout if q["hops"] == 1]
     rows = client.retrieve([q["question"].rstrip("?") for q in single], topk=3)
     assert [len(r) for r in rows] == [3] * len(single)
@@ -210,6 +210,47 @@ def test_idle_and_slow_connections_are_closed_and_take_no_slot(kb):
         assert RetrieverClient(url).retrieve(["home"], topk=1)
     finally:
         server.stop()
+
+
+def test_clients_that_hang_up_mid_body_are_counted_not_logged(kb, caplog):
+    """Forty clients that send half a body and close: no "Exception in ASGI application" traceback (it once
+    filled a pipe nobody read and stalled the event loop), each counted in /health, and the service answers."""
+    import logging
+    import socket
+
+    server, url = serve(BM25Index(kb.passages))
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(40):
+                sock = socket.create_connection(("127.0.0.1", server.port))
+                sock.sendall(b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"queries"')
+                sock.close()
+            deadline = time.monotonic() + 5
+            while RetrieverClient(url).health()["client_disconnects"] < 40 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert RetrieverClient(url).health()["client_disconnects"] == 40
+        assert not [r for r in caplog.records if r.exc_info or "Exception" in r.getMessage()]
+        assert RetrieverClient(url).retrieve(["home"], topk=1)
+    finally:
+        server.stop()
+
+
+def test_the_command_line_says_its_url_once_it_accepts_connections(kb, tmp_path):
+    """`python -m reinforce_pro.search.retriever`: a script that connects on the "serving" line is answered."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in kb.passages))
+    process = subprocess.Popen([sys.executable, "-m", "reinforce_pro.search.retriever", "--corpus", str(corpus),
+                                "--port", "0"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        served = line.split("serving ")[1].split()[0]
+        assert RetrieverClient(served, retries=0).health()["status"] == "ok"  # at once: no retry, no sleep
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def test_more_requests_than_max_connections_get_503_at_once(kb):

@@ -271,8 +271,8 @@ class OpenAIAgentSource:
         kept = [g for g in groups if not any(failures[g * n : (g + 1) * n])]
         if not kept:
             first = next(f for f in failures if f)
-            raise AgentFileError(f"--agent_func_path {self.agent.path}: every episode of the step failed; the first: "
-                                 f"{first}")  # fmt: skip
+            raise AgentFileError(f"--agent_func_path {self.agent.path}: all {len(jobs)} episodes of the step failed; "
+                                 f"the first: {first}")  # fmt: skip
         if len(kept) < len(groups):
             print(
                 f"[agent] {sum(map(bool, failures))} episodes failed (first: {next(f for f in failures if f)}); "

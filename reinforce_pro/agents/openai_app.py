@@ -20,6 +20,7 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from reinforce_pro.agents import responses_api
 from reinforce_pro.agents import tools as tools_module
@@ -170,11 +171,14 @@ async def read_body(request: Request) -> dict:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise EndpointError(413, f"the request body is above {MAX_BODY_BYTES} bytes", "body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise EndpointError(413, f"the request body is above {MAX_BODY_BYTES} bytes", "body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise EndpointError(413, f"the request body is above {MAX_BODY_BYTES} bytes", "body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client hung up mid-body: nobody reads the answer, and nothing is logged
+        raise EndpointError(499, "the client disconnected before its request arrived", "client_closed") from None
     try:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError):

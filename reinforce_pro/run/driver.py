@@ -17,6 +17,7 @@ from pathlib import Path
 
 import ray
 
+from reinforce_pro.agents.contract import AgentFileError
 from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.loader import RewardFileError
@@ -33,7 +34,8 @@ from reinforce_pro.workers.launcher import gpus_available, start_ray
 
 def train(cfg: RunConfig) -> int:
     """The command line's run: 0 when it finished, 2 with one line on stderr for a user's mistake (a bad
-    input found before Ray starts, a reward function that fails mid-run, a flag this machine cannot honour)."""
+    input found before Ray starts, a reward function or an agent whose every episode fails mid-run, a flag this
+    machine cannot honour)."""
     from reinforce_pro.run.prepare import prepare
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,6 +45,9 @@ def train(cfg: RunConfig) -> int:
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
         url = cfg.models.remote_rm_url
         print(f"train_ppo_ray: error: {f'--remote_rm_url {url}: ' if url else ''}{e}", file=sys.stderr)
+        return 2
+    except AgentFileError as e:  # every episode of a step failed (the message names the file and the step)
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
         return 2
     except UserInputError as e:
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)

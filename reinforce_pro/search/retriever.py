@@ -160,12 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     index = BM25Index.from_jsonl(args.corpus)
     server = make_server(index, args.port, args.max_concurrency)
+    server.start()  # returns once the socket accepts: a script may connect as soon as the line below is printed
     print(f"[retriever] {len(index.passages)} passages; serving {server.url} (POST /retrieve, GET /health)",
           flush=True)  # fmt: skip
     try:
-        server.run()
+        while server.alive:
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+    finally:
+        server.stop()
     return 0
 
 

@@ -7,8 +7,9 @@ import json
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 MAX_BODY = 1 << 20
 MAX_QUERIES = 256
@@ -47,9 +48,11 @@ def build_app(index, max_concurrency: int, queue_timeout: float, idle_timeout: f
         message = f"no such path {request.url.path}; use POST /retrieve or GET /health"
         return JSONResponse({"error": message if e.status_code in (404, 405) else str(e.detail)}, e.status_code)
 
+    app.state.disconnects = 0  # requests whose client hung up before its body arrived
+
     @app.get("/health")
     async def health():
-        return {"status": "ok", "passages": len(index.passages)}
+        return {"status": "ok", "passages": len(index.passages), "client_disconnects": app.state.disconnects}
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
@@ -67,6 +70,9 @@ def build_app(index, max_concurrency: int, queue_timeout: float, idle_timeout: f
             body = await asyncio.wait_for(_read(request), idle_timeout)
         except TimeoutError:
             return JSONResponse({"error": f"the body stopped arriving for {idle_timeout:g} s"}, 408)
+        except ClientDisconnect:  # the client hung up mid-body: an ordinary event, counted, never a traceback
+            app.state.disconnects += 1
+            return Response(status_code=499)
         if body is None:
             return JSONResponse({"error": f"body of {declared or 'over ' + str(MAX_BODY)} bytes; at most {MAX_BODY}"},
                                 413)  # fmt: skip

@@ -20,6 +20,7 @@ import ray
 import torch
 from tqdm import tqdm
 
+from reinforce_pro.agents.contract import AgentFileError
 from reinforce_pro.algos.stats import Stat, reduce_stats
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
@@ -220,6 +221,9 @@ class PPOTrainer:
                 samples.rewards = self.builder.rewards(samples)
         except RewardFileError as e:
             raise RewardFileError(f"step {batch_number}: {e}") from e.__cause__
+        except AgentFileError as e:  # every episode failed: the file, then the step, then why
+            path, _, why = str(e).partition(": ")
+            raise AgentFileError(f"{path}: step {batch_number}: {why}") from e.__cause__
         if samples is None:
             return None
         samples.policy_version = torch.full((len(samples.prompts),), version, dtype=torch.long)
