@@ -41,6 +41,17 @@ def test_the_smollm2_recipe_parses_in_both_variants(recipe_argv, tmp_path, lora)
     assert (args.lora_rank, args.lora_save_merged) == ((16, True) if lora == "1" else (0, False))
 
 
+def test_the_smollm2_tools_recipe_parses(recipe_argv, tmp_path):
+    """examples/scripts/train_smollm2_tools_cpu.sh: SmolLM2 with the add function tool (model preparation and
+    data generation recorded, not run)."""
+    from reinforce_pro.cli.train_ppo_ray import parse_args
+
+    args = parse_args(recipe_argv("train_smollm2_tools_cpu.sh", CACHE=str(tmp_path / "cache"), STEPS="3"))
+    assert args.agent_func_path.endswith("examples/python/agent_calculator_tools.py") and args.max_samples == 12
+    assert args.prompt_data == str(tmp_path / "cache" / "tasks" / "additions_999" / "train.jsonl")
+    assert args.max_len >= args.prompt_max_len + args.max_new_tokens and args.vllm_is_correction_type == "reinforce_pro"
+
+
 def test_the_absolute_zero_code_recipe_parses(recipe_argv, tmp_path):
     """examples/scripts/train_absolute_zero_code.sh: SmolLM2 self-play on the code task (model preparation
     recorded, not run; the run itself is measured in docs/selfplay.md)."""

@@ -31,8 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--n", type=int, default=64, help="number of records")
     parser.add_argument("--seed", type=int, default=1234, help="random seed")
+    parser.add_argument("--max_a", type=int, default=DEFAULT_MAX_A, help="largest first operand")
+    parser.add_argument("--max_b", type=int, default=DEFAULT_MAX_B, help="largest second operand")
     args = parser.parse_args()
-    for record in arithmetic_records(args.n, args.seed):
+    for record in arithmetic_records(args.n, args.seed, args.max_a, args.max_b):
         print(json.dumps(record))
 
 
