@@ -249,12 +249,14 @@ def render(payload: dict, out_dir: Path) -> str:
     runs, config = payload["results"]["runs"], payload["config"]
     a = analyse(runs)
     by = {(r["arm"], r["seed"]): r for r in runs}
-    lines = ["| seed | arm | held-out score before -> after | tool calls / episode before -> after | train score "
-             "(last 10 steps) | unparsed calls | minutes |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| seed | arm | warm-start steps (greedy episodes) | held-out score before -> after | tool calls / "
+             "episode before -> after | train score (last 10 steps) | unparsed calls | minutes |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in a["seeds"]:
         for arm in ARMS:
             r = by[(arm, s)]
-            lines.append(f"| {s} | {arm} | {r['before']:.3f} -> {r['after']:.3f} | {r['calls_before']:.2f} -> "
+            warm = f"{r['sft']['sft/steps']:.0f} ({r['sft'].get('sft/stop_accuracy', float('nan')):.2f})"
+            lines.append(f"| {s} | {arm} | {warm} | {r['before']:.3f} -> {r['after']:.3f} | {r['calls_before']:.2f} -> "
                          f"{r['calls_after']:.2f} | {r['train_score_last10']:.3f} | {r['parse_failures']:.0f} | "
                          f"{r['wall_s'] / 60:.1f} |")  # fmt: skip
     lines += ["", "| paired by seed | per seed | mean [95% t-interval] | lower / higher seeds (sign-flip p) |",
@@ -267,7 +269,8 @@ def render(payload: dict, out_dir: Path) -> str:
                      f"{row['lower']} / {row['higher']} ({row['p_sign_flip']:.2f}) |")  # fmt: skip
     hosts, commits = sorted({r["host_id"] for r in runs}), sorted({r["commit"][:12] for r in runs})
     lines.append(
-        f"\n{config['steps']} RL steps per run after {config['sft_steps']} warm-start steps; {SCORE} and {CALLS} "
+        f"\n{config['steps']} RL steps per run after a warm start stopped at greedy episode accuracy "
+        f"{config.get('warm_target', WARM_TARGET)} (or {config['sft_steps']} steps); {SCORE} and {CALLS} "
         f"over 64 held-out additions (a, b <= {MAX_OPERAND}) x 4 episodes at temperature 0.6. {len(runs)} runs "
         f"({sum(r['clean'] for r in runs)} from a clean tree) on host(s) {', '.join(hosts)}; commits "
         f"{', '.join(commits)}. Forks: {sum(r['forks'] for r in runs):.0f}; dropped episodes: "
