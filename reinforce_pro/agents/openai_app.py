@@ -97,12 +97,7 @@ class Routes:
         endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
-        tools = requested_tools(body)
-        text = chat_prompt_text(endpoint.tokenizer, body.get("messages"), tools, session.sampled_calls)
-        text += (prefill := forced_call(endpoint.tokenizer, tools))
-        ids = endpoint.prompt_ids(session, text, with_bos=False)
-        call = await endpoint.complete(session, text, ids, body, request.is_disconnected, kept_stop(tools))
-        parsed = read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
+        call, parsed = await self.sample_chat(request, session, body.get("messages"), body)
         message = chat_message(parsed)
         finish = tools_module.finish_reason(call, parsed)
         if body.get("stream"):
@@ -155,14 +150,21 @@ class Routes:
             messages, chat = responses_api.chat_request(body)
         except ToolError as e:
             raise EndpointError(400, str(e), e.code, e.param) from None
-        tools = requested_tools(chat)
+        call, parsed = await self.sample_chat(request, session, messages, chat)
+        out = responses_api.response_object(body, call, parsed)
+        return sse(responses_api.stream_events(out)) if body.get("stream") else out
+
+    async def sample_chat(self, request: Request, session, messages, body: dict) -> tuple[Call, Parsed]:
+        """A chat conversation rendered with the body's tools (a forced call's first words after the generation
+        prompt), sampled and recorded, and its reply read for tool calls: the OpenAI chat and Responses routes'
+        common path."""
+        endpoint = self.endpoint
+        tools = requested_tools(body)
         text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls)
         text += (prefill := forced_call(endpoint.tokenizer, tools))
         ids = endpoint.prompt_ids(session, text, with_bos=False)
-        call = await endpoint.complete(session, text, ids, chat, request.is_disconnected, kept_stop(tools))
-        parsed = read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
-        out = responses_api.response_object(body, call, parsed)
-        return sse(responses_api.stream_events(out)) if body.get("stream") else out
+        call = await endpoint.complete(session, text, ids, body, request.is_disconnected, kept_stop(tools))
+        return call, read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
 
 
 async def read_body(request: Request) -> dict:
