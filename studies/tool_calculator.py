@@ -113,7 +113,7 @@ def _chat(tokenizer, messages: list[dict], sampled: dict | None = None) -> str:
     """The prompt the endpoint renders for the tools agent, without its leading <bos>."""
     from reinforce_pro.agents.tools import ToolRequest, render_chat
 
-    tools = ToolRequest([json.loads(json.dumps(_add_tool()))])
+    tools = ToolRequest([_add_tool()])
     return render_chat(tokenizer, messages, tools, sampled or {}).removeprefix(tokenizer.bos_token)
 
 

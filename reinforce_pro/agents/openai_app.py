@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from reinforce_pro.agents import responses_api
-from reinforce_pro.agents import tools as tools_module
 from reinforce_pro.agents.tools import (
     CLOSE,
     Parsed,
     ToolError,
     ToolRequest,
+    finish_reason,
     parse_completion,
     remember_calls,
     render_chat,
@@ -97,9 +97,9 @@ class Routes:
         endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
-        call, parsed = await self.sample_chat(request, session, body.get("messages"), body)
+        call, parsed = await self.sample_chat(request, session, body.get("messages"), body, requested_tools(body))
         message = chat_message(parsed)
-        finish = tools_module.finish_reason(call, parsed)
+        finish = finish_reason(call, parsed)
         if body.get("stream"):
             delta = {**message, "tool_calls": [{"index": k, **c} for k, c in enumerate(parsed.calls)]}
             return openai_stream("chat.completion.chunk", body, call, {"delta": delta}, {"delta": {}}, finish)
@@ -131,13 +131,9 @@ class Routes:
             session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
             conversation, sampling, tools = anthropic_request(body)
             prefilled = conversation[-1]["role"] == "assistant"
-            text = chat_prompt_text(endpoint.tokenizer, conversation, tools, session.sampled_calls, prefilled)
-            text += (forced := "" if prefilled else forced_call(endpoint.tokenizer, tools))
-            ids = endpoint.prompt_ids(session, text, with_bos=False)
-            call = await endpoint.complete(session, text, ids, sampling, request.is_disconnected, kept_stop(tools))
+            call, parsed = await self.sample_chat(request, session, conversation, sampling, tools, prefilled)
         except EndpointError as e:
             return JSONResponse(e.anthropic_body(), status_code=e.status)
-        parsed = read_reply(endpoint.tokenizer, session, tools, forced + call.text)
         message = message_response(body, sampling.get("stop") or [], call, endpoint.tokenizer, parsed)
         return anthropic_stream(message) if body.get("stream") else message
 
@@ -149,19 +145,19 @@ class Routes:
         try:
             messages, chat = responses_api.chat_request(body)
         except ToolError as e:
-            raise EndpointError(400, str(e), e.code, e.param) from None
-        call, parsed = await self.sample_chat(request, session, messages, chat)
+            raise refused(e) from None
+        call, parsed = await self.sample_chat(request, session, messages, chat, requested_tools(chat))
         out = responses_api.response_object(body, call, parsed)
         return sse(responses_api.stream_events(out)) if body.get("stream") else out
 
-    async def sample_chat(self, request: Request, session, messages, body: dict) -> tuple[Call, Parsed]:
-        """A chat conversation rendered with the body's tools (a forced call's first words after the generation
-        prompt), sampled and recorded, and its reply read for tool calls: the OpenAI chat and Responses routes'
-        common path."""
+    async def sample_chat(self, request: Request, session, messages, body: dict, tools: ToolRequest | None,
+                          continue_last: bool = False) -> tuple[Call, Parsed]:  # fmt: skip
+        """A chat conversation rendered with `tools` (a forced call's first words after the generation prompt,
+        unless the last message is continued), sampled with the body's settings and recorded, and its reply read
+        for tool calls: the chat, Messages and Responses routes' common path."""
         endpoint = self.endpoint
-        tools = requested_tools(body)
-        text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls)
-        text += (prefill := forced_call(endpoint.tokenizer, tools))
+        text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls, continue_last)
+        text += (prefill := "" if continue_last else forced_call(endpoint.tokenizer, tools))
         ids = endpoint.prompt_ids(session, text, with_bos=False)
         call = await endpoint.complete(session, text, ids, body, request.is_disconnected, kept_stop(tools))
         return call, read_reply(endpoint.tokenizer, session, tools, prefill + call.text)
@@ -198,14 +194,19 @@ def chat_prompt_text(tokenizer, messages, tools: ToolRequest | None = None, samp
     try:
         return render_chat(tokenizer, messages, tools, sampled or {}, continue_last)
     except ToolError as e:
-        raise EndpointError(400, str(e), e.code, e.param) from None
+        raise refused(e) from None
 
 
 def requested_tools(body: dict) -> ToolRequest | None:
     try:
         return tool_request(body)
     except ToolError as e:
-        raise EndpointError(400, str(e), e.code, e.param) from None
+        raise refused(e) from None
+
+
+def refused(e: ToolError) -> EndpointError:
+    """A tool declaration or tool turn that cannot be served, as the 400 naming its field."""
+    return EndpointError(400, str(e), e.code, e.param)
 
 
 def forced_call(tokenizer, tools: ToolRequest | None) -> str:

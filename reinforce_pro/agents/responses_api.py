@@ -26,9 +26,9 @@ def chat_request(body: dict) -> tuple[list[dict], dict]:
     if body.get("previous_response_id") is not None or body.get("conversation") is not None:
         raise ToolError("previous_response_id: responses are not stored here; send the whole conversation as "
                         "input", "previous_response_id", "unsupported")  # fmt: skip
-    fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text") if isinstance(body.get("text"), dict) \
-        else "text"  # fmt: skip
-    if fmt != "text" or (body.get("reasoning") or {}).get("effort") not in (None, "none", "minimal"):
+    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    structured = (text.get("format") or {}).get("type", "text") != "text"
+    if structured or (body.get("reasoning") or {}).get("effort") not in (None, "none", "minimal"):
         raise ToolError("structured output and reasoning effort are not served: the policy samples plain text",
                         "text", "unsupported")  # fmt: skip
     messages = []
