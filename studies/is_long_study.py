@@ -56,6 +56,7 @@ from studies.study_stats import (  # noqa: E402
     detectable_difference,
     direction,
     holm,
+    on_grid,
     paired_rate_test,
     paired_test,
     parse_seeds,
@@ -352,9 +353,14 @@ def lengths(history: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ analysis
+ACCURACIES = ("final_eval", "start_eval")  # held-out accuracies: multiples of 1/HELD_OUT, compared on that grid
+
+
 def values(runs: list[dict], regime: str, correction: str, key: str) -> dict[int, float]:
-    return {r["seed"]: r[key] for r in runs if (r["regime"], r["correction"]) == (regime, correction)
-            and r.get(key) is not None}  # fmt: skip
+    """Per seed, `key` of the arm's runs; a held-out accuracy on its grid (study_stats.on_grid)."""
+    exact = on_grid if key in ACCURACIES else lambda v, _: v
+    return {r["seed"]: exact(r[key], HELD_OUT) for r in runs
+            if (r["regime"], r["correction"]) == (regime, correction) and r.get(key) is not None}  # fmt: skip
 
 
 def compare(runs: list[dict], regime: str, correction: str, reference: str, key: str, margin: float) -> dict | None:

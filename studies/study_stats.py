@@ -180,6 +180,15 @@ def sign_flip_p(diffs: list[float]) -> float:
     return min(1.0, 2.0 * float(at_least.sum()) / 2.0 ** len(d))
 
 
+def on_grid(value: float, count: int) -> float:
+    """An accuracy over `count` questions put back on its grid k/count. Stored as float32 it is ~1e-8 off the
+    grid, so two paired differences that are equal on it (a tie a sign, rank or sign-flip test must count as
+    one) compare unequal, and the exact tests then read ties as wins or drop tying sign patterns. A value
+    further than 1e-4 of a step from the grid is no such accuracy (a mean, a hand-made value) and stays as it is."""
+    steps = value * count
+    return round(steps) / count if abs(steps - round(steps)) <= 1e-4 else value
+
+
 def paired_rate_test(a: list[bool], b: list[bool]) -> float:
     """The exact McNemar test of two paired binary outcomes (a seed collapsed under arm a / under arm b): the
     two-sided sign test over the discordant seeds (scipy's binomtest); 1.0 where none is discordant."""

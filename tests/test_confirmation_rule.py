@@ -206,3 +206,44 @@ def test_the_confirmation_is_analysed_with_the_regime_and_variant_the_committed_
         rule.analyse_confirmation([r for r in runs if r["correction"] != "dppo-tv"], picked)
     with pytest.raises(ValueError, match="has not picked"):
         rule.analyse_confirmation(runs, {**picked, "complete": False})
+
+
+def test_held_out_accuracies_are_compared_on_their_grid_so_tied_sign_patterns_count():
+    """Accuracies come back from float32, ~1e-8 off their grid of 1/200: differences equal on the grid then
+    compare unequal, and the sign-flip test dropped sign patterns that tie the observed sum. The analysis puts
+    them back on the grid, so its p equals the test of the exact integer differences."""
+    import numpy as np
+
+    from studies.study_stats import on_grid, sign_flip_p
+
+    cppo = [147, 160, 144, 167, 169, 156, 152, 163, 140, 161]  # questions right out of 200, seeds 1-10
+    rp = [145, 159, 141, 168, 166, 157, 156, 166, 143, 164]
+    stored = lambda k: float(np.float32(k / 200))  # noqa: E731  (as a run's summary stores it)
+    runs = [_run(s, "fp8", c, stored(k)) for s, a, b in zip(range(1, 11), rp, cppo, strict=True)
+            for c, k in (("reinforce_pro", a), ("cppo", b))]  # fmt: skip
+    runs += [_run(s, "fp8", "dppo-tv", stored(150)) for s in range(1, 11)]
+    row = rule.confirmation_verdicts(runs, "fp8", None)[0]
+    exact = sign_flip_p([a - b for a, b in zip(rp, cppo, strict=True)])
+    float32 = sign_flip_p([stored(a) - stored(b) for a, b in zip(rp, cppo, strict=True)])
+    assert row["p_sign_flip"] == exact == pytest.approx(0.55078125) and float32 == pytest.approx(0.546875)
+    assert on_grid(stored(151), 200) == 151 / 200 and on_grid(0.7512, 200) == 0.7512  # off the grid: kept
+
+
+def test_a_verdict_near_the_threshold_is_reported_with_what_it_rests_on():
+    """`reinforce_pro` above `cppo` by 0.005 at 9 of 12 seeds and below at 3, plus two seeds far above: the Holm
+    sign-flip p lands within a factor of two of 0.05, so the row carries the Wilcoxon p, the leave-one-seed-out
+    count and the two largest seeds' share; a clear verdict carries none."""
+    diffs = [0.005] * 9 + [-0.005] * 3 + [0.05, 0.04]
+    runs = []
+    for s, d in enumerate(diffs, start=1):
+        runs += [_run(s, "fp8", "cppo", 0.7), _run(s, "fp8", "reinforce_pro", 0.7 + d),
+                 _run(s, "fp8", "dppo-tv", 0.9)]  # fmt: skip
+    rows = rule.confirmation_verdicts(runs, "fp8", None)
+    near, clear = rows
+    assert 0.025 <= near["p_sign_flip_holm"] < 0.1 and "robustness" not in clear
+    rb = near["robustness"]
+    assert rb["top_two_share"] == pytest.approx(0.09 / sum(diffs))
+    assert 0 < rb["p_wilcoxon"] < 1 and rb["p_wilcoxon_holm"] >= rb["p_wilcoxon"]
+    assert 0 <= rb["leave_one_out_flips"] <= len(diffs)
+    text = rule.render_verdicts(rows, "fp8")
+    assert "within a factor of two of the 0.05 threshold" in text and "`reinforce_pro` - `cppo` (sign-flip p" in text
