@@ -78,7 +78,11 @@ REGIMES = {
     # synchronous partial rollouts: each response's first 16 tokens by the policy of 3 steps before, the rest by
     # that of 2 before (set, not left to timing as in `partial`)
     "stale2+partial": {"rollout_staleness": 2, "partial_rollout": True, "partial_rollout_chunk": 16},
+    # mixture-of-experts plans only: stale4 with the trainer's forwards replaying the engine's experts (R3)
+    "stale4+r3": {"rollout_staleness": 4, "routing_replay": "r3"},
 }
+MOE_ONLY = ("stale4+r3",)  # regimes a dense model cannot run (it has no routes to replay)
+MOE_FLAGS = {"aux_loss_coef": 0.001}  # every run of a mixture-of-experts plan: the load-balancing loss on
 CORRECTIONS = [
     "none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis", "minpro", "ctpo", "cppo",
     "dppo-tv", "kpop", "trm", "opsm", "geo-seq-mask", "token-tv", "token-binary-kl", "seq-tv", "seq-binary-kl",
@@ -109,6 +113,7 @@ class Plan:
     corrections: tuple[str, ...]  # NAME or NAME@LOW,HIGH, as --corrections takes them
     steps: int
     margin: float  # equivalence margin of the held-out accuracy, for TOST
+    model: str = "dense"  # the built-in model: dense, or moe (its mixture-of-experts twin, models/tiny.py)
 
 
 # The confirmation's arms, by the screening's rule: the references, reinforce_pro at its default band and at the
@@ -138,6 +143,17 @@ PLANS: dict[str, Plan] = {
         steps=100,
         margin=0.03,
     ),
+    # Registered on docs/results/moe-routing.md ("Registered plan: the MoE screening") before any of its runs.
+    # A screening (3 seeds): which of replay and the corrections holds an MoE run whose routes drift 4 versions.
+    "moe_screening": Plan(
+        name="moe_screening",
+        seeds=(701, 702, 703),
+        regimes=("sync", "stale4", "stale4+r3"),
+        corrections=("none", "tis", "reinforce_pro", "reinforce_pro@0.9,1.1", "cppo", "dppo-tv"),
+        steps=100,
+        margin=0.03,
+        model="moe",
+    ),
 }
 
 
@@ -153,26 +169,32 @@ def missing_arms(runs: list[dict], seeds, arm_list, steps: int) -> dict[int, lis
     return {s: [a for a in arm_list if (s, *a, steps) not in have] for s in seeds}
 
 
-def warm_start(seed: int, workdir: Path, code: dict, cache: Path | None = None) -> tuple[str, dict]:
-    """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts.
+def warm_start(
+    seed: int, workdir: Path, code: dict, cache: Path | None = None, model: str = "dense"
+) -> tuple[str, dict]:
+    """The starting model of every run of `seed`: what train_ppo_ray's --builtin_task running_sum warm-starts
+    (with `model` moe, what it warm-starts under --embedded_model moe).
     `code`: the study's provenance (its host and the commit of the code it loaded). With `cache`, the warm start
     an earlier invocation made on this host with the same settings is reused (a study resumed mid-seed saves its
     3-5 minutes; the runs record the commit that made it)."""
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM, RUNNING_SUM_WARMUP
     from reinforce_pro.data import EMBEDDED_TASKS
-    from reinforce_pro.models.tiny import build_tiny_model
+    from reinforce_pro.models.tiny import build_tiny_model, build_tiny_moe_model
     from reinforce_pro.trainer.sft_warmup import embedded_warm_start
 
     layers, max_new = EMBEDDED_TASKS[TASK]().model_layers, EMBEDDED_RUNNING_SUM["max_new_tokens"]
     key = {"task": TASK, "seed": seed, "layers": layers, "max_new_tokens": max_new, "host_id": code["host_id"],
-           **RUNNING_SUM_WARMUP}  # fmt: skip
-    out = (cache or workdir) / f"warm_{seed}"
+           **RUNNING_SUM_WARMUP, **({"model": model} if model != "dense" else {})}  # fmt: skip
+    out = (cache or workdir) / (f"warm_{seed}" if model == "dense" else f"warm_{model}_{seed}")
     stamp = out / "warm_start.json"  # written last: a warm start cut short has none and is made again
     if stamp.exists() and (made := json.loads(stamp.read_text()))["key"] == key:
         print(f"[is_long_study] seed {seed}: the kept warm start ({made['stats']['sft/steps']} steps)", flush=True)
         return str(out), {**made["stats"], "commit": made["commit"], "sha256": weights_digest(out)}
     shutil.rmtree(out, ignore_errors=True)
-    base = build_tiny_model(workdir / f"base_{seed}", seed=seed, num_layers=layers)
+    build = build_tiny_moe_model if model == "moe" else build_tiny_model
+    base = build(
+        workdir / (f"base_{seed}" if model == "dense" else f"base_{model}_{seed}"), seed=seed, num_layers=layers
+    )
     steps, target = RUNNING_SUM_WARMUP["sft_warmup_steps"], RUNNING_SUM_WARMUP["sft_warmup_target"]
     stats = embedded_warm_start(TASK, base, out, steps, seed, target, max_new)
     stamp.write_text(json.dumps({"key": key, "stats": stats, "commit": code["commit"]}) + "\n")
@@ -247,8 +269,9 @@ def held_out_file(workdir: Path) -> Path:
     return path
 
 
-def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path):
-    """The embedded-running-sum preset for `model`, with the regime's flags and the held-out evaluations."""
+def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path, moe: bool = False):
+    """The embedded-running-sum preset for `model`, with the regime's flags and the held-out evaluations; `moe`:
+    the model is mixture-of-experts (MOE_FLAGS on, its engine records every token's experts)."""
     from reinforce_pro.cli.flags_to_config import run_config as build
     from reinforce_pro.cli.presets import EMBEDDED_RUNNING_SUM
     from reinforce_pro.cli.train_ppo_ray import parse_args
@@ -256,14 +279,23 @@ def run_config(model: str, seed: int, steps: int, regime: dict, eval_path: Path)
     args = parse_args(["--pretrain", model])
     vars(args).update({k: v for k, v in EMBEDDED_RUNNING_SUM.items() if k != "vllm_is_correction_type"})
     vars(args).update(STUDY_FLAGS, seed=seed, max_samples=32 * steps, builtin_task=TASK, eval_dataset=str(eval_path),
-                      eval_steps=steps, **regime)  # fmt: skip
+                      eval_steps=steps, **regime, **(MOE_FLAGS if moe else {}))  # fmt: skip
     cfg = build(args)  # the engine is started before the run, so its settings name the model here
-    engine = replace(cfg.engines.config, model_path=model, cpu_max_batched_tokens=PREFILL_BUDGET)
+    engine = replace(cfg.engines.config, model_path=model, cpu_max_batched_tokens=PREFILL_BUDGET, capture_routes=moe)
     return replace(cfg, engines=replace(cfg.engines, config=engine))
 
 
 def run_study(
-    seeds, regimes, corrections, steps, runs: list[dict], save, code: dict, cache=None, pictures: Path | None = None
+    seeds,
+    regimes,
+    corrections,
+    steps,
+    runs: list[dict],
+    save,
+    code: dict,
+    cache=None,
+    pictures: Path | None = None,
+    model: str = "dense",
 ) -> list[dict]:
     """Run every (seed, regime, correction) not yet in `runs`, one Ray cluster and one engine per seed;
     `save(runs)` after each run. `code`: the provenance of the tree when the study started, the code its runs
@@ -285,8 +317,9 @@ def run_study(
         workers_import(ROOT)
         start_ray(logical_cpus=8)
         for seed, pending in ((s, p) for s, p in todo.items() if p):
-            model, warm = warm_start(seed, workdir, code, cache)
-            configs = {g: run_config(model, seed, steps, REGIMES[g], eval_path) for g in {g for g, _ in pending}}
+            start, warm = warm_start(seed, workdir, code, cache, model)
+            configs = {g: run_config(start, seed, steps, REGIMES[g], eval_path, model == "moe")
+                       for g in {g for g, _ in pending}}  # fmt: skip
             engines = {}  # quantization -> the engine its runs share (the regimes differ in no other engine setting)
             for regime, correction in pending:
                 count += 1
@@ -297,15 +330,15 @@ def run_study(
                     engines[setting.quantization] = ray.remote(VLLMEngine).options(num_cpus=1).remote(setting)
                 engine = engines[setting.quantization]
                 ray.get(engine.reseed.remote(seed))  # paired: every arm of a seed samples its first batch alike
-                provenance, start = {**code, "started": run_provenance()["started"]}, time.perf_counter()
+                provenance, began = {**code, "started": run_provenance()["started"]}, time.perf_counter()
                 plan = prepare(cfg)
                 history = build_and_fit(cfg, plan, engines=[engine])
                 record = {"seed": seed, "regime": regime, "correction": correction, "steps": steps,
                           "regime_flags": REGIMES[regime], "warm_start_steps": warm["sft/steps"],
                           "warm_start_commit": warm["commit"], "warm_start_sha256": warm["sha256"],
-                          **provenance}  # fmt: skip
-                runs.append({**record, **summarise(history, time.perf_counter() - start, held_out(plan.run_dir)),
-                             **lengths(history)})  # fmt: skip
+                          **({"model": model} if model != "dense" else {}), **provenance}  # fmt: skip
+                runs.append({**record, **summarise(history, time.perf_counter() - began, held_out(plan.run_dir)),
+                             **lengths(history), **routing(history)})  # fmt: skip
                 save(runs)
                 if pictures is not None and (plan.run_dir / "drift.png").is_file():
                     pictures.mkdir(parents=True, exist_ok=True)
@@ -344,6 +377,13 @@ def workers_import(root: Path) -> None:
     commit would run the other checkout's code)."""
     paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+def routing(history: list[dict]) -> dict:
+    """An MoE run's routing drift, each routing/* and routing_pos/* metric's mean over its steps (docs/metrics.md);
+    nothing for a dense run."""
+    keys = sorted({k for h in history for k in h if k.startswith(("routing/", "routing_pos/"))})
+    return {"routing": {k: statistics.fmean(h[k] for h in history if k in h) for k in keys}} if keys else {}
 
 
 def lengths(history: list[dict]) -> dict:
@@ -435,13 +475,14 @@ def head_to_head(runs: list[dict], margin: float, design: str = DESIGN) -> list[
     return rows
 
 
-def collapse_rates(runs: list[dict], regime: str, a: str, b: str) -> dict:
+def collapse_rates(runs: list[dict], regime: str, a: str, b: str, regimes: tuple[str, str] | None = None) -> dict:
     """How many of the paired seeds collapsed (a reward collapse or a gradient-norm flag) under `a` and under `b`
-    in `regime`, and the exact McNemar test of the difference."""
-    seeds = {c: {r["seed"]: bool(collapse_kinds(r["rewards"], r["grad_norms"])) for r in runs
-                 if (r["regime"], r["correction"]) == (regime, c)} for c in (a, b)}  # fmt: skip
-    paired = sorted(set(seeds[a]) & set(seeds[b]))
-    x, y = [seeds[a][s] for s in paired], [seeds[b][s] for s in paired]
+    in `regime` (or `a` in regimes[0] and `b` in regimes[1]), and the exact McNemar test of the difference."""
+    sides = list(zip(regimes or (regime, regime), (a, b), strict=True))
+    seeds = [{r["seed"]: bool(collapse_kinds(r["rewards"], r["grad_norms"])) for r in runs
+              if (r["regime"], r["correction"]) == side} for side in sides]  # fmt: skip
+    paired = sorted(set(seeds[0]) & set(seeds[1]))
+    x, y = [seeds[0][s] for s in paired], [seeds[1][s] for s in paired]
     return {"collapsed_design": sum(x), "collapsed_other": sum(y), "p_collapse": paired_rate_test(x, y)}
 
 
@@ -478,6 +519,60 @@ def mechanisms(runs: list[dict], regime: str = "stale4") -> list[dict]:
                      "lower": sum(d < 0 for d in diffs), "higher": sum(d > 0 for d in diffs),
                      "masked": masked, **collapse_rates(runs, regime, variant, parent)})  # fmt: skip
     return rows
+
+
+def replay_effect(runs: list[dict], off: str = "stale4", replayed: str = "stale4+r3") -> list[dict]:
+    """Per correction run in both `off` and `replayed` (the same drift, the trainer replaying the engine's experts
+    or routing itself): the held-out accuracy of each, the paired difference replayed - off seed by seed with the
+    exact sign-flip test (Holm over the corrections), the collapses under each (exact McNemar) and the routing
+    drift and masked fraction under each."""
+    rows = []
+    both = {r["correction"] for r in runs if r["regime"] == off} & {
+        r["correction"] for r in runs if r["regime"] == replayed
+    }
+    for correction in sorted(both, key=arm_order):
+        a, b = (values(runs, g, correction, "final_eval") for g in (replayed, off))
+        seeds = sorted(set(a) & set(b))
+        if not seeds:
+            continue
+        diffs = [a[s] - b[s] for s in seeds]
+        side = direction(diffs)
+        arm = {g: [r for r in runs if (r["regime"], r["correction"]) == (g, correction)] for g in (off, replayed)}
+        flips = {g: _mean([r.get("routing", {}).get("routing/flip_frac") for r in arm[g]]) for g in arm}
+        masked = {g: _mean([r.get("masked_frac") for r in arm[g]]) for g in arm}
+        rows.append({"correction": correction, "n": len(seeds), "off": statistics.fmean(b[s] for s in seeds),
+                     "replayed": statistics.fmean(a[s] for s in seeds), "diffs": diffs, "lower": side.lower,
+                     "higher": side.higher, "p_sign_flip": side.p_sign_flip, "flip_off": flips[off],
+                     "flip_replayed": flips[replayed], "masked_off": masked[off],
+                     "masked_replayed": masked[replayed],
+                     **collapse_rates(runs, off, correction, correction, (replayed, off))})  # fmt: skip
+    for row, p in zip(rows, holm([r["p_sign_flip"] for r in rows]), strict=True):
+        row["p_sign_flip_holm"] = p
+    return rows
+
+
+def _mean(found: list) -> float | None:
+    found = [v for v in found if v is not None]
+    return statistics.fmean(found) if found else None
+
+
+def render_replay(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "Routing replay (`stale4+r3` - `stale4`, the same arm with the trainer replaying the engine's experts "
+             "or routing itself), held-out accuracy at the last step paired by seed; exact sign-flip p Holm-adjusted "
+             "over the corrections; routing flips: (token, MoE layer) pairs whose top-k set differs between engine "
+             "and trainer, measured before replay:", "",
+             "| correction | seeds | off -> r3 | r3 - off by seed | lower / higher | sign-flip p (Holm) | collapsed "
+             "(off / r3) | routing flips (off / r3) | masked (off / r3) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        by_seed = ", ".join(f"{d:+.3f}" for d in r["diffs"])
+        lines.append(f"| {r['correction']} | {r['n']} | {r['off']:.3f} -> {r['replayed']:.3f} | {by_seed} | "
+                     f"{r['lower']} / {r['higher']} | {r['p_sign_flip_holm']:.3f} | {r['collapsed_other']} / "
+                     f"{r['collapsed_design']} | {_fmt(r['flip_off'], '.2%')} / {_fmt(r['flip_replayed'], '.2%')} | "
+                     f"{_fmt(r['masked_off'], '.2%')} / {_fmt(r['masked_replayed'], '.2%')} |")  # fmt: skip
+    return lines
 
 
 def render_mechanisms(rows: list[dict]) -> list[str]:
@@ -671,6 +766,7 @@ def render(payload: dict, out_dir: Path) -> str:
               f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
     lines += render_head_to_head(head_to_head(runs, margin), margin)
     lines += render_mechanisms(mechanisms(runs))
+    lines += render_replay(replay_effect(runs))
     lines += render_by_seed(runs)
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)
@@ -686,26 +782,30 @@ def render(payload: dict, out_dir: Path) -> str:
 def screening_or_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
     """What this invocation runs: the registered plan of --plan (refused beside a flag that would change it), or
     a screening made of the flags given and their defaults."""
-    given = [f"--{k}" for k in ("seeds", "regimes", "corrections", "steps", "name") if getattr(args, k) is not None]
+    given = [f"--{k}" for k in ("seeds", "regimes", "corrections", "steps", "name", "model")
+             if getattr(args, k) is not None]  # fmt: skip
     if args.plan is not None:
         if given:
             parser.error(f"--plan {args.plan} runs as registered: drop {', '.join(given)}")
         return PLANS[args.plan]
     return Plan(name=args.name or NAME, seeds=tuple(args.seeds or parse_seeds("101-103")),
-                regimes=tuple(args.regimes or REGIMES), corrections=tuple(args.corrections or CORRECTIONS),
-                steps=args.steps or 150, margin=MARGIN)  # fmt: skip
+                regimes=tuple(args.regimes or (g for g in REGIMES if g not in MOE_ONLY)),
+                corrections=tuple(args.corrections or CORRECTIONS),
+                steps=args.steps or 150, margin=MARGIN, model=args.model or "dense")  # fmt: skip
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=list(PLANS), default=None,
                    help="run a registered confirmatory stage exactly as registered (its seeds, regimes, corrections, "
-                   "steps, margin and file); refused beside any of the five flags it sets")  # fmt: skip
+                   "steps, margin, model and file); refused beside any of the six flags it sets")  # fmt: skip
     p.add_argument("--seeds", type=parse_seeds, default=None, help="e.g. 101-103 or 1,3,5 (default 101-103)")
     p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=None, help="default: every regime")
     p.add_argument("--corrections", nargs="+", type=correction_arm, default=None,
                    help=f"of {', '.join(CORRECTIONS)}; NAME@LOW,HIGH: one at another band (default: all)")  # fmt: skip
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 150)")
+    p.add_argument("--model", choices=("dense", "moe"), default=None,
+                   help="the built-in model: dense (default) or moe, its mixture-of-experts twin")  # fmt: skip
     p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
     p.add_argument("--name", default=None, help=f"the JSON's name (default {NAME}; a plan's is its own)")
     p.add_argument("--warm-cache", type=Path, default=Path(tempfile.gettempdir()) / "is_long_study_warm",
@@ -714,6 +814,8 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
     args = p.parse_args(argv)
     study = screening_or_plan(p, args)
+    if study.model == "dense" and (moe_only := [g for g in study.regimes if g in MOE_ONLY]):
+        p.error(f"--regimes {' '.join(moe_only)}: replays a mixture-of-experts model's routes (--plan moe_screening)")
     if args.render is not None:
         print(render(json.loads(args.render.read_text()), args.render.parent))
         return 0
@@ -724,7 +826,9 @@ def main(argv=None) -> int:
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
     stored = stored_results(path)
     with tempfile.TemporaryDirectory(prefix="is_long_study_") as scratch:  # where a missing warm start is built
-        weights = functools.cache(lambda seed: warm_start(seed, Path(scratch), code, args.warm_cache)[1]["sha256"])
+        weights = functools.cache(
+            lambda seed: warm_start(seed, Path(scratch), code, args.warm_cache, study.model)[1]["sha256"]
+        )
         runs, aside = set_aside_other_hosts(stored.get("runs", []), seeds, arms(regimes, corrections), study.steps,
                                             code["host_id"], weights)  # fmt: skip
     for seed in sorted({r["seed"] for r in aside}):
@@ -739,7 +843,7 @@ def main(argv=None) -> int:
         write_result(study.name, config, {"runs": current, "set_aside": aside}, args.output)
 
     pictures = args.output / f"{study.name}_drift"  # each run's drift picture (trainer/drift_plot.py)
-    run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache, pictures)
+    run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache, pictures, study.model)
     print(render(json.loads(path.read_text()), args.output))
     return 0
 

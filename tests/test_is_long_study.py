@@ -204,7 +204,7 @@ def _plan_parser():
     import argparse
 
     parser = argparse.ArgumentParser()
-    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name"):
+    for flag in ("--plan", "--seeds", "--regimes", "--corrections", "--steps", "--name", "--model"):
         parser.add_argument(flag, default=None)
     return parser
 
@@ -382,9 +382,9 @@ def test_a_study_removes_its_scratch_when_it_ends_and_keeps_a_cut_run_s_files(tm
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.setattr(launcher, "start_ray", lambda **kw: None)
     monkeypatch.setattr(study, "workers_import", lambda root: None)
-    monkeypatch.setattr(study, "warm_start", lambda seed, workdir, code, cache: ("/model", {"sft/steps": 7,
+    monkeypatch.setattr(study, "warm_start", lambda seed, workdir, code, cache, model: ("/model", {"sft/steps": 7,
                         "commit": "c", "sha256": "s"}))  # fmt: skip
-    monkeypatch.setattr(study, "run_config", lambda model, seed, steps, regime, eval_path: SimpleNamespace())
+    monkeypatch.setattr(study, "run_config", lambda model, seed, steps, regime, eval_path, moe: SimpleNamespace())
     monkeypatch.setattr(study, "with_correction", lambda cfg, correction, save: SimpleNamespace(
         engines=SimpleNamespace(config=SimpleNamespace(quantization=None)), save=save))  # fmt: skip
     engine = SimpleNamespace(reseed=SimpleNamespace(remote=lambda seed: seed))
@@ -425,3 +425,56 @@ def test_a_study_removes_its_scratch_when_it_ends_and_keeps_a_cut_run_s_files(tm
         study.run_study([4], ["stale4"], ["none", "cut"], 5, [], lambda r: None, {"commit": "c"})
     (left,) = scratch.iterdir()  # the stopped study's directory stays, with the cut run's files
     assert (left / "4_stale4_cut" / "drift.png").is_file() and fits[-1] == "4_stale4_cut"
+
+
+def test_the_moe_screening_replays_routes_only_on_the_moe_model_with_its_balance_loss(tmp_path):
+    """The registered MoE screening: fresh seeds, the built-in MoE model, stale4 with and without replaying the
+    engine's experts; its runs' configs turn the balance loss and the engine's route capture on, and a dense
+    screening cannot ask for replay."""
+    from reinforce_pro.models.tiny import build_tiny_moe_model
+
+    plan = study.PLANS["moe_screening"]
+    assert plan.model == "moe" and plan.regimes == ("sync", "stale4", "stale4+r3") and plan.steps == 100
+    assert {"none", "tis", study.DESIGN, "cppo", "dppo-tv"} <= set(plan.corrections)
+    used = set()  # every seed a committed study ran
+    for f in study.RESULTS_DIR.glob("*.json"):
+        results = json.loads(f.read_text()).get("results")
+        runs = results.get("runs", []) if isinstance(results, dict) and not f.stem.startswith(plan.name) else []
+        used |= {r["seed"] for r in runs if isinstance(r, dict) and "seed" in r}
+    assert len(set(plan.seeds)) == 3 and not set(plan.seeds) & used
+    model, eval_path = str(build_tiny_moe_model(tmp_path / "moe")), study.held_out_file(tmp_path)
+    replayed = study.run_config(model, 3, 20, study.REGIMES["stale4+r3"], eval_path, moe=True)
+    assert replayed.forward.routing_replay == "r3" and replayed.loop.rollout_staleness == 4
+    assert replayed.loss.aux_loss_coef == 0.001 and replayed.engines.config.capture_routes
+    dense = study.run_config(model, 3, 20, study.REGIMES["stale4"], eval_path)
+    assert dense.forward.routing_replay == "none" and not dense.engines.config.capture_routes
+    with pytest.raises(SystemExit):
+        study.main(["--regimes", "stale4+r3", "--seeds", "1", "--output", str(tmp_path)])
+    parser = _plan_parser()
+    assert study.screening_or_plan(parser, parser.parse_args(["--plan", "moe_screening"])) is plan
+    assert "stale4+r3" not in study.screening_or_plan(parser, parser.parse_args([])).regimes
+
+
+def test_the_replay_table_pairs_each_correction_with_itself_under_r3_by_seed():
+    """`none` gains 0.2 under replay at both seeds and collapses without it at one; `cppo` is level."""
+    runs = []
+    for seed in (1, 2):
+        for regime, flip in (("stale4", 0.04), ("stale4+r3", 0.05)):
+            gain = 0.2 if regime == "stale4+r3" else 0.0
+            collapsed = regime == "stale4" and seed == 1
+            rewards = [0.3] * 10 + [0.0] * 30 if collapsed else [0.3] * 40
+            drift = {"routing": {"routing/flip_frac": flip}}
+            runs += [{**_run(seed, regime, "none", 0.5 + gain), "rewards": rewards, **drift},
+                     {**_run(seed, regime, "cppo", 0.7), **drift}]  # fmt: skip
+    rows = {r["correction"]: r for r in study.replay_effect(runs)}
+    none, cppo = rows["none"], rows["cppo"]
+    assert none["diffs"] == pytest.approx([0.2, 0.2]) and (none["lower"], none["higher"]) == (0, 2)
+    assert none["p_sign_flip"] == pytest.approx(0.5) and none["p_sign_flip_holm"] == pytest.approx(1.0)
+    assert (none["collapsed_other"], none["collapsed_design"]) == (1, 0)  # off / r3
+    assert cppo["diffs"] == [0.0, 0.0] and cppo["p_sign_flip"] == 1.0
+    assert none["flip_off"] == pytest.approx(0.04) and none["flip_replayed"] == pytest.approx(0.05)
+    text = "\n".join(study.render_replay(list(rows.values())))
+    assert "| none | 2 | 0.500 -> 0.700 | +0.200, +0.200 | 0 / 2 |" in text and "4.00% / 5.00%" in text
+    assert study.routing([{"routing/flip_frac": 0.1}, {"routing/flip_frac": 0.3}]) == {
+        "routing": {"routing/flip_frac": pytest.approx(0.2)}}  # fmt: skip
+    assert study.routing([{"rollout/reward_mean": 0.5}]) == {}
