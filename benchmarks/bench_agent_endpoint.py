@@ -5,8 +5,8 @@ batched there), on one vLLM engine, one after the other.
 Runs on: CPU (the `cpu` extra: vLLM, fastapi, uvicorn, openai).
 Takes:   ~3 minutes on 2 cores (one engine start, then `--repeats` rollouts of each shape, interleaved).
 
-    python benchmarks/bench_agent_endpoint.py                   # measure, write JSON, render the table
-    python benchmarks/bench_agent_endpoint.py --render FILE     # re-render from a JSON
+    python -m benchmarks.bench_agent_endpoint                   # measure, write JSON, render the table
+    python -m benchmarks.bench_agent_endpoint --render FILE     # re-render from a JSON
 
 One engine (rollout/vllm_engine.VLLMEngine, a Ray actor in a process of its own, called as the run's Sampler
 calls it) on the embedded default's architecture, randomly initialised, fp32. Each rollout is `--prompts` x
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
 
 NAME = "bench_agent_endpoint"
 EXAMPLES = ROOT / "examples" / "python"

@@ -4,8 +4,8 @@ Runs on: CPU (the embedded default: tiny Qwen2, bf16 vLLM CPU engine, fp32 DeepS
 Takes:   ~2 minutes per run on 2 cores at 200 steps; 4 conditions x 3 seeds = 12 runs, one after
          the other in one process (one local Ray cluster, fresh actors per run).
 
-    python benchmarks/bench_async.py                   # measure, write JSON, render table + plot
-    python benchmarks/bench_async.py --render FILE     # re-render from a JSON
+    python -m benchmarks.bench_async                   # measure, write JSON, render table + plot
+    python -m benchmarks.bench_async --render FILE     # re-render from a JSON
 
 Per run: samples/s and the median phase times over the steps after `--warmup_steps`, the staleness and
 wait metrics, and the reward curve against the training wall clock (the sum of time/step: start-up and the
@@ -20,9 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure, scratch_dir  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure, scratch_dir
 
 CONDITIONS = {
     "sync": [],

@@ -3,8 +3,8 @@
 Runs on: CPU (the built-in tiny model of the running-sum task; nothing downloaded).
 Takes:   ~5 minutes on 2 cores on a CPU with AMX-INT8 (vLLM's kernel there takes ~2 s an engine step), ~1 elsewhere.
 
-    python benchmarks/bench_cpu_fp8.py                 # measure, write JSON, render the table
-    python benchmarks/bench_cpu_fp8.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_cpu_fp8                 # measure, write JSON, render the table
+    python -m benchmarks.bench_cpu_fp8 --render FILE   # re-render from a JSON
 
 `--vllm_quantization fp8_per_channel` on vLLM's CPU build runs each linear layer as one torch._scaled_mm,
 which PyTorch sends to oneDNN's reference matmul on CPUs with AMX-INT8. Three engines of the run's engine
@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_study_generate import batches, count_engine_steps, study_model  # noqa: E402
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.bench_study_generate import batches, count_engine_steps, study_model
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_cpu_fp8"
 ENGINES = {  # name -> (EngineConfig.quantization, whether rollout/cpu_fp8.py may register its kernel)

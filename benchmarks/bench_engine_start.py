@@ -1,7 +1,7 @@
 """How long a CPU vLLM engine takes to start, by compile mode, each start in a fresh process.
 
-    python benchmarks/bench_engine_start.py --model ~/.cache/reinforce_pro/smollm2-135m-instruct
-    python benchmarks/bench_engine_start.py --render benchmarks/results/bench_engine_start.json
+    python -m benchmarks.bench_engine_start --model ~/.cache/reinforce_pro/smollm2-135m-instruct
+    python -m benchmarks.bench_engine_start --render benchmarks/results/bench_engine_start.json
 
 Modes (all through reinforce_pro's VLLMEngine, bf16, max_model_len 512, as the SmolLM2 recipes run it):
 - `aot` (VLLM_USE_AOT_COMPILE=1): torch.compile, the compiled function saved ahead of time and keyed by the model's
@@ -27,9 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, write_result  # noqa: E402
-from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, write_result
+from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS
 
 NAME = "bench_engine_start"
 MODES = {  # mode -> (environment, enforce_eager, tokens per forward)

@@ -3,8 +3,8 @@
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~2 minutes on 2 cores (two engine starts, 7 batches each).
 
-    python benchmarks/bench_generate_ceiling.py                 # measure, write JSON, render the table
-    python benchmarks/bench_generate_ceiling.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_generate_ceiling                 # measure, write JSON, render the table
+    python -m benchmarks.bench_generate_ceiling --render FILE   # re-render from a JSON
 
 The run's engine class (rollout/vllm_engine.VLLMEngine), built in this process without Ray, samples W3's batches
 as bench_peers' W3 step does: 4 chat-templated "What is a + b?" prompts x 8 samples, at most 64 new tokens,
@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_generate_ceiling"
 

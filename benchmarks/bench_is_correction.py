@@ -3,8 +3,8 @@
 Runs on: CPU (float32), the machine's default torch thread count. Takes ~1-3 minutes at the default
 sizes on 2 cores. Target: reinforce_pro within 1.15x of tis.
 
-    python benchmarks/bench_is_correction.py                 # measure, write JSON, print + render table
-    python benchmarks/bench_is_correction.py --render FILE   # re-render the table/plot from a JSON
+    python -m benchmarks.bench_is_correction                 # measure, write JSON, print + render table
+    python -m benchmarks.bench_is_correction --render FILE   # re-render the table/plot from a JSON
 
 Each timed call builds the loss from fresh leaf log-probs and runs backward, i.e. what the trainer pays
 per micro-batch.
@@ -31,11 +31,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, write_result  # noqa: E402
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band  # noqa: E402
-from reinforce_pro.algos.losses import PolicyLoss  # noqa: E402
-from reinforce_pro.workers.base import KEEP_FREED_MEMORY  # noqa: E402  (what the CPU trainer ranks get too)
+from benchmarks.common import RESULTS_DIR, write_result
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
+from reinforce_pro.algos.losses import PolicyLoss
+from reinforce_pro.workers.base import KEEP_FREED_MEMORY  #  (what the CPU trainer ranks get too)
 
 SIZES = [(64, 1024), (256, 4096), (256, 8192)]
 VARIANTS = ["none", *IS_CORRECTIONS]  # "none": PolicyLoss without IS correction

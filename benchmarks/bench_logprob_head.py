@@ -3,8 +3,8 @@
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~2 minutes on 2 cores with the defaults.
 
-    python benchmarks/bench_logprob_head.py                 # measure, write JSON, render the table
-    python benchmarks/bench_logprob_head.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_logprob_head                 # measure, write JSON, render the table
+    python -m benchmarks.bench_logprob_head --render FILE   # re-render from a JSON
 
 One forward + backward of `response_log_probs` on a batch shaped like the SmolLM2 chain_sum step (left-padded
 chat-templated prompts, right-padded responses), timed with the LM head over every position ("full": the
@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_logprob_head"
 MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"

@@ -5,9 +5,9 @@ where packing can only cost).
 Runs on: CPU (the default) or a GPU (--device cuda); no Ray, vLLM or DeepSpeed needed.
 Takes:   ~3 minutes on 2 cores with the defaults.
 
-    python benchmarks/bench_packing.py
-    python benchmarks/bench_packing.py --rows 16 --reps 10 --sizes tiny,small
-    python benchmarks/bench_packing.py --render FILE     # re-render table and plot from a JSON
+    python -m benchmarks.bench_packing
+    python -m benchmarks.bench_packing --rows 16 --reps 10 --sizes tiny,small
+    python -m benchmarks.bench_packing --render FILE     # re-render table and plot from a JSON
 
 Models are built locally from the tiny model's tokenizer: `tiny` is the embedded default's policy (hidden 128,
 2 layers), `small` a wider and deeper one (hidden 512, 8 layers) where the linear layers dominate as they do in
@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import RESULTS_DIR, attention_kernel, new_figure, render_saved, save_and_render, save_figure
+from reinforce_pro.models.logprobs import response_log_probs
+from reinforce_pro.models.packing import pack
+from reinforce_pro.models.tiny import build_tiny_model
+from reinforce_pro.models.varlen_attention import load_name
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, attention_kernel, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
-from reinforce_pro.models.logprobs import response_log_probs  # noqa: E402
-from reinforce_pro.models.packing import pack  # noqa: E402
-from reinforce_pro.models.tiny import build_tiny_model  # noqa: E402
-from reinforce_pro.models.varlen_attention import load_name  # noqa: E402
 
 PATHS = {"padded": (False, None), "one row": (True, None), "bins": (True, "sdpa")}  # packed?, kernel meanwhile
 

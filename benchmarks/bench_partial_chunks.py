@@ -3,8 +3,8 @@
 Runs on: CPU (the built-in tiny model of the running-sum task; nothing downloaded).
 Takes:   ~2 minutes on 2 cores with the defaults (one engine start, 6 batches of each variant).
 
-    python benchmarks/bench_partial_chunks.py                 # measure, write JSON, render the table
-    python benchmarks/bench_partial_chunks.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_partial_chunks                 # measure, write JSON, render the table
+    python -m benchmarks.bench_partial_chunks --render FILE   # re-render from a JSON
 
 Under `--partial_rollout --rollout_staleness K` (studies/is_long_study.py's `stale2+partial` regime) each
 response's first chunk is sampled by the weights K + 1 versions back and the rest by those K back. Sampled a
@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_study_generate import ONE_STEP_BUDGET, batches, study_model  # noqa: E402
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.bench_study_generate import ONE_STEP_BUDGET, batches, study_model
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_partial_chunks"
 VARIANTS = {  # name -> PartialRollout.settled (None: a call per chunk); "no chunks" samples with Sampler.sample

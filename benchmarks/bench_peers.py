@@ -4,9 +4,9 @@ Runs on: CPU (both sides use torch 2.13.0+cpu and transformers 5.19; TRL lives i
 Set-up:  bash scripts/setup_env.sh && bash benchmarks/peers/setup_trl.sh
 Takes:   W1 ~5 min, W2 ~9 min, W3 ~13 min on 2 cores (W3 needs the models extra: SmolLM2).
 
-    .venv/bin/python benchmarks/bench_peers.py                   # W1-W3: measure, write JSON, render
-    .venv/bin/python benchmarks/bench_peers.py --workloads W1    # one workload
-    .venv/bin/python benchmarks/bench_peers.py --render FILE     # re-render the table and plot from a JSON
+    .venv/bin/python -m benchmarks.bench_peers                   # W1-W3: measure, write JSON, render
+    .venv/bin/python -m benchmarks.bench_peers --workloads W1    # one workload
+    .venv/bin/python -m benchmarks.bench_peers --render FILE     # re-render the table and plot from a JSON
 
 The work, identical on both sides: 64 prompts "What is a + b?" through the model's chat template, 8 prompts
 x 8 samples = 64 completions of at most `max_new_tokens` per step (W3: 4 x 8 = 32), fp32 trainer and
@@ -36,9 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     PACKAGED_MODELS,
     RESULTS_DIR,
     new_figure,
@@ -47,6 +45,8 @@ from benchmarks.common import (  # noqa: E402
     save_figure,
     scratch_dir,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PEERS = Path(__file__).resolve().parent / "peers"
 PHASES = ["generate", "make_experience", "train", "weight_sync"]

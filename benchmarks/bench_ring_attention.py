@@ -3,8 +3,8 @@
 Runs on: CPU (gloo between processes on this host), no extra packages.
 Takes:   ~2 minutes on 2 cores with the defaults.
 
-    python benchmarks/bench_ring_attention.py                 # measure, write JSON, render the table
-    python benchmarks/bench_ring_attention.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_ring_attention                 # measure, write JSON, render the table
+    python -m benchmarks.bench_ring_attention --render FILE   # re-render from a JSON
 
 One forward + backward of the response log-probs of a causal LM (a Qwen2 of `--layers` x `--hidden`, built
 locally) on a micro-batch of `--rows` sequences of `--seq` tokens (the last half of each the response), packed
@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_ring_attention"
 

@@ -4,9 +4,9 @@ Runs on: CPU (the `cpu` extra); with the `models` extra also SmolLM2-135M-Instru
 ~/.cache/reinforce_pro).
 Takes:   ~1 minute for the tiny model, ~3 more for SmolLM2 (its engine compiles on first start).
 
-    python benchmarks/bench_sampling_filter.py                      # tiny model + SmolLM2 when installed
-    python benchmarks/bench_sampling_filter.py --models tiny        # the tiny model only
-    python benchmarks/bench_sampling_filter.py --render FILE        # re-render from a JSON
+    python -m benchmarks.bench_sampling_filter                      # tiny model + SmolLM2 when installed
+    python -m benchmarks.bench_sampling_filter --models tiny        # the tiny model only
+    python -m benchmarks.bench_sampling_filter --render FILE        # re-render from a JSON
 
 Agreement: a float32 vLLM engine (the run's engine class, in this process) samples `--responses` responses to
 the built-in addition prompts under each sampling setting the CLI accepts; the trainer's float32 log-probs of
@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_sampling_filter"
 SMOLLM2 = PACKAGED_MODELS / "smollm2-135m-instruct"

@@ -3,9 +3,9 @@
 Runs on: Linux (the current sandbox needs its kernel layers; the baseline needs nothing).
 Takes:   ~30 s on 2 cores with the defaults.
 
-    python benchmarks/bench_sandbox.py                          # baseline = 633e66a (before kernel layers)
-    python benchmarks/bench_sandbox.py --baseline REV --calls 100
-    python benchmarks/bench_sandbox.py --render FILE            # re-render the table from a JSON
+    python -m benchmarks.bench_sandbox                          # baseline = 633e66a (before kernel layers)
+    python -m benchmarks.bench_sandbox --baseline REV --calls 100
+    python -m benchmarks.bench_sandbox --render FILE            # re-render the table from a JSON
 
 The baseline's `sandbox.py` and `_sandbox_child.py` are read from git at REV into a temporary directory and
 imported from there, so both run in this one process, one after the other, on the same programs: a trivial
@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from reinforce_pro.selfplay import sandbox as current
+from reinforce_pro.selfplay.code_task import CODE_SEEDS
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
-from reinforce_pro.selfplay import sandbox as current  # noqa: E402
-from reinforce_pro.selfplay.code_task import CODE_SEEDS  # noqa: E402
 
 PROGRAMS = [("def f(x):\n    return x", "1")] + CODE_SEEDS
 

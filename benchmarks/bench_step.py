@@ -3,8 +3,8 @@
 Runs on: CPU (the embedded default: tiny Qwen2, bf16 vLLM CPU engine, fp32 DeepSpeed policy).
 Takes:   ~3 minutes on 2 cores (engine start-up, 40 RL steps, the bare-vLLM baseline).
 
-    python benchmarks/bench_step.py                    # measure, write JSON, print + render the table
-    python benchmarks/bench_step.py --render FILE      # re-render from a JSON
+    python -m benchmarks.bench_step                    # measure, write JSON, print + render the table
+    python -m benchmarks.bench_step --render FILE      # re-render from a JSON
 
 Reports, over the steps after `--warmup_steps`: median seconds per phase (generate, make_experience,
 train, weight_sync), response tokens per second, and two targets:
@@ -23,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render, scratch_dir  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render, scratch_dir
 
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
 TARGETS = {"rollout_efficiency": 0.8, "weight_sync_share": 0.10}

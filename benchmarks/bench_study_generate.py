@@ -3,8 +3,8 @@
 Runs on: CPU (the built-in tiny model of the running-sum task; nothing downloaded).
 Takes:   ~3 minutes on 2 cores with the defaults (one engine start per variant, 6 batches each, the floor).
 
-    python benchmarks/bench_study_generate.py                 # measure, write JSON, render the table
-    python benchmarks/bench_study_generate.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_study_generate                 # measure, write JSON, render the table
+    python -m benchmarks.bench_study_generate --render FILE   # re-render from a JSON
 
 A step of studies/is_long_study.py samples 32 running-sum prompts x 8 (256 responses of ~62 tokens) from a
 2-layer, 128-wide model in a bf16 engine; generation is most of the step. Here the run's engine class
@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
 
 NAME = "bench_study_generate"
 MODES = {"detokenized": True, "ids only": False}  # SamplingParams.detokenize

@@ -3,8 +3,8 @@
 Runs on: CPU, with the `models` extra for SmolLM2-135M-Instruct (prepared once under ~/.cache/reinforce_pro).
 Takes:   ~13 minutes on 2 cores with the defaults (6 variants x 6 steps, a profiled step, the AdamW timings).
 
-    python benchmarks/bench_train_phase.py                 # measure, write JSON, render the table
-    python benchmarks/bench_train_phase.py --render FILE   # re-render from a JSON
+    python -m benchmarks.bench_train_phase                 # measure, write JSON, render the table
+    python -m benchmarks.bench_train_phase --render FILE   # re-render from a JSON
 
 The policy worker of a run (workers/policy.PolicyWorker: DeepSpeed, AdamW, the policy loss), built in this
 process as one rank, trains on batches shaped like bench_peers' W3 step: 32 rows of a chat-templated prompt
@@ -37,8 +37,7 @@ from functools import partial
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, attention_kernel, render_saved, save_and_render  # noqa: E402
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, attention_kernel, render_saved, save_and_render
 
 NAME = "bench_train_phase"
 MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"  # where the recipes keep it

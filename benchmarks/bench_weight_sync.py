@@ -6,9 +6,9 @@ policy's weights into the engine through Ray's object store (safetensors bytes) 
 Runs on: CPU (Ray, vLLM's CPU build, DeepSpeed); the GPU rows are computed, not measured.
 Takes:   ~4 minutes on 2 cores with the defaults (most of it starting the engines).
 
-    python benchmarks/bench_weight_sync.py
-    python benchmarks/bench_weight_sync.py --sizes toy --reps 3
-    python benchmarks/bench_weight_sync.py --render FILE     # re-render table and plot from a JSON
+    python -m benchmarks.bench_weight_sync
+    python -m benchmarks.bench_weight_sync --sizes toy --reps 3
+    python -m benchmarks.bench_weight_sync --render FILE     # re-render table and plot from a JSON
 
 Each size gets one policy rank (ZeRO-2, fp32) and one fp32 engine; both backends are set up side by side
 and pushed alternately, `reps` times each after one warm-up push, and the median is reported. A push is the
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure  # noqa: E402
 
 SIZES = {
     "toy": {},  # the embedded default's model (build_tiny_model's defaults)

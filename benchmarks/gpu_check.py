@@ -4,8 +4,8 @@ Runs on: a CUDA machine with PyTorch and transformers alone (no Ray, vLLM or Dee
 --small` runs the same code on small shapes here, to check the script before a GPU lease.
 Takes:   ~2 minutes on one H100 (model build and CUDA start-up included).
 
-    python benchmarks/gpu_check.py --output DIR        # measure, write DIR/gpu_check.json, render the tables
-    python benchmarks/gpu_check.py --render FILE       # re-render from a JSON
+    python -m benchmarks.gpu_check --output DIR        # measure, write DIR/gpu_check.json, render the tables
+    python -m benchmarks.gpu_check --render FILE       # re-render from a JSON
 
 Three parts:
 1. **Algorithm core**: the policy loss with every IS correction (and none), every advantage estimator and
@@ -42,11 +42,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_peers import layer_matmul_params  # noqa: E402
-from benchmarks.bench_train_phase import padded_batch  # noqa: E402
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render  # noqa: E402
-from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
+from benchmarks.bench_peers import layer_matmul_params
+from benchmarks.bench_train_phase import padded_batch
+from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from reinforce_pro.algos import (  # noqa: I001
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     AdvantageInputs,
@@ -54,9 +53,9 @@ from reinforce_pro.algos import (  # noqa: E402, I001  # noqa: E402
     compute_advantages,
     compute_approx_kl,
 )
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band  # noqa: E402
-from reinforce_pro.models.logprobs import _TokenLogProbs, response_log_probs, token_log_probs  # noqa: E402
-from reinforce_pro.models.sampling_filter import SamplingFilter, kept_support  # noqa: E402
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band
+from reinforce_pro.models.logprobs import _TokenLogProbs, response_log_probs, token_log_probs
+from reinforce_pro.models.sampling_filter import SamplingFilter, kept_support
 
 NAME = "gpu_check"
 THRESHOLD = (0.5, 2.0)

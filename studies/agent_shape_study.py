@@ -5,8 +5,8 @@ additions before and after RL.
 Runs on: CPU (the `cpu` extra).
 Takes:   ~3 minutes a run on 2 cores alone (start-up, the warm start, `--steps` RL steps, two evaluations).
 
-    python studies/agent_shape_study.py --seeds 1-4            # run (resumable), write JSON, render
-    python studies/agent_shape_study.py --render FILE          # re-render from a JSON
+    python -m studies.agent_shape_study --seeds 1-4            # run (resumable), write JSON, render
+    python -m studies.agent_shape_study --render FILE          # re-render from a JSON
 
 The arms: `AgentInstance` (examples/python/agent_calculator.py, --agent_max_turns 4) and `OpenAI SDK`
 (examples/python/agent_calculator_openai.py, 4 turns in its own loop): the same task, tool, reward and turn
@@ -33,11 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import render_saved, run_provenance, write_result
+from studies import RESULTS_DIR
+from studies.study_stats import direction, paired_test, parse_seeds, stored_runs, tost
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import render_saved, run_provenance, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.study_stats import direction, paired_test, parse_seeds, stored_runs, tost  # noqa: E402
 
 NAME = "agent_shape_study"
 EXAMPLES = ROOT / "examples" / "python"

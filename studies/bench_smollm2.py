@@ -5,8 +5,8 @@ Runs on: CPU, with the `models` extra (EXTRAS=cpu,models,dev bash scripts/setup_
 Takes:   ~1 min to prepare the model and data (once, cached), ~1 min per mismatch measurement, then the
          learning run (`--steps`, ~20 s per step here) and a short LoRA timing run (`--lora_steps`).
 
-    python studies/bench_smollm2.py --steps 40          # measure, write JSON, render table + plot
-    python studies/bench_smollm2.py --render FILE       # re-render from a JSON
+    python -m studies.bench_smollm2 --steps 40          # measure, write JSON, render table + plot
+    python -m studies.bench_smollm2 --render FILE       # re-render from a JSON
 
 What it measures, in one invocation, one after the other:
 1. mismatch at the start: a bf16 vLLM engine samples responses to held-out prompts; the fp32 HF model rescores
@@ -23,14 +23,12 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, new_figure, render_saved, save_and_render, save_figure, scratch_dir  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import PACKAGED_MODELS, new_figure, render_saved, save_and_render, save_figure, scratch_dir
+from studies import RESULTS_DIR
 
 TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
 BAND = (0.5, 5.0)

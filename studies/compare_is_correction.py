@@ -1,9 +1,9 @@
 """Which IS correction helps, when, and at what cost.
 
-    python studies/compare_is_correction.py --part all            # full study (~55 minutes on 2 CPU cores)
-    python studies/compare_is_correction.py --part all --quick    # a few minutes: what CI can afford
-    python studies/compare_is_correction.py --render studies/results/compare_is_correction.json
-    python studies/compare_is_correction.py --compare OLD.json --render NEW.json   # regression check
+    python -m studies.compare_is_correction --part all            # full study (~55 minutes on 2 CPU cores)
+    python -m studies.compare_is_correction --part all --quick    # a few minutes: what CI can afford
+    python -m studies.compare_is_correction --render studies/results/compare_is_correction.json
+    python -m studies.compare_is_correction --compare OLD.json --render NEW.json   # regression check
 
 Part 1 (`estimator`, see is_estimator_study.py): exact-gradient study of each correction x threshold band
 under five drift patterns; bias, variance, MSE (as ratios to no correction), cosine to the exact gradient,
@@ -37,10 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import scratch_dir, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import scratch_dir, write_result
+from studies import RESULTS_DIR
 
 CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size; 0: synchronous)
     "control": ("float32", 0, 0),

@@ -1,8 +1,8 @@
 """The second confirmation's selection rule, applied to the two screenings' JSON exactly as it was committed, and
 the analysis the rule fixes for the confirmation itself (confirmation_verdicts).
 
-    python studies/confirmation_rule.py       # reads the screenings' JSON, writes second_confirmation_rule.{json,md}
-    python studies/confirmation_rule.py --confirmation FILE   # the confirmation's registered analysis of its JSON
+    python -m studies.confirmation_rule       # reads the screenings' JSON, writes second_confirmation_rule.{json,md}
+    python -m studies.confirmation_rule --confirmation FILE   # the confirmation's registered analysis of its JSON
 
 docs/results/is-long-study.md ("The second confirmation: how its regime and arms will be chosen") fixed the rule
 before the screenings' data it reads existed; this module is that text as code, so the choice is mechanical and
@@ -26,15 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
+from benchmarks.common import write_result
+from studies import RESULTS_DIR
+from studies.is_long_study import collapse_rates, values
+from studies.study_stats import direction, holm, stored_runs, tost, varies
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.is_long_study import collapse_rates, values  # noqa: E402
-from studies.study_stats import direction, holm, stored_runs, tost, varies  # noqa: E402
 
 NAME = "second_confirmation_rule"
 RULE_REGIMES = ("stale4", "partial", "fp8", "stale2+partial")

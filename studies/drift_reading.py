@@ -1,6 +1,6 @@
 """How far each arm's policy moves per staleness window, read from a study's JSON (exploratory, no new run).
 
-    python studies/drift_reading.py studies/results/is_long_confirmation.json   # writes <name>_movement.{json,md}
+    python -m studies.drift_reading studies/results/is_long_confirmation.json   # writes <name>_movement.{json,md}
 
 Under `staleK` every step samples with the policy of K updates before, so the mismatch a step logs
 (`rollout/logprob_abs_diff_mean`: mean |old - rollout log-prob| over the trained tokens) is how far the trained
@@ -18,13 +18,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
+from benchmarks.common import write_result
+from studies.study_stats import collapse_kinds, direction
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import write_result  # noqa: E402
-from studies.study_stats import collapse_kinds, direction  # noqa: E402
 
 KEY = "rollout/logprob_abs_diff_mean"
 WINDOWS = ((1, 10), (1, 20), (1, 101))  # steps [first, last): the first ten, the first twenty, the whole run

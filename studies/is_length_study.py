@@ -1,9 +1,9 @@
 """Where each correction's gradient is right: every correction against the exact policy gradient, over response
 length (8 to 1,024 tokens) and the drift profiles real systems produce.
 
-    python studies/is_length_study.py                       # ~10 minutes on 2 cores; JSON, table, plots
-    python studies/is_length_study.py --quick               # a minute: three lengths, fewer batches
-    python studies/is_length_study.py --render FILE         # re-render from a JSON
+    python -m studies.is_length_study                       # ~10 minutes on 2 cores; JSON, table, plots
+    python -m studies.is_length_study --quick               # a minute: three lengths, fewer batches
+    python -m studies.is_length_study --render FILE         # re-render from a JSON
 
 The policy pi is a stationary first-order Markov chain over S symbols, pi(y_t | y_{t-1}) = softmax(theta[y_{t-1}]),
 whose states are sticky (one lasts ~10 tokens), so a drift early in a response changes the context of the tokens
@@ -38,11 +38,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import render_saved, save_and_render, save_figure  # noqa: E402
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band  # noqa: E402
-from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
+from benchmarks.common import render_saved, save_and_render, save_figure
+from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
+from studies import RESULTS_DIR
 
 NAME = "is_length_study"
 # (row label, correction, its settings): every correction at its defaults, no correction, and two references:

@@ -1,9 +1,9 @@
 """Which IS correction, when responses are long and the staleness is set: the screening and confirmatory study.
 
-    python studies/is_long_study.py --seeds 101-103                      # a screening of every arm (hours)
-    python studies/is_long_study.py --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
-    python studies/is_long_study.py --plan confirmation --output DIR     # the registered stage, as registered
-    python studies/is_long_study.py --render studies/results/is_long_screening.json
+    python -m studies.is_long_study --seeds 101-103                      # a screening of every arm (hours)
+    python -m studies.is_long_study --seeds 101 --regimes stale4 --corrections none reinforce_pro --steps 60
+    python -m studies.is_long_study --plan confirmation --output DIR     # the registered stage, as registered
+    python -m studies.is_long_study --render studies/results/is_long_screening.json
 
 The task is the running sum of ten labelled digits (data/running_sum.py, ~60-token responses whose every step
 the total depends on), on the built-in 2-layer model warm-started per seed. A regime sets the mismatch
@@ -44,13 +44,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.is_study import held_out, summarise  # noqa: E402
-from studies.study_stats import (  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import run_provenance, scratch_dir, write_result
+from studies import RESULTS_DIR
+from studies.is_study import held_out, summarise
+from studies.study_stats import (
     collapse_kinds,
     detectable_at,
     detectable_difference,
@@ -64,6 +62,8 @@ from studies.study_stats import (  # noqa: E402
     stored_results,
     tost,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 NAME = "is_long_screening"
 TASK = "running_sum"

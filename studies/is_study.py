@@ -1,8 +1,8 @@
 """Which IS correction, when: the corrections on regimes that stress them, paired over seeds.
 
-    python studies/is_study.py --seeds 1-8                       # every regime x correction (hours on 2 cores)
-    python studies/is_study.py --seeds 1-2 --regimes async8-partial --corrections none reinforce_pro --steps 120
-    python studies/is_study.py --render studies/results/is_study.json
+    python -m studies.is_study --seeds 1-8                       # every regime x correction (hours on 2 cores)
+    python -m studies.is_study --seeds 1-2 --regimes async8-partial --corrections none reinforce_pro --steps 120
+    python -m studies.is_study --render studies/results/is_study.json
 
 The embedded default task (a tiny Qwen2 warm-started on additions, reinforce_baseline, a bf16 engine sampling
 for an fp32 trainer), run under each regime with each correction (`none`: IS off). Each seed has one warm
@@ -27,13 +27,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies import bench_smollm2 as smollm2  # noqa: E402
-from studies.compare_is_correction import SERIES, base_config, summarise_run, warm_start  # noqa: E402
-from studies.study_stats import (  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
+from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir, write_result
+from studies import RESULTS_DIR
+from studies import bench_smollm2 as smollm2
+from studies.compare_is_correction import SERIES, base_config, summarise_run, warm_start
+from studies.study_stats import (
     collapsed,
     detectable_difference,
     paired_bootstrap,

@@ -1,10 +1,10 @@
 """Does search-augmented RL learn? Held-out answer accuracy with search, before and after RL, against
 the same model answering without search.
 
-    python studies/search_agent.py --seeds 1-3 --steps 60
-    python studies/search_agent.py --seeds 1 --steps 0      # the warm start alone, with and without search
-    python studies/search_agent.py --seeds 1-2 --agent openai   # RL through the same agent written to the OpenAI SDK
-    python studies/search_agent.py --render studies/results/search_agent.json
+    python -m studies.search_agent --seeds 1-3 --steps 60
+    python -m studies.search_agent --seeds 1 --steps 0      # the warm start alone, with and without search
+    python -m studies.search_agent --seeds 1-2 --agent openai   # RL through the same agent written to the OpenAI SDK
+    python -m studies.search_agent --render studies/results/search_agent.json
 
 Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
 
@@ -30,14 +30,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback)
+from benchmarks.common import run_provenance, scratch_dir, write_result
+from studies import RESULTS_DIR
 
 NAME = "search_agent"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "python"

@@ -1,8 +1,8 @@
 """Does search self-play, with no question written by a person, teach the solver as much as RL on generated
 questions? Three arms from one warm start per seed, held-out accuracy by hop count, paired over seeds.
 
-    python studies/search_selfplay.py --seeds 1-5
-    python studies/search_selfplay.py --render studies/results/search_selfplay.json
+    python -m studies.search_selfplay --seeds 1-5
+    python -m studies.search_selfplay --render studies/results/search_selfplay.json
 
 Seeds already in the output JSON with the same settings are kept, not rerun: an interrupted study resumes.
 
@@ -35,11 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import reinforce_pro  # noqa: E402, F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, scratch_dir, write_result  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.study_stats import parse_seeds, stored_runs  # noqa: E402
+import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback)
+from benchmarks.common import run_provenance, scratch_dir, write_result
+from studies import RESULTS_DIR
+from studies.study_stats import parse_seeds, stored_runs
 
 NAME = "search_selfplay"
 ARMS = ("warm", "rl", "rl_matched", "selfplay")

@@ -1,7 +1,7 @@
 """Absolute Zero's code task on SmolLM2-135M-Instruct: the recipe at several seeds, to its end.
 
-    python studies/selfplay_code_study.py --seeds 1-2 --steps 30     # ~35 min per run on 2 cores
-    python studies/selfplay_code_study.py --render studies/results/selfplay_code_study.json
+    python -m studies.selfplay_code_study --seeds 1-2 --steps 30     # ~35 min per run on 2 cores
+    python -m studies.selfplay_code_study --render studies/results/selfplay_code_study.json
 
 Each run is `examples/scripts/train_absolute_zero_code.sh` with SEED and STEPS (the model is prepared once
 under ~/.cache/reinforce_pro). From its metrics.jsonl the study keeps, per step, the valid-program rate, the
@@ -25,12 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import write_result  # noqa: E402
-from reinforce_pro.selfplay.code_task import CODE_LADDER  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.selfplay_study import thirds  # noqa: E402
-from studies.study_stats import paired_bootstrap, parse_seeds, stored_runs  # noqa: E402
+from benchmarks.common import write_result
+from reinforce_pro.selfplay.code_task import CODE_LADDER
+from studies import RESULTS_DIR
+from studies.selfplay_study import thirds
+from studies.study_stats import paired_bootstrap, parse_seeds, stored_runs
 
 NAME = "selfplay_code_study"
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "train_absolute_zero_code.sh"

@@ -1,9 +1,9 @@
 """Self-play curriculum study: the README's `--absolute_zero` command at several seeds, to its end.
 
-    python studies/selfplay_study.py --seeds 1-5                 # 5 runs of 300 steps (~6-10 min each on 2 cores)
-    python studies/selfplay_study.py --seeds 1-5 --arm no-repetition-penalty   # the same without the remedy
-    python studies/selfplay_study.py --seeds 6-8                 # more seeds: appended to the same JSON
-    python studies/selfplay_study.py --render studies/results/selfplay_study.json
+    python -m studies.selfplay_study --seeds 1-5                 # 5 runs of 300 steps (~6-10 min each on 2 cores)
+    python -m studies.selfplay_study --seeds 1-5 --arm no-repetition-penalty   # the same without the remedy
+    python -m studies.selfplay_study --seeds 6-8                 # more seeds: appended to the same JSON
+    python -m studies.selfplay_study --render studies/results/selfplay_study.json
 
 Each run is `python -m reinforce_pro.cli.train_ppo_ray --absolute_zero --seed S` (the embedded default:
 tiny model, open-ended arithmetic task, held-out ladder every 25 steps and before the first). From its
@@ -27,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import git_commit, write_result  # noqa: E402
-from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS  # noqa: E402
-from studies import RESULTS_DIR  # noqa: E402
-from studies.study_stats import longest_run, paired_bootstrap, parse_seeds, stored_runs  # noqa: E402
+from benchmarks.common import git_commit, write_result
+from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS
+from studies import RESULTS_DIR
+from studies.study_stats import longest_run, paired_bootstrap, parse_seeds, stored_runs
 
 NAME = "selfplay_study"
 TASK = "arithmetic"

@@ -190,10 +190,10 @@ def test_bench_train_phase_profiles_a_real_policy_step(tmp_path):
     from reinforce_pro.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, intermediate_size=128)
-    script = Path(bench_train_phase.__file__)
+    root = Path(bench_train_phase.__file__).parent.parent
     args = ["--model", str(model), "--rows", "4", "--micro", "2", "--steps", "1", "--max_response_tokens", "8",
             "--prompt_tokens", "10", "--output", str(tmp_path)]  # fmt: skip
-    subprocess.run([sys.executable, str(script), *args], check=True, timeout=600, cwd=script.parent.parent)
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_train_phase", *args], check=True, timeout=600, cwd=root)
     payload = json.loads((tmp_path / "bench_train_phase.json").read_text())
     r = payload["results"]
     assert len(r["step_s"]) == 1 and r["roofline_s"] > 0 and r["trained_tokens"] <= 4 * 18
