@@ -38,7 +38,8 @@ def test_sections_are_runconfig_fields_in_order():
 
 
 # (dataclass, field) whose value the builder derives from several flags, so no single flag default exists
-DERIVED_FIELDS = {("OptimConfig", "grad_accum_steps")}  # train batch / (micro batch x ranks)
+DERIVED_FIELDS = {("OptimConfig", "grad_accum_steps"),  # train batch / (micro batch x ranks)
+                  ("CheckpointConfig", "every_s")}  # --auto_checkpoint_minutes x 60, 0 under --save_steps  # fmt: skip
 
 
 def _default_drift(obj, path: str) -> list[str]:

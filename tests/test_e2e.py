@@ -922,6 +922,52 @@ def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+def _pid(run_dir: Path, role: str) -> int | None:
+    """The process id of the run's first `role` actor as placement.json names it (rewritten at every start)."""
+    try:
+        return json.loads((run_dir / "placement.json").read_text())[role][0]["pid"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, engine, tiny_model, digit_reward):
+    """A probe outside the run SIGKILLs the run's own vLLM engine once step 2 is logged, then its policy rank
+    once step 5 is: the run starts its actors again from the newest checkpoint each time, ends 0, logs every
+    step once (none repeated or skipped), and prints no traceback; each loss is one [recover] line."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *BASE_ARGS, "--remote_rm_url", digit_reward,
+           "--advantage_estimator", "reinforce_baseline", "--max_samples", "64", "--save_steps", "2",
+           "--ckpt_path", str(tmp_path / "ckpt"), "--enforce_eager", "--pretrain", tiny_model,
+           "--save_path", str(run_dir)]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONWARNINGS": "ignore"}
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    killed = []
+    try:
+        deadline = time.monotonic() + 480
+        for role, after_step in (("engines", 2), ("policy", 5)):
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                pid = _pid(run_dir, role)
+                if _rows(run_dir / "metrics.jsonl") >= after_step and pid and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)  # one of the run's own actors, by its id
+                    killed.append(pid)
+                    break
+                time.sleep(0.05)
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: only what this test started
+            proc.wait()
+    text = log.read_text()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 9)), text[-3000:]
+    recovered = re.findall(r"\[recover\] (.*)", text)
+    assert len(recovered) == 2 and "vLLM engine 0 was lost" in recovered[0], recovered
+    assert "policy rank 0 was lost" in recovered[1] and "global_step" in recovered[1], recovered
+    assert "Traceback" not in text and (run_dir / "final_model").is_dir()
+
+
 # ------------------------------------------------------------------ multi-turn agents
 
 

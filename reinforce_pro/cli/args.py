@@ -229,6 +229,13 @@ class RunningFlags:
         "[reinforce_pro] stream every actor's output (vLLM, DeepSpeed, workers) to the console; by default it goes to"
         " <save_path>/logs/ and the console keeps the progress bar, notices, errors and the summary")
     save_steps: int = flag(-1, "checkpoint every N steps under --ckpt_path (-1: never)", dotted="ckpt.save_steps")
+    auto_checkpoint_minutes: float = flag(5.0,
+        "[reinforce_pro] without --save_steps: checkpoint into <save_path>/checkpoints every this many minutes of "
+        "training, the newest kept, for in-run recovery and --load_checkpoint (0: off)", at_least=0)
+    max_failures: int = flag(3,
+        "[reinforce_pro] lost actors (killed by a signal or Ray's memory monitor, crashed) the run recovers from by "
+        "restarting its actors from the newest checkpoint; past them it stops with one line (0: at the first)",
+        at_least=0)
     logging_steps: int = flag(1, "log metrics (TensorBoard, wandb) every N steps (jsonl: every step)",
         dotted="logger.logging_steps", at_least=1)
     samples_log_steps: int = flag(0,

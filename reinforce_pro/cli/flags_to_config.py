@@ -279,8 +279,10 @@ def loop(
     async_train, async_queue_size, async_lag_target, async_lag_metric, partial_rollout, partial_rollout_chunk,
     max_new_tokens, best_metric_key,
     save_steps, load_checkpoint, ckpt_path, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
+    auto_checkpoint_minutes, max_failures,
 ) -> LoopConfig:  # fmt: skip
     checkpoints = None
+    every_s = auto_checkpoint_minutes * 60 if save_steps <= 0 else 0.0  # the default, by the clock
     if save_steps > 0 or load_checkpoint:
         checkpoints = CheckpointConfig(
             Path(ckpt_path).resolve(),
@@ -290,7 +292,11 @@ def loop(
             save_hf_ckpt,
             disable_ds_ckpt,
             resume=load_checkpoint,
+            every_s=every_s,
         )
+    elif every_s > 0:  # under the run directory, once the driver knows it (run/driver.py: run_checkpoints)
+        checkpoints = CheckpointConfig(None, save_steps, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
+                                       every_s=every_s)  # fmt: skip
     chunk = None
     if partial_rollout:  # default chunk: a quarter of the response budget
         chunk = partial_rollout_chunk or max(1, (max_new_tokens or DEFAULT_MAX_NEW_TOKENS) // 4)
@@ -319,6 +325,7 @@ def loop(
         best_metric_key=best_metric_key or None,
         # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
         checkpoints=checkpoints,
+        max_failures=max_failures,
     )
 
 

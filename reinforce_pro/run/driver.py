@@ -3,7 +3,8 @@
     cli/train_ppo_ray.main   flags -> RunConfig (cli/flags_to_config.py)
     train(cfg)               prepare (run/prepare.py) -> RunPlan -> build_and_fit -> summarise; errors -> exit 2
     build_and_fit(cfg, plan) Ray -> actor groups (run/wiring.py) -> experience builder, rollout source ->
-                             PPOTrainer.fit (trainer/ppo_trainer.py) -> the final model saved
+                             PPOTrainer.fit (trainer/ppo_trainer.py) -> the final model saved; an actor lost
+                             on the way (run/faults.py): the actors again, from the newest checkpoint
 
 The benchmarks and end-to-end tests call build_and_fit directly, with engines they share between runs.
 """
@@ -11,8 +12,11 @@ The benchmarks and end-to-end tests call build_and_fit directly, with engines th
 from __future__ import annotations
 
 import json
+import math
 import os
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -22,9 +26,10 @@ from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import Sampler
-from reinforce_pro.run import wiring
+from reinforce_pro.run import faults, wiring
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
+from reinforce_pro.trainer.checkpoint import find_latest, truncate_jsonl
 from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
@@ -52,38 +57,65 @@ def train(cfg: RunConfig) -> int:
     except UserInputError as e:
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)
         return 2
+    except faults.RunLost as e:  # an actor lost past --max_failures: what was saved and how to resume
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
+        return 1
     return summarise(history, plan)
 
 
 def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
     """Start (or join) Ray, create the groups, run fit(), save the final model. `engines` lets callers
-    (benchmarks, end-to-end tests) share already-started rollout engines."""
+    (benchmarks, end-to-end tests) share already-started rollout engines. An actor lost mid-run (run/faults.py)
+    costs the steps since the newest checkpoint: the run's actors start again from it, up to --max_failures
+    times (never with the caller's engines); past that the run stops with faults.RunLost."""
     from transformers import AutoTokenizer
 
     start_ray(wiring.logical_cpus(cfg), quiet=not cfg.output.verbose)
     use_gpu = gpus_available()
     wiring.check_sleep_flags(cfg, use_gpu)
-    cfg = wiring.start_config(cfg, plan, use_gpu)
+    cfg = run_checkpoints(wiring.start_config(cfg, plan, use_gpu), plan)
     (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
     if plan.log_dir is not None:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
     if engines is None:
         wiring.announce_engines(cfg, use_gpu)
-    groups = wiring.build_groups(cfg, plan, use_gpu, engines)
-    if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
-        summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
-        print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
-    kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
-    # self-play tasks and AgentInstance environments score their own rollouts: no reward function (an OpenAI-SDK
-    # agent may leave the scoring to it, as OpenRLHF's executor does)
-    scored = plan.task or plan.reward_source.startswith("agent:")
-    reward_fn = None if scored else wiring.reward_function(cfg, plan, use_gpu, groups)
-    builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
-    sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
-    source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
-    logger = None
+    failures = 0
+    while True:
+        try:
+            history = fit_once(cfg, plan, use_gpu, engines, tokenizer)
+            return logged_history(plan.run_dir) if failures else history
+        except ActorLost as lost:
+            failures += 1
+            saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
+            if engines is not None or failures > cfg.loop.max_failures:
+                raise faults.RunLost(f"{lost}{lost_run_note(cfg, plan, saved, failures)}") from lost.__cause__
+            print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} ({failures} "
+                  f"of --max_failures {cfg.loop.max_failures})", flush=True)  # fmt: skip
+            cfg = resuming(cfg, plan, saved)
+
+
+class ActorLost(Exception):
+    """fit_once's report of a lost actor, named while the run's actors were still known (faults.describe)."""
+
+
+def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -> list[dict]:
+    """The actor groups, the experience builder, the rollout source and the trainer (resumed under
+    --load_checkpoint), fit(), the final model saved; the actors released whatever happens."""
+    groups = wiring.build_groups(cfg, plan, use_gpu, engines)
+    logger, source, trainer = None, None, None
     try:
+        if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
+            summary = ray.get(groups.policy[0].__ray_call__.remote(lambda w: trainable_summary(w.engine.module)))
+            print(f"[lora] rank {cfg.models.lora.rank}, alpha {cfg.models.lora.alpha}: {summary}", flush=True)
+        kl_ctl = build_kl_controller(cfg.kl.init_coef, cfg.kl.target, cfg.kl.horizon)
+        # self-play tasks and AgentInstance environments score their own rollouts: no reward function (an
+        # OpenAI-SDK agent may leave the scoring to it, as OpenRLHF's executor does)
+        scored = plan.task or plan.reward_source.startswith("agent:")
+        reward_fn = None if scored else wiring.reward_function(cfg, plan, use_gpu, groups)
+        builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
+        sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
+        source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
         resume_from = wiring.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
         wiring.record_placement(groups, plan.run_dir)
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
@@ -102,6 +134,9 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             ray.get([p.save_hf.remote(str(plan.run_dir / "final_model_merged"), True) for p in groups.policy])
         if cfg.models.save_value_network and groups.critic:
             ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups.critic])
+        return history
+    except faults.LOST as e:
+        raise ActorLost(faults.describe(e, groups.roles(), trainer.step if trainer else 0)) from e
     finally:
         if logger is not None:
             logger.close()
@@ -109,7 +144,45 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
         getattr(source, "close", lambda: None)()  # the endpoint an OpenAI-SDK agent's episodes call
         groups.release()
-    return history
+
+
+def run_checkpoints(cfg: RunConfig, plan: RunPlan) -> RunConfig:
+    """The default checkpoints (--auto_checkpoint_minutes without --save_steps) go under the run directory."""
+    ckpt = cfg.loop.checkpoints
+    if ckpt is None or ckpt.ckpt_path is not None:
+        return cfg
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(ckpt, ckpt_path=plan.run_dir / "checkpoints")))
+
+
+def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
+    """The config the run starts again with after a lost actor: resumed from the newest checkpoint (its step's
+    later rows cut from the jsonl files), or with no checkpoint yet from the first step (every row cut)."""
+    if saved is None:
+        for path in plan.run_dir.glob("*.jsonl"):
+            truncate_jsonl(path, 0)
+        return cfg
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
+
+
+def lost_run_note(cfg: RunConfig, plan: RunPlan, saved: Path | None, failures: int) -> str:
+    """What a run that stops for a lost actor says after naming it: why it stopped, what is saved, and the
+    command that resumes."""
+    why = "the run's engines are its caller's" if failures <= cfg.loop.max_failures else (
+        f"{failures} actors lost, past --max_failures {cfg.loop.max_failures}")  # fmt: skip
+    if saved is None:
+        return f" ({why}); no checkpoint was saved (--save_steps N or --auto_checkpoint_minutes keeps one)"
+    again = shlex.join(["python", "-m", "reinforce_pro.cli.train_ppo_ray", *sys.argv[1:]])
+    extra = (
+        f"--load_checkpoint --ckpt_path {shlex.quote(str(saved.parent))} --save_path {shlex.quote(str(plan.run_dir))}"
+    )
+    return f" ({why}); saved: {saved}; resume with: {again} {extra}"
+
+
+def logged_history(run_dir: Path) -> list[dict]:
+    """Every trained step as metrics.jsonl holds it (a run that recovered from a lost actor has the steps before
+    the checkpoint it resumed from there, not in its last fit()'s history)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows if r.get("step", 0) > 0]
 
 
 def write_drift_picture(history: list[dict], run_dir: Path, logger: MetricsLogger) -> None:

@@ -38,13 +38,14 @@ from reinforce_pro.workers.group import ActorGroup
 
 @dataclass
 class CheckpointConfig:
-    ckpt_path: Path
+    ckpt_path: Path | None  # None: <run dir>/checkpoints (the default checkpoints; run/driver.py fills it in)
     save_steps: int
     max_ckpt_num: int = 3
     max_ckpt_mem: float = float("inf")  # GB
     save_hf_ckpt: bool = False
     disable_ds_ckpt: bool = False
     resume: bool = False  # --load_checkpoint: start from the latest complete checkpoint in ckpt_path
+    every_s: float = 300.0  # --auto_checkpoint_minutes x 60 without --save_steps (else 0): save by the clock too
 
 
 @dataclass
@@ -83,6 +84,7 @@ class LoopConfig:
     best_metric_key: str | None = None  # keep the policy with the highest value of this eval metric...
     best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
+    max_failures: int = 3  # lost actors the driver recovers from (run/driver.py)
 
 
 @dataclass
@@ -135,6 +137,7 @@ class PPOTrainer:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         self.engines_hold_start_weights = engines_hold_start_weights
+        self.last_saved = time.monotonic()  # --auto_checkpoint_minutes counts from here
         if cfg.partial_rollout_chunk is not None:
             settled = 1 if self.synchronous_partial else None  # synchronously only the first chunk differs
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights, settled))
@@ -320,10 +323,16 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def maybe_save(self, step: int) -> None:
-        ckpt = self.cfg.checkpoints
-        if ckpt is None or ckpt.save_steps <= 0 or step % ckpt.save_steps != 0:
+        """Checkpoint after `step` when --save_steps divides it, or when --auto_checkpoint_minutes of training
+        passed since the last checkpoint (or the start)."""
+        ckpt, now = self.cfg.checkpoints, time.monotonic()
+        if ckpt is None:
             return
-        start = time.perf_counter()
+        by_steps = ckpt.save_steps > 0 and step % ckpt.save_steps == 0
+        by_clock = ckpt.every_s > 0 and now - self.last_saved >= ckpt.every_s
+        if not (by_steps or by_clock):
+            return
+        self.last_saved, start = now, time.perf_counter()
         final = save_checkpoint(ckpt.ckpt_path, step, self.trainer_state(), self._write_model_states)
         deleted = rotate(ckpt.ckpt_path, ckpt.max_ckpt_num, ckpt.max_ckpt_mem)
         note = f"; removed {', '.join(d.name for d in deleted)}" if deleted else ""

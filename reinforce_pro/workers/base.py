@@ -181,7 +181,7 @@ def deepspeed_config(opt: OptimConfig, world_size: int) -> dict:
         "zero_optimization": zero,
         "bf16": {"enabled": opt.param_dtype == "bf16"},
         "fp16": {"enabled": opt.param_dtype == "fp16"},
-        # A plain torch AdamW avoids JIT-building DeepSpeed's fused / CPU Adam ops (~40 s each on CPU).
+        # A plain torch AdamW avoids JIT-building DeepSpeed's fused / CPU Adam ops (a C++ compile of each at start-up).
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,

@@ -111,8 +111,8 @@ def bundle_of(pg: PlacementGroup, spec: GroupSpec, rank: int) -> int:
 
 
 def node_of(actor) -> dict:
-    """Where an actor runs: {"node_id", "ip", "placement_group", "devices"} (asked of the actor itself;
-    devices: the GPUs it uses, CUDA_VISIBLE_DEVICES as it sees it, None without GPUs)."""
+    """Where an actor runs: {"node_id", "ip", "placement_group", "devices", "pid"} (asked of the actor itself;
+    devices: the GPUs it uses, CUDA_VISIBLE_DEVICES as it sees it, None without GPUs; pid: its process)."""
     return ray.get(actor.__ray_call__.remote(lambda self: _here()))
 
 
@@ -123,6 +123,7 @@ def _here() -> dict:
         "ip": ray.util.get_node_ip_address(),
         "placement_group": ctx.get_placement_group_id(),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES") or None,  # a TP engine has set all of its own
+        "pid": os.getpid(),
     }
 
 

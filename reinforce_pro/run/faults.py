@@ -1,0 +1,85 @@
+"""When one of a run's actors is lost: what to call it, and whether the run goes on.
+
+An actor is lost when its process dies under it (Ray's memory monitor, the kernel's OOM killer, a signal, a
+crash): every call on it then raises one of LOST. The driver (run/driver.py) restarts the run's actors from the
+newest checkpoint, within --max_failures; past that, or where it cannot (engines the caller owns), the run
+stops with RunLost, whose message is one line: which actor, why, what was saved and the command that resumes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ray import exceptions as rex
+
+# a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor)
+LOST = (rex.RayActorError, rex.WorkerCrashedError, rex.OutOfMemoryError, rex.NodeDiedError)
+
+ROLE_NAMES = {"policy": "policy rank", "reference": "reference rank", "critic": "critic rank",
+              "engines": "vLLM engine", "reward": "reward model rank"}  # fmt: skip
+
+
+class RunLost(Exception):
+    """The run stopped because an actor was lost and it could not (or may no longer) recover; one line."""
+
+
+def actor_of(error: BaseException, roles: dict[str, list]) -> str:
+    """The lost actor's name in the run's words ("vLLM engine 0", "policy rank 1"), from the actor id Ray's error
+    carries; its class and process id where the id is not one of `roles` (an actor of roles() per role)."""
+    actor_id = getattr(error, "actor_id", None)
+    for role, actors in roles.items():
+        for rank, actor in enumerate(actors):
+            if actor_id and _actor_id(actor) == actor_id:
+                return f"{ROLE_NAMES.get(role, role)} {rank}"
+    text = str(error)
+    cls, pid = re.search(r"class_name: (\S+)", text), re.search(r"\bpid: (\d+)", text)
+    if cls:
+        return f"actor {cls[1]}" + (f" (pid {pid[1]})" if pid else "")
+    return "a worker"
+
+
+def _actor_id(actor) -> str | None:
+    try:
+        return actor._actor_id.hex()
+    except AttributeError:
+        return None
+
+
+def cause(error: BaseException) -> str:
+    """Why Ray says the actor died, in a few words: the memory monitor (with the node's use and largest users
+    when Ray lists them), or the process dying under it (a signal, the kernel's OOM killer, a crash)."""
+    text = str(error)
+    if isinstance(error, rex.OutOfMemoryError) or "running low on memory" in text or "memory monitor" in text:
+        used = re.search(r"Memory on the node .{0,300}? was ([\d.]+\s*GB\s*/\s*[\d.]+\s*GB)", text, re.S)
+        top = _top_users(text)
+        return (
+            "killed by Ray's memory monitor"
+            + (f" (node memory {used[1]})" if used else "")
+            + (f"; largest users: {top}" if top else "")
+        )
+    if isinstance(error, rex.NodeDiedError):
+        return "its node died"
+    if "init" in text and getattr(error, "actor_init_failed", False):
+        return "it failed to start"
+    return "its process died (a signal, the kernel's OOM killer or a crash)"
+
+
+def _top_users(text: str, count: int = 3) -> str:
+    """The first `count` rows of the memory table Ray appends to a memory-monitor kill ("PID MEM(GB) COMMAND")."""
+    head = text.find("MEM(GB)")
+    if head < 0:
+        return ""
+    rows = []
+    for line in text[head:].splitlines()[1:]:
+        parts = line.split(None, 2)
+        if len(parts) < 3 or not parts[0].isdigit():
+            break
+        rows.append(f"pid {parts[0]} {parts[1]} GB ({parts[2][:40]})")
+        if len(rows) == count:
+            break
+    return ", ".join(rows)
+
+
+def describe(error: BaseException, roles: dict[str, list], step: int) -> str:
+    """One line: which actor was lost, at which step, and why."""
+    return f"{actor_of(error, roles)} was lost at step {step + 1}: {cause(error)}"

@@ -1,0 +1,131 @@
+"""A lost actor named in one line (run/faults.py), the driver's recovery decisions (run/driver.py) and the default
+checkpoints by the clock (trainer/ppo_trainer.py), on hand-made errors and configs; the run that recovers from a
+killed engine and policy is tests/test_e2e.py's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import exceptions as rex  # noqa: E402
+
+from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
+from reinforce_pro.run import driver, faults  # noqa: E402
+
+MEMORY_MONITOR = """Task was killed due to the node running low on memory.
+Memory on the node (IP: 127.0.0.1, ID: 4f2) where the task (actor ID: ab12, name=VLLMEngine.generate, pid=4242,
+memory used=6.10GB) was running was 22.91GB / 24.00GB (0.954), which exceeds the memory usage threshold of 0.95.
+Ray killed this worker (ID: 77) because it was the most recently scheduled task. Top 10 memory users:
+PID\tMEM(GB)\tCOMMAND
+9001\t18.02\tpython hog.py --gigabytes 18
+4242\t6.10\tray::VLLMEngine.generate
+4300\t0.90\tray::PolicyWorker
+"""
+
+
+class _Actor:
+    def __init__(self, hex_id: str):
+        self._actor_id = SimpleNamespace(hex=lambda: hex_id)
+
+
+def _died(actor_id: str | None, text: str = "") -> rex.ActorDiedError:
+    error = rex.ActorDiedError()
+    error.actor_id = actor_id
+    if text:
+        error.error_msg = text
+    return error
+
+
+def test_a_lost_actor_is_named_by_its_role_and_rank_and_why():
+    roles = {"policy": [_Actor("p0"), _Actor("p1")], "engines": [_Actor("e0")]}
+    line = faults.describe(_died("p1"), roles, step=6)
+    assert line == "policy rank 1 was lost at step 7: its process died (a signal, the kernel's OOM killer or a crash)"
+    assert faults.describe(_died("e0"), roles, 0).startswith("vLLM engine 0 was lost at step 1")
+    stranger = _died("zz", "The actor died unexpectedly.\n\tclass_name: Critic\n\tpid: 31")
+    assert faults.actor_of(stranger, roles) == "actor Critic (pid 31)"
+    assert faults.actor_of(_died(None), {}) == "a worker"
+
+
+def test_the_memory_monitor_is_named_with_the_node_s_use_and_largest_users():
+    why = faults.cause(rex.OutOfMemoryError(MEMORY_MONITOR))
+    assert why.startswith("killed by Ray's memory monitor (node memory 22.91GB / 24.00GB)")
+    assert "pid 9001 18.02 GB (python hog.py --gigabytes 18)" in why and "pid 4300" in why
+    assert "\n" not in why  # one line
+    assert faults.cause(rex.NodeDiedError("node gone")) == "its node died"
+
+
+def _cfg(tmp_path: Path, *extra: str):
+    _, cfg = parse(["--pretrain", "m", "--save_path", str(tmp_path / "run"), *extra])
+    return cfg
+
+
+def test_default_checkpoints_go_under_the_run_directory_by_the_clock(tmp_path):
+    plan = SimpleNamespace(run_dir=tmp_path / "run")
+    cfg = driver.run_checkpoints(_cfg(tmp_path), plan)
+    ckpt = cfg.loop.checkpoints
+    assert ckpt.ckpt_path == tmp_path / "run" / "checkpoints" and ckpt.every_s == 300 and ckpt.save_steps == -1
+    assert cfg.loop.max_failures == 3 and not ckpt.resume
+    by_steps = driver.run_checkpoints(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "c")), plan)
+    assert by_steps.loop.checkpoints.every_s == 0 and by_steps.loop.checkpoints.ckpt_path == tmp_path / "c"
+    assert _cfg(tmp_path, "--auto_checkpoint_minutes", "0").loop.checkpoints is None
+    assert _cfg(tmp_path, "--auto_checkpoint_minutes", "1.5").loop.checkpoints.every_s == 90
+
+
+def test_starting_again_resumes_from_the_newest_checkpoint_or_cuts_every_row(tmp_path):
+    plan = SimpleNamespace(run_dir=tmp_path / "run")
+    plan.run_dir.mkdir()
+    (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    cfg = driver.run_checkpoints(_cfg(tmp_path), plan)
+    assert driver.resuming(cfg, plan, tmp_path / "run" / "checkpoints" / "global_step2").loop.checkpoints.resume
+    assert (plan.run_dir / "metrics.jsonl").read_text().count("step") == 3  # the resume cuts them (wiring)
+    assert driver.resuming(cfg, plan, None) is cfg and (plan.run_dir / "metrics.jsonl").read_text() == ""
+
+
+def test_a_run_that_cannot_recover_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch):
+    plan = SimpleNamespace(run_dir=tmp_path / "run")
+    cfg = driver.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan)
+    monkeypatch.setattr("sys.argv", ["train_ppo_ray", "--seed", "3"])
+    saved = plan.run_dir / "checkpoints" / "global_step40"
+    note = driver.lost_run_note(cfg, plan, saved, failures=2)
+    assert note.startswith(" (2 actors lost, past --max_failures 1); saved: ") and str(saved) in note
+    assert note.endswith(f"--seed 3 --load_checkpoint --ckpt_path {saved.parent} --save_path {plan.run_dir}")
+    assert "no checkpoint was saved" in driver.lost_run_note(cfg, plan, None, failures=2)
+    assert "the run's engines are its caller's" in driver.lost_run_note(cfg, plan, None, failures=1)
+
+
+def test_a_lost_actor_past_the_budget_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """train() turns RunLost into one line on stderr and exit status 1, no traceback."""
+    cfg = _cfg(tmp_path)
+    monkeypatch.setattr("reinforce_pro.run.prepare.prepare", lambda cfg: SimpleNamespace(run_dir=tmp_path))
+
+    def lost(cfg, plan):
+        raise faults.RunLost("vLLM engine 0 was lost at step 9: killed by Ray's memory monitor (past it)")
+
+    monkeypatch.setattr(driver, "build_and_fit", lost)
+    assert driver.train(cfg) == 1
+    err = capsys.readouterr().err
+    assert err == "train_ppo_ray: error: vLLM engine 0 was lost at step 9: killed by Ray's memory monitor (past it)\n"
+
+
+def test_the_clock_checkpoints_once_its_interval_passed(tmp_path, monkeypatch):
+    from reinforce_pro.trainer import ppo_trainer
+    from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig, PPOTrainer
+
+    saved = []
+    monkeypatch.setattr(ppo_trainer, "save_checkpoint", lambda root, step, state, write: saved.append(step) or root)
+    monkeypatch.setattr(ppo_trainer, "rotate", lambda *a: [])
+    clock = iter([1100.0, 1400.0, 1500.0, 1650.0, 1700.0])
+    monkeypatch.setattr(ppo_trainer.time, "monotonic", lambda: next(clock))
+    trainer = SimpleNamespace(cfg=LoopConfig(checkpoints=CheckpointConfig(tmp_path, -1, every_s=300.0)),
+                              last_saved=1000.0, trainer_state=dict, _write_model_states=None)  # fmt: skip
+    for step in (1, 2, 3, 4):
+        PPOTrainer.maybe_save(trainer, step)
+    assert saved == [2]  # 1100 - 1000 < 300; 1400 - 1000 >= 300; then 1500 and 1650 - 1400 < 300
+    trainer.cfg = replace(trainer.cfg, checkpoints=CheckpointConfig(tmp_path, 2, every_s=0.0))
+    PPOTrainer.maybe_save(trainer, 6)
+    assert saved == [2, 6]
