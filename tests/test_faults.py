@@ -129,3 +129,25 @@ def test_the_clock_checkpoints_once_its_interval_passed(tmp_path, monkeypatch):
     trainer.cfg = replace(trainer.cfg, checkpoints=CheckpointConfig(tmp_path, 2, every_s=0.0))
     PPOTrainer.maybe_save(trainer, 6)
     assert saved == [2, 6]
+
+
+def test_memory_metrics_read_the_run_s_processes_on_this_node_and_the_headroom(monkeypatch):
+    import os
+
+    from reinforce_pro.run import memory
+
+    placement = {"policy": [{"pid": os.getpid(), "ip": "10.0.0.1"}],  # this process, standing in for a rank
+                 "engines": [{"pid": 2**22 + 7, "ip": "10.0.0.1"}],  # a process that is gone: 0
+                 "reference": [{"pid": os.getpid(), "ip": "10.0.0.2"}]}  # another node: not read  # fmt: skip
+    watch = memory.MemoryWatch(placement, here="10.0.0.1")
+    m = watch.metrics()
+    assert set(m) == {"memory/driver_rss_gb", "memory/policy0_rss_gb", "memory/engines0_rss_gb", "memory/run_rss_gb",
+                      "memory/node_used_frac", "memory/headroom_gb"}  # fmt: skip
+    assert m["memory/policy0_rss_gb"] > 0.01 and m["memory/engines0_rss_gb"] == 0.0
+    assert m["memory/run_rss_gb"] == pytest.approx(sum(v for k, v in m.items() if k.endswith("0_rss_gb")) +
+                                                   m["memory/driver_rss_gb"])  # fmt: skip
+    assert 0 < m["memory/node_used_frac"] < 1 and "Tight" not in watch.startup_line()
+    monkeypatch.setenv("RAY_memory_usage_threshold", "0.0001")  # the monitor would act already
+    tight = memory.MemoryWatch(placement, here="10.0.0.1")
+    assert tight.threshold == 0.0001 and tight.metrics()["memory/headroom_gb"] < 0
+    assert tight.startup_line().startswith("[memory] node ") and "Tight" in tight.startup_line()

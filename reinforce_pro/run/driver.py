@@ -29,6 +29,7 @@ from reinforce_pro.rollout.sampler import Sampler
 from reinforce_pro.run import faults, wiring
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
+from reinforce_pro.run.memory import MemoryWatch
 from reinforce_pro.trainer.checkpoint import find_latest, truncate_jsonl
 from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
@@ -117,13 +118,15 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
         sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
         source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
         resume_from = wiring.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
-        wiring.record_placement(groups, plan.run_dir)
+        memory = MemoryWatch(wiring.record_placement(groups, plan.run_dir))
+        print(memory.startup_line(), flush=True)
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
         trainer = PPOTrainer(
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
             wiring.eval_set(cfg, plan, tokenizer, source),
             engines_hold_start_weights=groups.owned_engines and wiring.engines_load_policy_weights(cfg),
         )  # fmt: skip
+        trainer.extra_metrics = memory.metrics
         if resume_from is not None:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)

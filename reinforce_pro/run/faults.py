@@ -16,7 +16,7 @@ from ray import exceptions as rex
 LOST = (rex.RayActorError, rex.WorkerCrashedError, rex.OutOfMemoryError, rex.NodeDiedError)
 
 ROLE_NAMES = {"policy": "policy rank", "reference": "reference rank", "critic": "critic rank",
-              "engines": "vLLM engine", "reward": "reward model rank"}  # fmt: skip
+              "engines": "vLLM engine", "reward_model": "reward model rank"}  # fmt: skip
 
 
 class RunLost(Exception):

@@ -138,6 +138,7 @@ class PPOTrainer:
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         self.engines_hold_start_weights = engines_hold_start_weights
         self.last_saved = time.monotonic()  # --auto_checkpoint_minutes counts from here
+        self.extra_metrics = dict  # what the driver adds to every step's metrics (run/memory.py: memory/*)
         if cfg.partial_rollout_chunk is not None:
             settled = 1 if self.synchronous_partial else None  # synchronously only the first chunk differs
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights, settled))
@@ -193,6 +194,7 @@ class PPOTrainer:
                 metrics.update(timings)
                 metrics.update(self.rollout_metrics(batch, stream, waited, busy_from, timings["time/step"]))
                 metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
+                metrics.update(self.extra_metrics())
                 self.step, self.trained_source = step, batch.source_state
                 self.record(step, metrics, samples, experience.rewards)
                 self.export_sidecars(step, experience)
