@@ -34,7 +34,7 @@ import torch
 from benchmarks.common import RESULTS_DIR, write_result
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
 from reinforce_pro.algos.losses import PolicyLoss
-from reinforce_pro.workers.base import KEEP_FREED_MEMORY  #  (what the CPU trainer ranks get too)
+from reinforce_pro.procs import KEEP_FREED_MEMORY  # what the CPU trainer ranks get too
 
 SIZES = [(64, 1024), (256, 4096), (256, 8192)]
 VARIANTS = ["none", *IS_CORRECTIONS]  # "none": PolicyLoss without IS correction

@@ -109,7 +109,7 @@ def time_floor(model: str, work: list, tokens: int, warmup: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from reinforce_pro.workers.base import use_host_threads
+    from reinforce_pro.procs import use_host_threads
 
     use_host_threads()
     net = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()

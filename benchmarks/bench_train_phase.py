@@ -110,7 +110,7 @@ def padded_batch(rows: int, prompt: int, max_response: int, vocab: int, gen):
 
 
 def build_worker(model: Path, micro: int, rendezvous: Path):
-    from reinforce_pro.workers.base import DistInfo, ForwardConfig, OptimConfig
+    from reinforce_pro.workers.configs import DistInfo, ForwardConfig, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     opt = OptimConfig(learning_rate=1e-6, lr_scheduler="constant", lr_warmup_ratio=0.0, total_steps=1000,

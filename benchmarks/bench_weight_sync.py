@@ -61,7 +61,7 @@ def measure(size: str, reps: int, bucket_mb: float, workdir: Path) -> dict:
     from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
     from reinforce_pro.trainer.rollout_stream import EngineGate
     from reinforce_pro.trainer.weight_sync import BroadcastSync, ObjectStoreSync
-    from reinforce_pro.workers.base import ForwardConfig, OptimConfig
+    from reinforce_pro.workers.configs import ForwardConfig, OptimConfig
     from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 

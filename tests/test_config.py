@@ -19,7 +19,7 @@ from reinforce_pro.cli.train_ppo_ray import parse, parse_args
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.run.config import KLPenalty, RunConfig
 from reinforce_pro.trainer.experience_builder import ExperienceConfig
-from reinforce_pro.workers.base import OptimConfig
+from reinforce_pro.workers.configs import OptimConfig
 
 
 def _dests() -> set[str]:

@@ -102,8 +102,8 @@ def trainer_log_probs(model_dir: str, prompt_ids: list[int], response_ids: list[
 def test_cpu_model_ranks_start_with_freed_memory_kept(tmp_path, engine, tiny_model):
     """glibc reads KEEP_FREED_MEMORY when a process starts: the policy and reference ranks' processes must have
     it in the environment they were started with (/proc/self/environ), not set later."""
+    from reinforce_pro.procs import KEEP_FREED_MEMORY
     from reinforce_pro.run.wiring import build_groups
-    from reinforce_pro.workers.base import KEEP_FREED_MEMORY
 
     argv = BASE_ARGS + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run"), "--init_kl_coef", "0.01"]
     _, cfg = parse(argv)  # a KL term: the run has a reference group too
@@ -622,7 +622,7 @@ def test_local_cluster_listens_on_loopback_only(engine, tiny_model):
     """Every TCP socket the local cluster's processes (children of this test process) listen on is loopback,
     with an engine and a two-rank DeepSpeed policy group alive."""
     psutil = pytest.importorskip("psutil")
-    from reinforce_pro.workers.base import ForwardConfig, OptimConfig
+    from reinforce_pro.workers.configs import ForwardConfig, OptimConfig
     from reinforce_pro.workers.launcher import GroupSpec, create_group, make_placement_group
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
@@ -1190,7 +1190,7 @@ def _policy_workers(tiny_model, world_size: int, loss=None, forward=None):
     import uuid
 
     from reinforce_pro.algos.losses import SurrogateConfig
-    from reinforce_pro.workers.base import DistInfo, ForwardConfig, OptimConfig
+    from reinforce_pro.workers.configs import DistInfo, ForwardConfig, OptimConfig
     from reinforce_pro.workers.policy import PolicyLossConfig, PolicyWorker
 
     start_ray(logical_cpus=8)

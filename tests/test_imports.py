@@ -53,3 +53,36 @@ def test_the_algorithm_core_imports_torch_only():
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not [n for n in names if n.split(".")[0] in heavy], path.name
+
+
+# The package's rooms from the bottom up: a module may import from its own room or from a lower one, never from
+# a room beside or above its own (docs/architecture.md, "Layers").
+LAYERS = (
+    ("procs", "ray_env", "userfile", "serving", "models"),
+    ("rewards", "algos"),
+    ("experience", "data"),
+    ("rollout",),
+    ("workers", "agents"),
+    ("trainer",),
+    ("search",),
+    ("selfplay", "integrations", "selfcheck"),
+    ("run",),
+    ("cli",),
+)
+
+
+def test_no_import_points_up_or_sideways_between_rooms():
+    rank = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+    graph = imports()
+    rooms = {name.split(".")[1] for name in graph if name.count(".")}
+    assert rooms <= set(rank), f"a room with no layer: {sorted(rooms - set(rank))} (add it to LAYERS)"
+    wrong = []
+    for module, targets in graph.items():
+        if "." not in module:  # the package's own __init__
+            continue
+        here = module.split(".")[1]
+        for target in targets:
+            there = target.split(".")[1]
+            if there != here and rank[there] >= rank[here]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == [], f"imports that point up or sideways: {wrong}"

@@ -44,7 +44,7 @@ def test_deepspeed_starts_despite_a_lock_left_by_a_killed_process(tmp_path):
     (extensions / SHM_OP).mkdir(parents=True, exist_ok=True)
     (extensions / SHM_OP / "lock").touch()
     code = (
-        "from reinforce_pro.workers.base import DistInfo, setup_distributed\n"
+        "from reinforce_pro.workers.base import setup_distributed\nfrom reinforce_pro.workers.configs import DistInfo\n"
         f"setup_distributed(DistInfo(init_method='file://{tmp_path}/rendezvous'))\n"
         "import torch.distributed as dist; print('world', dist.get_world_size())\n"
     )

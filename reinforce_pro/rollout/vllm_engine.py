@@ -183,13 +183,13 @@ class VLLMEngine:
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[ENGINE_DEVICES_ENV]
         import torch
 
-        from reinforce_pro.workers.base import capture_output
+        from reinforce_pro.procs import capture_output
 
         capture_output(f"{name}{engine_index}")
 
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
-            from reinforce_pro.workers.base import use_host_threads
+            from reinforce_pro.procs import use_host_threads
 
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -22,7 +22,7 @@ from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.trainer.experience_builder import ExperienceConfig
 from reinforce_pro.trainer.logger import WandbConfig
 from reinforce_pro.trainer.ppo_trainer import LoopConfig
-from reinforce_pro.workers.base import ForwardConfig, OptimConfig
+from reinforce_pro.workers.configs import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 

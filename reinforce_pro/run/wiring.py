@@ -15,6 +15,7 @@ import ray
 from reinforce_pro.data import embedded_reward
 from reinforce_pro.data.prompts import PromptConfig, build_prompts, load_records
 from reinforce_pro.models.routing import is_moe_dir
+from reinforce_pro.procs import KEEP_FREED_MEMORY, LOG_DIR_ENV
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
@@ -23,7 +24,6 @@ from reinforce_pro.run.config import VLLM_DTYPES, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
 from reinforce_pro.trainer.ppo_trainer import EvalSet
-from reinforce_pro.workers.base import KEEP_FREED_MEMORY, LOG_DIR_ENV
 from reinforce_pro.workers.critic import CriticWorker
 from reinforce_pro.workers.group import ActorGroup
 from reinforce_pro.workers.launcher import (
@@ -103,7 +103,7 @@ def cpu_threads(cfg: RunConfig, use_gpu: bool) -> tuple[dict | None, dict | None
     the same time, each actor's thread count: the cores are split in two halves, the engines' split over the
     engines, the trainer's over the policy ranks (reference and critic ranks run when the policy's do not,
     and take the same count); otherwise every core for each actor (synchronous: phases alternate). The model
-    ranks also keep freed memory (workers/base.py: KEEP_FREED_MEMORY). None: nothing to set (GPU)."""
+    ranks also keep freed memory (procs.py: KEEP_FREED_MEMORY). None: nothing to set (GPU)."""
     if use_gpu:
         return None, None
     if not cfg.loop.async_train:
@@ -119,7 +119,7 @@ def cpu_threads(cfg: RunConfig, use_gpu: bool) -> tuple[dict | None, dict | None
 
 
 def with_log_dir(env: dict | None, plan: RunPlan) -> dict | None:
-    """`env` plus where the actors write their output (workers/base.py: capture_output): the run's logs/
+    """`env` plus where the actors write their output (procs.py: capture_output): the run's logs/
     directory, or nothing with --verbose (plan.log_dir None), which leaves it on the console."""
     if plan.log_dir is None:
         return env

@@ -1,5 +1,6 @@
 """What every model-holding Ray actor shares: torch.distributed set-up, DeepSpeed initialisation, and
-micro-batched forward passes.
+micro-batched forward passes. Its settings are workers/configs.py's; the process set-up every actor does first
+(threads, allocator, output) is reinforce_pro/procs.py's.
 
 One actor is one data-parallel rank. On a GPU node it owns one GPU and uses NCCL; without a GPU
 DeepSpeed runs on its CPU accelerator and falls back to gloo, with every listener on loopback.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,97 +19,8 @@ from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_acti
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.routing import RoutingPass
 from reinforce_pro.models.sampling_filter import SamplingFilter
-
-
-@dataclass
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    # "file:///tmp/..." for a group on one host: the rendezvous needs no TCP listener (torch's TCPStore binds
-    # every interface whatever MASTER_ADDR says); None: env:// through MASTER_ADDR / MASTER_PORT.
-    init_method: str | None = None
-
-
-@dataclass
-class OptimConfig:
-    learning_rate: float  # no default: the flags differ (--actor_learning_rate 1e-6, --critic_learning_rate 9e-6)
-    adam_betas: tuple[float, float] = (0.9, 0.95)
-    adam_eps: float = 1e-8
-    l2: float = 0.0
-    lr_scheduler: str = "cosine_with_min_lr"
-    lr_warmup_ratio: float = 0.03
-    min_lr_ratio: float = 0.1  # cosine_with_min_lr decays to this fraction of learning_rate
-    total_steps: int = 1  # optimizer steps over the whole run, for the scheduler
-    max_norm: float = 1.0
-    zero_stage: int = 2
-    param_dtype: str = "bf16"  # bf16 | fp16 | fp32
-    adam_offload: bool = False
-    overlap_comm: bool = False
-    gradient_checkpointing: bool = False
-    gradient_checkpointing_use_reentrant: bool = False
-    micro_batch_size: int = 4  # per rank per forward
-    grad_accum_steps: int = 1  # micro-batches per optimizer step on each rank
-
-
-@dataclass(frozen=True)
-class ForwardConfig:
-    """How a worker loads its model and cuts the forwards that score a rollout (policy, reference, critic)."""
-
-    attn_implementation: str  # HF's attn_implementation (the run resolves flash_attention_2 to what is installed)
-    micro_batch_size: int  # rows per scoring forward (--micro_rollout_batch_size)
-    max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
-    packing_samples: bool = False  # padding-free forwards
-    ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
-    routing_replay: str = "none"  # --routing_replay, MoE models: whose routes the forwards replay (models/routing.py)
-    experts_implementation: str | None = None  # MoE models: transformers' expert kernels (None: its default)
-
-    def model_kwargs(self) -> dict:
-        """from_pretrained keywords for the expert kernels, when set (an MoE model's; a dense one has none)."""
-        return {"experts_implementation": self.experts_implementation} if self.experts_implementation else {}
-
-
-def use_host_threads() -> None:
-    """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); in the synchronous pipeline each phase may use
-    every core of a CPU host while the others wait. Under --async_train engines and trainer run at once, and
-    the launcher gives each actor its share in REINFORCE_PRO_CPU_THREADS (run/wiring.py: cpu_threads).
-    OMP_NUM_THREADS is set too: vLLM's CPU worker reads it when it binds its threads (left at 1 in the
-    synchronous loop, generation ran at 0.57x the 2-thread speed)."""
-    if not torch.cuda.is_available():
-        threads = int(os.environ.get("REINFORCE_PRO_CPU_THREADS", os.cpu_count() or 1))
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        torch.set_num_threads(threads)
-
-
-# glibc's malloc hands large freed blocks back to the kernel, so every micro-batch's big temporaries (the LM head's
-# logits, the layers' activations and their gradients) fault their pages in afresh; with these set at process start
-# freed memory stays in the heap for the next micro-batch, as torch's caching allocator keeps CUDA memory. The CPU
-# trainer ranks get them (run/wiring.py; benchmarks/bench_train_phase.py measures what it saves). Both are
-# needed (glibc 2.36, mallinfo2 after malloc): the mmap threshold puts blocks of 1-300 MiB in the heap (without it
-# those over 32 MiB are always mmapped), and the trim threshold alone turns off glibc's adaptive threshold, so that
-# every block over 128 KiB is mmapped.
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
-
-LOG_DIR_ENV = "REINFORCE_PRO_LOG_DIR"
-
-
-def capture_output(name: str) -> None:
-    """Send this actor's stdout and stderr, Python's and C's alike (vLLM, DeepSpeed, torch, NCCL), to
-    $REINFORCE_PRO_LOG_DIR/<name>.log instead of Ray's stream to the driver's console. The launcher sets
-    the variable unless --verbose; call first thing in an actor's __init__."""
-    log_dir = os.environ.get(LOG_DIR_ENV)
-    if not log_dir:
-        return
-    import sys
-
-    os.makedirs(log_dir, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(os.path.join(log_dir, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+from reinforce_pro.procs import use_host_threads
+from reinforce_pro.workers.configs import DistInfo, OptimConfig
 
 
 def setup_distributed(dist: DistInfo) -> None:

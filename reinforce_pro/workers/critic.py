@@ -8,11 +8,8 @@ from reinforce_pro.algos.losses import ValueLoss
 from reinforce_pro.algos.stats import Stat
 from reinforce_pro.experience import Experience
 from reinforce_pro.models.value import ValueModel
+from reinforce_pro.procs import capture_output
 from reinforce_pro.workers.base import (
-    DistInfo,
-    ForwardConfig,
-    OptimConfig,
-    capture_output,
     device,
     initialize_deepspeed,
     load_engine_state,
@@ -21,6 +18,7 @@ from reinforce_pro.workers.base import (
     save_engine_state,
     setup_distributed,
 )
+from reinforce_pro.workers.configs import DistInfo, ForwardConfig, OptimConfig
 
 
 class CriticWorker:

@@ -28,7 +28,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from reinforce_pro.workers.base import DistInfo
+from reinforce_pro.workers.configs import DistInfo
 from reinforce_pro.workers.group import ActorGroup
 
 

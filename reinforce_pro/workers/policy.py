@@ -30,21 +30,18 @@ from reinforce_pro.models.lora import (
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
 from reinforce_pro.models.routing import RouteReplay, RoutingPass, moe_shape
 from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
+from reinforce_pro.procs import capture_output, use_host_threads
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
 from reinforce_pro.workers.base import (
-    DistInfo,
-    ForwardConfig,
-    OptimConfig,
     batched_log_probs,
-    capture_output,
     device,
     initialize_deepspeed,
     load_engine_state,
     optimizer_step_stats,
     save_engine_state,
     setup_distributed,
-    use_host_threads,
 )
+from reinforce_pro.workers.configs import DistInfo, ForwardConfig, OptimConfig
 
 
 @dataclass

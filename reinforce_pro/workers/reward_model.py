@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from reinforce_pro.workers.base import capture_output, device
+from reinforce_pro.procs import capture_output
+from reinforce_pro.workers.base import device
 
 
 class RewardModelWorker:
