@@ -12,7 +12,7 @@ import torch
 def use_host_threads() -> None:
     """Ray sets OMP_NUM_THREADS to an actor's CPU share (1); in the synchronous pipeline each phase may use
     every core of a CPU host while the others wait. Under --async_train engines and trainer run at once, and
-    the launcher gives each actor its share in REINFORCE_PRO_CPU_THREADS (run/wiring.py: cpu_threads).
+    the launcher gives each actor its share in REINFORCE_PRO_CPU_THREADS (run/actors.py: cpu_threads).
     OMP_NUM_THREADS is set too: vLLM's CPU worker reads it when it binds its threads (left at 1, its
     generation runs on one core)."""
     if not torch.cuda.is_available():
@@ -24,7 +24,7 @@ def use_host_threads() -> None:
 # glibc's malloc hands large freed blocks back to the kernel, so every micro-batch's big temporaries (the LM head's
 # logits, the layers' activations and their gradients) fault their pages in afresh; with these set at process start
 # freed memory stays in the heap for the next micro-batch, as torch's caching allocator keeps CUDA memory. The CPU
-# trainer ranks get them (run/wiring.py; benchmarks/bench_train_phase.py measures what it saves). Both are
+# trainer ranks get them (run/actors.py; benchmarks/bench_train_phase.py measures what it saves). Both are
 # needed (glibc 2.36, mallinfo2 after malloc): the mmap threshold puts blocks of 1-300 MiB in the heap (without it
 # those over 32 MiB are always mmapped), and the trim threshold alone turns off glibc's adaptive threshold, so that
 # every block over 128 KiB is mmapped.

@@ -203,7 +203,7 @@ def test_every_declared_bound_ends_a_command_line_in_one_line(capsys):
 def test_the_first_weight_sync_is_skipped_only_where_the_engines_load_what_it_would_send(flags, loads_them):
     """Engines a run starts from the policy's checkpoint skip the sync before the first step (2.8 s of
     SmolLM2's start) only where the policy holds exactly what they loaded."""
-    from reinforce_pro.run.wiring import engines_load_policy_weights
+    from reinforce_pro.run.start import engines_load_policy_weights
 
     assert engines_load_policy_weights(run_config(parse_args(["--pretrain", "m", *flags]))) is loads_them
 
@@ -213,7 +213,7 @@ def test_dialogue_records_cannot_be_an_agents_held_out_set(tmp_path):
     trains a row per target turn and has no one score for an agent's episode."""
     from types import SimpleNamespace
 
-    from reinforce_pro.run.wiring import eval_set
+    from reinforce_pro.run.sources import eval_set
 
     path = tmp_path / "held_out.jsonl"
     dialogue = {"input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}], "label": "x"}

@@ -103,7 +103,7 @@ def test_cpu_model_ranks_start_with_freed_memory_kept(tmp_path, engine, tiny_mod
     """glibc reads KEEP_FREED_MEMORY when a process starts: the policy and reference ranks' processes must have
     it in the environment they were started with (/proc/self/environ), not set later."""
     from reinforce_pro.procs import KEEP_FREED_MEMORY
-    from reinforce_pro.run.wiring import build_groups
+    from reinforce_pro.run.actors import build_groups
 
     argv = BASE_ARGS + ["--pretrain", tiny_model, "--save_path", str(tmp_path / "run"), "--init_kl_coef", "0.01"]
     _, cfg = parse(argv)  # a KL term: the run has a reference group too

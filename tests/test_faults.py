@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 from ray import exceptions as rex  # noqa: E402
 
 from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
-from reinforce_pro.run import driver, faults  # noqa: E402
+from reinforce_pro.run import driver, faults, resume  # noqa: E402
 
 MEMORY_MONITOR = """Task was killed due to the node running low on memory.
 Memory on the node (IP: 127.0.0.1, ID: 4f2) where the task (actor ID: ab12, name=VLLMEngine.generate, pid=4242,
@@ -66,11 +66,11 @@ def _cfg(tmp_path: Path, *extra: str):
 
 def test_default_checkpoints_go_under_the_run_directory_by_the_clock(tmp_path):
     plan = SimpleNamespace(run_dir=tmp_path / "run")
-    cfg = driver.run_checkpoints(_cfg(tmp_path), plan)
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
     ckpt = cfg.loop.checkpoints
     assert ckpt.ckpt_path == tmp_path / "run" / "checkpoints" and ckpt.every_s == 300 and ckpt.save_steps == -1
     assert cfg.loop.max_failures == 3 and not ckpt.resume
-    by_steps = driver.run_checkpoints(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "c")), plan)
+    by_steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "c")), plan)
     assert by_steps.loop.checkpoints.every_s == 0 and by_steps.loop.checkpoints.ckpt_path == tmp_path / "c"
     assert _cfg(tmp_path, "--auto_checkpoint_minutes", "0").loop.checkpoints is None
     assert _cfg(tmp_path, "--auto_checkpoint_minutes", "1.5").loop.checkpoints.every_s == 90
@@ -80,15 +80,15 @@ def test_starting_again_resumes_from_the_newest_checkpoint_or_cuts_every_row(tmp
     plan = SimpleNamespace(run_dir=tmp_path / "run")
     plan.run_dir.mkdir()
     (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
-    cfg = driver.run_checkpoints(_cfg(tmp_path), plan)
-    assert driver.resuming(cfg, plan, tmp_path / "run" / "checkpoints" / "global_step2").loop.checkpoints.resume
-    assert (plan.run_dir / "metrics.jsonl").read_text().count("step") == 3  # the resume cuts them (wiring)
-    assert driver.resuming(cfg, plan, None) is cfg and (plan.run_dir / "metrics.jsonl").read_text() == ""
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
+    assert resume.resuming(cfg, plan, tmp_path / "run" / "checkpoints" / "global_step2").loop.checkpoints.resume
+    assert (plan.run_dir / "metrics.jsonl").read_text().count("step") == 3  # resume_checkpoint cuts them
+    assert resume.resuming(cfg, plan, None) is cfg and (plan.run_dir / "metrics.jsonl").read_text() == ""
 
 
 def test_a_run_that_cannot_recover_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch):
     plan = SimpleNamespace(run_dir=tmp_path / "run")
-    cfg = driver.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan)
+    cfg = resume.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan)
     monkeypatch.setattr("sys.argv", ["train_ppo_ray", "--seed", "3"])
     saved = plan.run_dir / "checkpoints" / "global_step40"
     note = driver.lost_run_note(cfg, plan, saved, failures=2)

@@ -1,7 +1,7 @@
 """One device per rank on GPU nodes, proven on simulated ones: Ray gives a CPU machine GPUs to schedule
 (`num_gpus=` on a node) and each actor the CUDA_VISIBLE_DEVICES it would see on real hardware.
 
-Each case parses a real command line and runs the run's own placement code, run/wiring.py `build_groups` (and
+Each case parses a real command line and runs the run's own placement code, run/actors.py `build_groups` (and
 `reward_function` for the reward model), with every worker class swapped for a probe: an actor that takes
 the same resources, placement group and bundle as the real one but imports no model and never touches CUDA,
 and reports its node and CUDA_VISIBLE_DEVICES (an engine told several devices for its tensor-parallel workers
@@ -28,7 +28,8 @@ PROBE = textwrap.dedent(
     from types import SimpleNamespace
     import reinforce_pro  # loopback settings before ray
     import ray
-    import reinforce_pro.run.wiring as wiring
+    import reinforce_pro.run.actors as actors
+    import reinforce_pro.run.sources as sources
     from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
@@ -46,7 +47,7 @@ PROBE = textwrap.dedent(
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
 
-    ENGINE_DEVICES = wiring.ENGINE_DEVICES_ENV  # a string: the probe's process imports nothing of the project
+    ENGINE_DEVICES = actors.ENGINE_DEVICES_ENV  # a string: the probe's process imports nothing of the project
 
     class Probe:
         def __init__(self, *args, **kwargs):
@@ -57,12 +58,14 @@ PROBE = textwrap.dedent(
             return [ray.get_runtime_context().get_node_id(), devices]
 
     for worker in ("PolicyWorker", "ReferenceWorker", "CriticWorker", "VLLMEngine", "RewardModelWorker"):
-        setattr(wiring, worker, Probe)
+        for module in (actors, sources):  # the groups' workers, and the reward model's
+            if hasattr(module, worker):
+                setattr(module, worker, Probe)
     cfg = run_config(parse_args(["--pretrain", "m", "--advantage_estimator", "reinforce", *argv]))
     plan = SimpleNamespace(pretrain="m", log_dir=None, reward_source="model:rm")
-    run = wiring.build_groups(cfg, plan, use_gpu=True)
+    run = actors.build_groups(cfg, plan, use_gpu=True)
     if cfg.needs_critic:
-        wiring.reward_function(cfg, plan, True, run)
+        sources.reward_function(cfg, plan, True, run)
     print("PLACED " + json.dumps({k: ray.get([a.where.remote() for a in v]) for k, v in run.roles().items()}))
     """
 )

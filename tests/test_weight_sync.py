@@ -151,7 +151,7 @@ def test_sync_backend_resolution(argv, use_gpu, want, capsys):
     pytest.importorskip("ray")
     from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
-    from reinforce_pro.run.wiring import sync_backend
+    from reinforce_pro.run.start import sync_backend
 
     assert sync_backend(run_config(parse_args(argv)), use_gpu) == want
     notice = capsys.readouterr().out

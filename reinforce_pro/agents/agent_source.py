@@ -47,7 +47,7 @@ class AgentSource:
         sampling = {**self.runner.sampling, "temperature": temperature}
         runner = AgentRunner(self.runner.agent_cls, self.sampler.tokenizer, self.sampler.sample, sampling,
                              self.agent_cfg)  # fmt: skip
-        episodes = runner.run_episodes(batch, n)  # plain prompts only (wiring.eval_set refuses dialogues)
+        episodes = runner.run_episodes(batch, n)  # plain prompts only (sources.eval_set refuses dialogues)
         scores = torch.tensor([e.turn_scores[-1] if e.turn_scores else 0.0 for e in episodes])
         rewards = torch.tensor([float(sum(e.turn_rewards)) for e in episodes])
         lengths = torch.tensor([float(sum(e.action)) for e in episodes])

@@ -10,7 +10,7 @@ accepted and silently ignored. parse_args builds the config once, so a section's
 line in one line. Checks across sections (batch sizes against ranks, flags that need each other) stay in
 train_ppo_ray.py, which words them in flags.
 
-Values only known once the run starts are filled in by run/wiring.start_config with dataclasses.replace:
+Values only known once the run starts are filled in by run/start.start_config with dataclasses.replace:
 the policy's starting weights (after the warm start: `Engines.config.model_path`), the optimizer's step
 count (`OptimConfig.total_steps`, from the number of prompts), the weight-sync backend the machine allows
 (`LoopConfig.sync_backend`) and the run directory; the loop's copies of engine settings (`sync_dtype`, ...)

@@ -14,7 +14,7 @@ from typing import Any
 
 WORKER_EXTENSION = "reinforce_pro.rollout.weight_receiver.WeightSyncExtension"
 # --colocate_all_models with tensor parallelism on GPUs: the devices of the policy ranks whose bundles the
-# engine spans (run/wiring.engine_options); Ray gave the actor only the first, its TP workers need them all
+# engine spans (run/actors.engine_options); Ray gave the actor only the first, its TP workers need them all
 ENGINE_DEVICES_ENV = "REINFORCE_PRO_ENGINE_DEVICES"
 
 

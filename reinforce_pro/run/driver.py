@@ -2,7 +2,7 @@
 
     cli/train_ppo_ray.main   flags -> RunConfig (cli/flags_to_config.py)
     train(cfg)               prepare (run/prepare.py) -> RunPlan -> build_and_fit -> summarise; errors -> exit 2
-    build_and_fit(cfg, plan) Ray -> actor groups (run/wiring.py) -> experience builder, rollout source ->
+    build_and_fit(cfg, plan) Ray -> actor groups (run/actors.py) -> experience builder, rollout source ->
                              PPOTrainer.fit (trainer/ppo_trainer.py) -> the final model saved; an actor lost
                              on the way (run/faults.py): the actors again, from the newest checkpoint
 
@@ -16,7 +16,6 @@ import math
 import os
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -26,11 +25,11 @@ from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import Sampler
-from reinforce_pro.run import faults, wiring
+from reinforce_pro.run import actors, faults, resume, sources, start
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.run.memory import MemoryWatch
-from reinforce_pro.trainer.checkpoint import find_latest, truncate_jsonl
+from reinforce_pro.trainer.checkpoint import find_latest
 from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
@@ -71,15 +70,15 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
     times (never with the caller's engines); past that the run stops with faults.RunLost."""
     from transformers import AutoTokenizer
 
-    start_ray(wiring.logical_cpus(cfg), quiet=not cfg.output.verbose)
+    start_ray(actors.logical_cpus(cfg), quiet=not cfg.output.verbose)
     use_gpu = gpus_available()
-    wiring.check_sleep_flags(cfg, use_gpu)
-    cfg = run_checkpoints(wiring.start_config(cfg, plan, use_gpu), plan)
+    start.check_sleep_flags(cfg, use_gpu)
+    cfg = resume.run_checkpoints(start.start_config(cfg, plan, use_gpu), plan)
     (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
     if plan.log_dir is not None:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
     if engines is None:
-        wiring.announce_engines(cfg, use_gpu)
+        start.announce_engines(cfg, use_gpu)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
     failures = 0
     while True:
@@ -93,7 +92,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
                 raise faults.RunLost(f"{lost}{lost_run_note(cfg, plan, saved, failures)}") from lost.__cause__
             print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} ({failures} "
                   f"of --max_failures {cfg.loop.max_failures})", flush=True)  # fmt: skip
-            cfg = resuming(cfg, plan, saved)
+            cfg = resume.resuming(cfg, plan, saved)
 
 
 class ActorLost(Exception):
@@ -103,7 +102,7 @@ class ActorLost(Exception):
 def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -> list[dict]:
     """The actor groups, the experience builder, the rollout source and the trainer (resumed under
     --load_checkpoint), fit(), the final model saved; the actors released whatever happens."""
-    groups = wiring.build_groups(cfg, plan, use_gpu, engines)
+    groups = actors.build_groups(cfg, plan, use_gpu, engines)
     logger, source, trainer = None, None, None
     try:
         if cfg.models.lora:  # the policy's own line goes to its log file: say it here too
@@ -113,18 +112,18 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
         # self-play tasks and AgentInstance environments score their own rollouts: no reward function (an
         # OpenAI-SDK agent may leave the scoring to it, as OpenRLHF's executor does)
         scored = plan.task or plan.reward_source.startswith("agent:")
-        reward_fn = None if scored else wiring.reward_function(cfg, plan, use_gpu, groups)
+        reward_fn = None if scored else sources.reward_function(cfg, plan, use_gpu, groups)
         builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
         sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
-        source = wiring.rollout_source(cfg, plan, groups, sampler, use_gpu)
-        resume_from = wiring.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
-        memory = MemoryWatch(wiring.record_placement(groups, plan.run_dir))
+        source = sources.rollout_source(cfg, plan, groups, sampler, use_gpu)
+        resume_from = resume.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates
+        memory = MemoryWatch(actors.record_placement(groups, plan.run_dir))
         print(memory.startup_line(), flush=True)
         logger = MetricsLogger(plan.run_dir, cfg.output.tensorboard, wandb_cfg=cfg.output.wandb)
         trainer = PPOTrainer(
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
-            wiring.eval_set(cfg, plan, tokenizer, source),
-            engines_hold_start_weights=groups.owned_engines and wiring.engines_load_policy_weights(cfg),
+            sources.eval_set(cfg, plan, tokenizer, source),
+            engines_hold_start_weights=groups.owned_engines and start.engines_load_policy_weights(cfg),
         )  # fmt: skip
         trainer.extra_metrics = memory.metrics
         if resume_from is not None:
@@ -147,24 +146,6 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
             getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
         getattr(source, "close", lambda: None)()  # the endpoint an OpenAI-SDK agent's episodes call
         groups.release()
-
-
-def run_checkpoints(cfg: RunConfig, plan: RunPlan) -> RunConfig:
-    """The default checkpoints (--auto_checkpoint_minutes without --save_steps) go under the run directory."""
-    ckpt = cfg.loop.checkpoints
-    if ckpt is None or ckpt.ckpt_path is not None:
-        return cfg
-    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(ckpt, ckpt_path=plan.run_dir / "checkpoints")))
-
-
-def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
-    """The config the run starts again with after a lost actor: resumed from the newest checkpoint (its step's
-    later rows cut from the jsonl files), or with no checkpoint yet from the first step (every row cut)."""
-    if saved is None:
-        for path in plan.run_dir.glob("*.jsonl"):
-            truncate_jsonl(path, 0)
-        return cfg
-    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
 
 
 def lost_run_note(cfg: RunConfig, plan: RunPlan, saved: Path | None, failures: int) -> str:

@@ -3,7 +3,7 @@ step and one line at start.
 
 Ray's memory monitor kills a worker once the node's used memory passes RAY_memory_usage_threshold (0.95 of
 the total by default); on a machine shared with other work that is how a long run ends. Each actor's process
-id comes from placement.json (run/wiring.py: record_placement); a process's memory is its resident set plus its
+id comes from placement.json (run/actors.py: record_placement); a process's memory is its resident set plus its
 children's (a vLLM engine's model lives in its engine-core child). Actors on other nodes are not read.
 """
 

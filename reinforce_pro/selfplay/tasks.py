@@ -43,7 +43,7 @@ class ScoredResponses:
     format: list[float]  # one format reward per response, in [0, 1]
 
 
-# The judge an `llm` scorer asks: prompts -> the judge model's completions (greedy). Built by the wiring
+# The judge an `llm` scorer asks: prompts -> the judge model's completions (greedy). Built by run/sources.py
 # from a rollout engine; None when the run has none.
 Judge = Callable[[list[str]], list[str]]
 

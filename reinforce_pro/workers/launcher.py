@@ -12,7 +12,7 @@ Each group (policy, reference, critic) gets a Ray placement group.
   bundle r // per_node. Ray's CPU count is a scheduling token, not a core: on a 2-core machine the local
   cluster declares as many as the bundles need. That is safe in the synchronous pipeline (the engine
   generates, then the policy trains; they do not compete for the cores); under --async_train they do, and
-  each actor is given its share of the cores as a thread count (run/wiring.py: cpu_threads).
+  each actor is given its share of the cores as a thread count (run/actors.py: cpu_threads).
 """
 
 from __future__ import annotations

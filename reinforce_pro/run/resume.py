@@ -1,0 +1,44 @@
+"""Where a run resumes: the newest complete checkpoint under --load_checkpoint, the run's per-step jsonl files
+cut back to its step, and the default checkpoints' place under the run directory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from reinforce_pro.run.config import RunConfig, RunPlan
+from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
+
+
+def resume_checkpoint(cfg: RunConfig, plan: RunPlan) -> Path | None:
+    """With --load_checkpoint: the latest complete checkpoint (None: start from scratch). The run's jsonl
+    files are cut back to its step, so the resumed run appends to them without duplicates."""
+    checkpoints = cfg.loop.checkpoints
+    if checkpoints is None or not checkpoints.resume:
+        return None
+    ckpt = find_latest(checkpoints.ckpt_path)
+    if ckpt is None:
+        print(f"[resume] no complete checkpoint in {checkpoints.ckpt_path}: starting from scratch", flush=True)
+        return None
+    step = load_state(ckpt)["step"]
+    for path in plan.run_dir.glob("*.jsonl"):  # every per-step file the run writes (MetricsLogger.write)
+        truncate_jsonl(path, step)
+    return ckpt
+
+
+def run_checkpoints(cfg: RunConfig, plan: RunPlan) -> RunConfig:
+    """The default checkpoints (--auto_checkpoint_minutes without --save_steps) go under the run directory."""
+    ckpt = cfg.loop.checkpoints
+    if ckpt is None or ckpt.ckpt_path is not None:
+        return cfg
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(ckpt, ckpt_path=plan.run_dir / "checkpoints")))
+
+
+def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
+    """The config the run starts again with after a lost actor: resumed from the newest checkpoint (its step's
+    later rows cut from the jsonl files), or with no checkpoint yet from the first step (every row cut)."""
+    if saved is None:
+        for path in plan.run_dir.glob("*.jsonl"):
+            truncate_jsonl(path, 0)
+        return cfg
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
