@@ -463,3 +463,19 @@ def test_scratch_dir_goes_when_its_block_ends_and_stays_named_when_cut(tmp_path,
         raise KeyboardInterrupt
     assert (work / "log.txt").read_text() == "step 1"
     assert f"[bench_x] stopped: the unfinished run's files are in {work}" in capsys.readouterr().err
+
+
+def test_bench_checkpoint_reads_a_save_s_cost_against_the_default_cadence(tmp_path):
+    from benchmarks import bench_checkpoint
+
+    payload = {"commit": "a" * 40, "created": "2026-12-06T00:00:00+00:00", "machine": {"cpu": "cpu"},
+               "results": {"arms": [
+                   {"arm": "none", "steps": 60, "median_step_s": 0.5, "saves": 0, "save_s_mean": None,
+                    "checkpoint_mb": 0.0},
+                   {"arm": "every step", "steps": 60, "median_step_s": 0.8, "saves": 60, "save_s_mean": 0.28,
+                    "checkpoint_mb": 6.4}]}}  # fmt: skip
+    text = bench_checkpoint.render(payload, tmp_path)
+    assert "| every step | 60 | 0.800 | 60 | 0.280 | 6.4 |" in text and "| none | 60 | 0.500 | 0 | - | 0.0 |" in text
+    # 0.3 s a save, one save per 300 s of 0.5 s steps: 0.3 x 0.5 / 300 = 0.5 ms a step, 0.10% of it
+    assert "A save costs +0.300 s" in text and "a step pays 0.50 ms on average (0.10% of a step)" in text
+    assert (tmp_path / "bench_checkpoint.md").read_text().strip() == text
