@@ -286,7 +286,7 @@ def test_the_greedy_sampler_continues_left_padded_contexts_as_each_alone(tmp_pat
 
 def test_a_search_warm_start_stops_at_its_target_and_reports_the_accuracy(tmp_path):
     from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.run.prepare import _selfplay_warm_start
+    from reinforce_pro.run.warm_start import selfplay_warm_start
     from reinforce_pro.trainer.sft_warmup import CHECK_EVERY, AccuracyStop
 
     class Task:  # demonstrations of one short sequence, and a stop condition met at its second check
@@ -301,12 +301,12 @@ def test_a_search_warm_start_stops_at_its_target_and_reports_the_accuracy(tmp_pa
             return self.stop
 
     base, task = build_tiny_model(tmp_path / "tiny", max_positions=32), Task()
-    stats = _selfplay_warm_start(task, base, tmp_path / "out", 5 * CHECK_EVERY, seed=3, target=0.3)
+    stats = selfplay_warm_start(task, base, tmp_path / "out", 5 * CHECK_EVERY, seed=3, target=0.3)
     assert task.asked == (0.3, 5)  # another seed than the demonstrations' (seed + 1)
     assert stats["sft/steps"] == 2 * CHECK_EVERY and stats["sft/stop_accuracy"] == 0.4
     assert task.stop.checks == [0.1, 0.4]
     untargeted = Task()
-    stats = _selfplay_warm_start(untargeted, base, tmp_path / "all", 5, seed=3, target=0.0)
+    stats = selfplay_warm_start(untargeted, base, tmp_path / "all", 5, seed=3, target=0.0)
     assert stats["sft/steps"] == 5 and "sft/stop_accuracy" not in stats and untargeted.stop is None  # no probe
 
 

@@ -1,5 +1,6 @@
-"""Everything a run needs before Ray starts: check the inputs, make the run directory, warm-start the embedded
-model, load the prompts, the reward source and the task or agent; the result is a RunPlan (run/config.py)."""
+"""Everything a run needs before Ray starts: check the inputs, make the run directory, load the prompts, the
+reward source and the task or agent, and (without --pretrain) have the built-in model made and warm-started
+(run/warm_start.py); the result is a RunPlan (run/config.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from reinforce_pro.models.routing import is_moe_dir
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 from reinforce_pro.run.config import Data, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
-
-WARM_START_BASES = 20  # other generated knowledge bases whose questions demonstrate an episode task's formats
+from reinforce_pro.run.warm_start import built_in_model
 
 
 def _check_model_dir(flag: str, path: str | None) -> None:
@@ -81,7 +81,7 @@ def prepare(cfg: RunConfig) -> RunPlan:
         _check_model_dir(flag, path)
     if cfg.output.save_path:
         _check_output_dir("--save_path", cfg.output.save_path)
-    if cfg.loop.checkpoints is not None:
+    if cfg.loop.checkpoints is not None and cfg.loop.checkpoints.ckpt_path is not None:  # None: the run directory's
         _check_output_dir("--ckpt_path", str(cfg.loop.checkpoints.ckpt_path))
     task = None
     if cfg.selfplay is not None:
@@ -162,7 +162,7 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
             records = load_prompt_records(
                 data.prompt_data, data.prompt_data_probs, data.prompt_split, data.max_samples, cfg.seed
             )
-        pretrain = cfg.models.pretrain or _tiny_model(cfg, run_dir, summary, task)
+        pretrain = cfg.models.pretrain or built_in_model(cfg, run_dir, summary, task)
         prompts = _seed_records(cfg, task, records) if task else _prompts(cfg, pretrain, records)
     except DataError as e:
         raise UserInputError(str(e)) from None
@@ -203,52 +203,6 @@ def _check_moe_flags(cfg: RunConfig, pretrain: str) -> None:
             "--enable_prefix_caching with a mixture-of-experts model: its engine records every token's experts "
             "(routing/*, --routing_replay), and a cached prefix is never fed again; drop the flag"
         )
-
-
-def _tiny_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> str:
-    """The built-in model; warm-started on the built-in task (or the self-play task's examples of both
-    roles) when that is what we train on."""
-    from reinforce_pro.data import EMBEDDED_TASKS
-    from reinforce_pro.models.tiny import build_tiny_model, build_tiny_moe_model
-    from reinforce_pro.trainer.sft_warmup import embedded_warm_start
-
-    layers = 2 if task else EMBEDDED_TASKS[cfg.data.builtin_task]().model_layers
-    positions = getattr(task, "tiny_model_positions", None) or 256  # task files are duck-typed
-    build = build_tiny_moe_model if cfg.models.embedded_model == "moe" else build_tiny_model
-    base = build(run_dir / "base_model", seed=cfg.seed, num_layers=layers, max_positions=positions)
-    steps, out = cfg.models.sft_warmup_steps, run_dir / "warmstart"
-    if cfg.data.prompt_data is not None or steps <= 0:
-        return str(base)
-    if task:
-        stats = _selfplay_warm_start(task, base, out, steps, cfg.seed, cfg.models.sft_warmup_target)
-        if stats is None:
-            return str(base)
-    else:
-        stats = embedded_warm_start(cfg.data.builtin_task, base, out, steps, cfg.seed,
-                                    cfg.models.sft_warmup_target, cfg.rollout.max_new_tokens)  # fmt: skip
-    summary.update(stats)
-    print(f"[warm start] {stats['sft/steps']} SFT steps: loss {stats['sft/loss_first']:.3f} -> "
-          f"{stats['sft/loss_last']:.3f}", flush=True)  # fmt: skip
-    return str(out)
-
-
-def _selfplay_warm_start(task, base: Path, out: Path, steps: int, seed: int, target: float) -> dict | None:
-    """Both roles' warm start: demonstrations with environment turns (a task whose solver answers in episodes),
-    else prompt / answer examples; None when the task has neither. With `target` > 0 and a task that can
-    measure its solver during the warm start (warm_start_stop), it stops once that accuracy reaches `target`."""
-    from transformers import AutoTokenizer
-
-    from reinforce_pro.trainer.sft_warmup import sft_on_sequences, sft_warm_start
-
-    if hasattr(task, "warm_start_sequences"):
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        sequences = task.warm_start_sequences(tokenizer, WARM_START_BASES, seed=seed + 1)
-        if sequences:
-            measured = target > 0 and hasattr(task, "warm_start_stop")
-            stop = task.warm_start_stop(target, seed + 2) if measured else None
-            return sft_on_sequences(base, out, sequences, steps=steps, seed=seed, stop=stop)
-    examples = task.warm_start_examples(2048, seed=seed + 1)
-    return sft_warm_start(base, out, examples, steps=steps, seed=seed) if examples else None
 
 
 def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:
