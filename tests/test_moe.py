@@ -121,11 +121,13 @@ RUN_ARGS = [
 ]  # fmt: skip
 
 
-def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, engine, moe_model):
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, engine, moe_model, packed):
     """Two steps with --routing_replay r3 --aux_loss_coef 0.001: the routes reach the trainer aligned with its
     tokens (on the same fp32 weights, at step 1, no token's experts differ between engine and trainer), the
-    old forward replays them, the balance loss is logged and the policy trains."""
-    argv = RUN_ARGS + ["--routing_replay", "r3", "--aux_loss_coef", "0.001"]
+    old forward replays them, the balance loss is logged and the policy trains; under --packing_samples the
+    routes go in and come back in the packed forwards' order."""
+    argv = RUN_ARGS + ["--routing_replay", "r3", "--aux_loss_coef", "0.001"] + (["--packing_samples"] if packed else [])
     _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
     plan = prepare(cfg)
     history = build_and_fit(cfg, plan, engines=[engine])
@@ -202,15 +204,11 @@ def reward_func(queries, prompts, labels):  # dense for an untrained model: the 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_an_moe_run_without_replay_measures_routing_and_trains(tmp_path, engine, moe_model, packed):
-    """--routing_replay none: the trainer routes itself and still logs the disagreement (padded forwards);
-    --packing_samples forwards carry no routes, so they route themselves and log none."""
+    """--routing_replay none: the trainer routes itself and still logs the disagreement, padded or packed."""
     reward = tmp_path / "digits.py"
     reward.write_text(DIGIT_REWARD)
     argv = RUN_ARGS + ["--max_samples", "8", "--remote_rm_url", str(reward)] + (["--packing_samples"] if packed else [])
     _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
     (step,) = build_and_fit(cfg, prepare(cfg), engines=[engine])
     assert step["policy/grad_norm"] > 0 and "policy/aux_loss" not in step
-    if packed:
-        assert not any(k.startswith("routing") for k in step)
-    else:
-        assert step["routing/flip_frac"] == 0.0 and step["routing/replayed"] == 0.0
+    assert step["routing/flip_frac"] == 0.0 and step["routing/replayed"] == 0.0

@@ -235,6 +235,57 @@ def test_a_scoring_pass_hands_each_chunk_its_rows_routes_and_maps_flips_to_respo
     assert moved[row, 3:][action[row, 3:]].all() and not moved[row, :3].any() and not moved[[0, 1, 2, 4]].any()
 
 
+def test_a_packed_scoring_pass_replays_and_measures_as_the_padded_one(moe_dir):
+    """--packing_samples: the routers see the rows' real tokens packed, filler included, not the padded grid.
+    The routes go in in the packed order and come back in the rows' grid: replayed log-probs, flips, the
+    trainer's own routes and the balance loss equal the padded pass's."""
+    from reinforce_pro.models.routing import PackedLayout, RoutingPass, replay_routes
+    from reinforce_pro.workers.base import batched_log_probs
+
+    model = load(moe_dir)
+    rows, prompt, t = 5, 6, 7
+    ids = torch.randint(5, 99, (rows, prompt + t), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    for i in range(rows):
+        mask[i, : i % 3] = 0
+        mask[i, prompt + t - (i % 4) :] = 0
+    replay = RouteReplay.install(model)
+    replay.use(None)
+    forward(model, ids, mask)
+    own = replay.own_routes().view(rows, prompt + t, 2, 2)
+    changed = own.clone()
+    changed[3, prompt + 2, 1] = torch.tensor([e for e in range(8) if e not in own[3, prompt + 2, 1].tolist()][:2])
+    action = mask[:, prompt:].bool()
+    results = {}
+    for packed in (False, True):
+        routing = RoutingPass(replay, changed)
+        lp = batched_log_probs(model, ids, mask, t, 1.0, micro=2, packed=packed, routing=routing)
+        results[packed] = (lp, routing.result())
+    (lp_pad, pad), (lp_pack, pack) = results[False], results[True]
+    torch.testing.assert_close(lp_pack[action], lp_pad[action], rtol=0, atol=1e-5)
+    assert torch.equal(pack["flips"][action].isnan(), pad["flips"][action].isnan())
+    assert torch.equal(pack["flips"][action].nan_to_num(0), pad["flips"][action].nan_to_num(0))
+    assert pack["flips"][action].nan_to_num(0).sum() == 1  # the one changed route, in its layer
+    assert torch.equal(pack["own_routes"][mask.bool()], pad["own_routes"][mask.bool()])
+    replay.keep_probs = True  # the balance loss over the real tokens only, packed or padded
+    layout = PackedLayout.of(model, mask)
+    assert layout.size > int(mask.sum())  # the bins' filler is part of the packed forward
+    losses = []
+    for packed_layout in (None, layout):
+        replay_routes(replay, changed, mask, True, packed_layout)
+        if packed_layout is None:
+            forward(model, ids, mask)
+        else:
+            from reinforce_pro.models.packing import pack, packed_forward
+
+            packed_forward(model, pack(ids, mask))
+        losses.append(replay.balance_loss())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(RoutingDataError, match="routes for"):
+        replay.use(torch.zeros(3, 2, 2, dtype=torch.int16))
+        forward(model, ids, mask)
+
+
 def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
     from reinforce_pro.trainer.experience_builder import agreement_line, routing_metrics
 
@@ -267,10 +318,16 @@ def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
             ["--routing_replay", "r3", "--agent_func_path", "a.py"],
             "--routing_replay r3 does not work with --agent_func",
         ),
-        (["--routing_replay", "R2", "--packing_samples"], "--routing_replay r2 does not work with --packing_samples"),
+        (
+            ["--routing_replay", "R2", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
+            "--routing_replay r2 does not work with --ring_attn_size",
+        ),
         (["--routing_replay", "r3", "--absolute_zero"], "--routing_replay r3 does not work with --absolute_zero"),
         (["--routing_replay", "r4"], "invalid choice: 'r4'"),
-        (["--aux_loss_coef", "0.01", "--packing_samples"], "--aux_loss_coef does not work with --packing_samples"),
+        (
+            ["--aux_loss_coef", "0.01", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
+            "--aux_loss_coef does not work with --ring_attn_size",
+        ),
         (["--aux_loss_coef", "-0.1"], "--aux_loss_coef"),
         (["--embedded_model", "moe", "--pretrain", "/x"], "--embedded_model moe picks the built-in model"),
     ],

@@ -188,6 +188,53 @@ class RouteReplay:
         return self.experts * torch.sum((slots / rows) * (prob_sum / rows))
 
 
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where the padded rows' tokens sit in the padding-free forward --packing_samples makes of them
+    (models/packing.py: pack): the routers then see the packed tokens, filler included, not the padded grid."""
+
+    index: torch.Tensor  # (b, w) long, each real token's flat position in the packed forward; -1 for padding
+    size: int  # tokens of the packed forward (its bins x their width)
+
+    @classmethod
+    def of(cls, model, attention_mask: torch.Tensor) -> PackedLayout:
+        """The layout models.packing.response_logits packs `attention_mask`'s rows into, for `model`'s kernel."""
+        from reinforce_pro.models.packing import ONE_ROW_ATTENTION, attention_kernel, pack
+
+        packed = pack(attention_mask, attention_mask, one_row=attention_kernel(model) in ONE_ROW_ATTENTION)
+        return cls(packed.index.cpu(), packed.input_ids.numel())
+
+    def pack(self, values: torch.Tensor, fill) -> torch.Tensor:
+        """(b, w, ...) per padded position -> (size, ...) per packed token; `fill` at filler and unplaced tokens."""
+        real = self.index >= 0
+        out = torch.full((self.size, *values.shape[2:]), fill, dtype=values.dtype, device=values.device)
+        out[self.index[real].to(values.device)] = values[real.to(values.device)]
+        return out
+
+    def unpack(self, values: torch.Tensor, fill) -> torch.Tensor:
+        """(size, ...) per packed token -> (b, w, ...) per padded position; `fill` at padding."""
+        real = (self.index >= 0).to(values.device)
+        out = torch.full((*self.index.shape, *values.shape[1:]), fill, dtype=values.dtype, device=values.device)
+        out[real] = values[self.index.to(values.device)[real]]
+        return out
+
+    def real(self) -> torch.Tensor:
+        """(size,) bool: the packed tokens that are real (not a bin's filler)."""
+        return self.pack(torch.ones(self.index.shape, dtype=torch.bool), False)
+
+
+def replay_routes(replay: RouteReplay, routes: torch.Tensor | None, mask: torch.Tensor, force: bool = True,
+                  layout: PackedLayout | None = None) -> None:  # fmt: skip
+    """Before a forward over rows whose (b, w) attention mask is `mask`: replay `routes` (b, w, L, K) or route
+    itself (None), in the padded grid or, under --packing_samples, in `layout`'s packed order."""
+    if layout is None:
+        given = None if routes is None else routes.reshape(-1, replay.layers, replay.top_k)
+        replay.use(given, mask.flatten().bool(), force)
+        return
+    given = None if routes is None else layout.pack(routes, -1)
+    replay.use(given, layout.real(), force)
+
+
 @dataclass
 class RoutingPass:
     """One scoring pass over a batch (its forwards cut into row chunks, padding columns trimmed) under a
@@ -201,25 +248,28 @@ class RoutingPass:
     flips: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, T, L) float, NaN: not compared
     own: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, S, L, K) int16, -1 on trimmed columns
 
-    def before(self, rows: slice, columns: slice, mask: torch.Tensor) -> None:
-        """Before the forward of `rows`, whose columns `columns` are kept; mask: their (b, w) attention mask."""
-        layers, k = self.replay.layers, self.replay.top_k
-        given = None if self.routes is None else self.routes[rows, columns].reshape(-1, layers, k)
-        self.replay.use(given, mask.flatten().bool(), self.force)
-        self._chunk = (columns, tuple(mask.shape), given)
+    def before(self, rows: slice, columns: slice, mask: torch.Tensor, layout: PackedLayout | None = None) -> None:
+        """Before the forward of `rows`, whose columns `columns` are kept; mask: their (b, w) attention mask;
+        `layout`: where a packed forward (--packing_samples) puts their tokens."""
+        given = None if self.routes is None else self.routes[rows, columns]
+        replay_routes(self.replay, given, mask, self.force, layout)
+        self._chunk = (columns, tuple(mask.shape), given, layout)
 
     def after(self, keep: int, num_actions: int, width: int) -> None:
         """After that forward: `keep` response columns were scored out of `num_actions`; `width` = S."""
-        columns, (b, w), given = self._chunk
+        columns, (b, w), given, layout = self._chunk
         layers, k = self.replay.layers, self.replay.top_k
         flips = torch.full((b, num_actions, layers), float("nan"))
-        compared = self.replay.flips()
+        compared, own_routes = self.replay.flips(), self.replay.own_routes()
+        if layout is not None:  # back from the packed order to the rows' grid
+            compared = None if compared is None else layout.unpack(compared, False)
+            own_routes = layout.unpack(own_routes, -1)
         if compared is not None:  # the positions whose outputs predict the response tokens: w-keep-1 .. w-2
-            known = (given[:, :, 0] >= 0).view(b, w, layers)[:, w - keep - 1 : w - 1]
-            found = compared.view(b, w, layers)[:, w - keep - 1 : w - 1].float().cpu()
+            known = (given[..., 0] >= 0).reshape(b, w, layers)[:, w - keep - 1 : w - 1]
+            found = compared.reshape(b, w, layers)[:, w - keep - 1 : w - 1].float().cpu()
             flips[:, :keep] = torch.where(known.cpu(), found, float("nan"))
         own = torch.full((b, width, layers, k), -1, dtype=torch.int16)
-        own[:, columns] = self.replay.own_routes().view(b, w, layers, k).cpu()
+        own[:, columns] = own_routes.reshape(b, w, layers, k).cpu()
         self.flips.append(flips)
         self.own.append(own)
 

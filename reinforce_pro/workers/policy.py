@@ -28,7 +28,7 @@ from reinforce_pro.models.lora import (
     trainable_summary,
 )
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
-from reinforce_pro.models.routing import RouteReplay, RoutingPass, moe_shape
+from reinforce_pro.models.routing import PackedLayout, RouteReplay, RoutingPass, moe_shape, replay_routes
 from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
 from reinforce_pro.procs import capture_output, use_host_threads
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
@@ -130,7 +130,7 @@ class PolicyWorker:
         self.engine.eval()
         fwd, outside = self.forward, []
         routing = None
-        if self.replay is not None and self._padded_forwards():
+        if self.replay is not None and self.ring is None:
             routing = RoutingPass(self.replay, routes, force=fwd.routing_replay == "r3")
         lp = batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
@@ -214,18 +214,11 @@ class PolicyWorker:
         under --routing_replay r3, the old forward's under r2), or let it route itself."""
         if self.replay is None:
             return
-        if not self._padded_forwards():  # packed or ring forwards: routing as trained, nothing measured
+        if self.ring is not None:  # ring forwards split the rows' tokens: routing as trained, nothing measured
             self.replay.use(None)
             return
-        routes = None
-        if exp.routes is not None:
-            routes = exp.routes.reshape(-1, self.replay.layers, self.replay.top_k)
-        self.replay.use(routes, mask.flatten().bool())
-
-    def _padded_forwards(self) -> bool:
-        """Whether this worker's forwards see the padded rows (the layout routes are given in): not under
-        --packing_samples or --ring_attn_size, whose flags refuse routing replay and the balance loss."""
-        return not self.forward.packing_samples and self.ring is None
+        layout = PackedLayout.of(self.engine, mask) if self.forward.packing_samples else None
+        replay_routes(self.replay, exp.routes, mask, True, layout)
 
     def save_checkpoint(self, path: str) -> None:
         """DeepSpeed states (weights, optimizer, scheduler) for --save_steps; every rank calls it."""
@@ -354,7 +347,7 @@ class ReferenceWorker:
         """(B, T) log-probs under the reference; an MoE reference replays `routes` (B, S, L, K) when given (the
         engine's, under --routing_replay r3), else routes itself."""
         fwd = self.forward
-        routing = RoutingPass(self.replay, routes) if self.replay is not None and not fwd.packing_samples else None
+        routing = RoutingPass(self.replay, routes) if self.replay is not None else None
         return batched_log_probs(
             self.model, sequences, attention_mask, num_actions, self.temperature, fwd.micro_batch_size,
             fwd.max_tokens, fwd.packing_samples, sampling_filter=self.sampling_filter, routing=routing,
