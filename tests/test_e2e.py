@@ -930,7 +930,8 @@ def _pid(run_dir: Path, role: str) -> int | None:
         return None
 
 
-def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, engine, tiny_model, digit_reward):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, engine, tiny_model, digit_reward, mode):
     """A probe outside the run SIGKILLs the run's own vLLM engine once step 2 is logged, then its policy rank
     once step 5 is: the run starts its actors again from the newest checkpoint each time, ends 0, logs every
     step once (none repeated or skipped), and prints no traceback; each loss is one [recover] line."""
@@ -938,7 +939,7 @@ def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, 
     cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *BASE_ARGS, "--remote_rm_url", digit_reward,
            "--advantage_estimator", "reinforce_baseline", "--max_samples", "64", "--save_steps", "2",
            "--ckpt_path", str(tmp_path / "ckpt"), "--enforce_eager", "--pretrain", tiny_model,
-           "--save_path", str(run_dir)]  # fmt: skip
+           "--save_path", str(run_dir), *ASYNC[mode]]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONWARNINGS": "ignore"}
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
