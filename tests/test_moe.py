@@ -212,3 +212,26 @@ def test_an_moe_run_without_replay_measures_routing_and_trains(tmp_path, engine,
     (step,) = build_and_fit(cfg, prepare(cfg), engines=[engine])
     assert step["policy/grad_norm"] > 0 and "policy/aux_loss" not in step
     assert step["routing/flip_frac"] == 0.0 and step["routing/replayed"] == 0.0
+
+
+def test_lora_on_an_moe_model_trains_the_attention_adapters_with_replay(tmp_path, engine, moe_model):
+    """LoRA on the MoE model under --routing_replay r3: the adapters train (only the attention projections they
+    target change in the merged model; the experts and routers stay as they were), the engine serves the merged
+    weights (fp32: engine and trainer agree after every sync, replay included) and the routes are replayed."""
+    from safetensors.torch import load_file
+
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGIT_REWARD)
+    argv = RUN_ARGS + ["--remote_rm_url", str(reward), "--routing_replay", "r3", "--lora_rank", "4", "--lora_alpha",
+                       "8", "--target_modules", "q_proj", "v_proj", "--lora_save_merged"]  # fmt: skip
+    _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
+    plan = prepare(cfg)
+    history = build_and_fit(cfg, plan, engines=[engine])
+    assert len(history) == 2 and all(h["routing/replayed"] == 1.0 for h in history)
+    assert all(h["rollout/logprob_abs_diff_max"] < 1e-4 for h in history), [h["rollout/logprob_abs_diff_max"]
+                                                                          for h in history]  # fmt: skip
+    assert json.loads((plan.run_dir / "final_model" / "adapter_config.json").read_text())["r"] == 4
+    before = load_file(Path(moe_model) / "model.safetensors")
+    after = load_file(plan.run_dir / "final_model_merged" / "model.safetensors")
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), changed
