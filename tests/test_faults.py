@@ -151,3 +151,15 @@ def test_memory_metrics_read_the_run_s_processes_on_this_node_and_the_headroom(m
     tight = memory.MemoryWatch(placement, here="10.0.0.1")
     assert tight.threshold == 0.0001 and tight.metrics()["memory/headroom_gb"] < 0
     assert tight.startup_line().startswith("[memory] node ") and "Tight" in tight.startup_line()
+
+
+def test_the_start_line_says_where_the_run_checkpoints_and_how_a_killed_run_resumes(tmp_path):
+    plan = SimpleNamespace(run_dir=tmp_path / "run")
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
+    line = resume.checkpoint_line(cfg, plan, ["--seed", "3"])
+    assert line.startswith(f"[checkpoints] every 5 min of training into {tmp_path / 'run' / 'checkpoints'}")
+    assert line.endswith(f"--seed 3 --load_checkpoint --ckpt_path {tmp_path / 'run' / 'checkpoints'} "
+                         f"--save_path {tmp_path / 'run'}")  # fmt: skip
+    steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "4", "--ckpt_path", str(tmp_path / "c")), plan)
+    assert resume.checkpoint_line(steps, plan, []).startswith(f"[checkpoints] every 4 steps into {tmp_path / 'c'}")
+    assert resume.checkpoint_line(_cfg(tmp_path, "--auto_checkpoint_minutes", "0"), plan, []) is None

@@ -74,6 +74,8 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
     use_gpu = gpus_available()
     start.check_sleep_flags(cfg, use_gpu)
     cfg = resume.run_checkpoints(start.start_config(cfg, plan, use_gpu), plan)
+    if engines is None and (line := resume.checkpoint_line(cfg, plan, sys.argv[1:])):
+        print(line, flush=True)
     (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
     if plan.log_dir is not None:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)

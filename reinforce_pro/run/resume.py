@@ -3,6 +3,7 @@ cut back to its step, and the default checkpoints' place under the run directory
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,3 +43,16 @@ def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
             truncate_jsonl(path, 0)
         return cfg
     return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
+
+
+def checkpoint_line(cfg: RunConfig, plan: RunPlan, argv: list[str]) -> str | None:
+    """The start line that says where the run checkpoints and the command that resumes it if it is killed
+    (the driver itself included); None for a run that keeps no checkpoints."""
+    ckpt = cfg.loop.checkpoints
+    if ckpt is None or (ckpt.save_steps <= 0 and ckpt.every_s <= 0):
+        return None
+    when = f"every {ckpt.save_steps} steps" if ckpt.save_steps > 0 else f"every {ckpt.every_s / 60:g} min of training"
+    again = shlex.join(["python", "-m", "reinforce_pro.cli.train_ppo_ray", *argv])
+    extra = shlex.join(["--load_checkpoint", "--ckpt_path", str(ckpt.ckpt_path), "--save_path", str(plan.run_dir)])
+    return (f"[checkpoints] {when} into {ckpt.ckpt_path} (the newest {ckpt.max_ckpt_num} kept); if the run is "
+            f"killed, this resumes it: {again} {extra}")  # fmt: skip
