@@ -40,6 +40,7 @@ from pathlib import Path
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import scratch_dir, write_result
 from studies import RESULTS_DIR
+from studies.runs import base_config, summarise_run, warm_start
 
 CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size; 0: synchronous)
     "control": ("float32", 0, 0),
@@ -51,8 +52,6 @@ CONDITIONS = {  # name -> (engine dtype, --rollout_staleness, --async_queue_size
     "async2": ("float32", 0, 2),
 }
 TRAIN_CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro"]
-SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl", "rollout/logprob_abs_diff_mean",
-          "policy/grad_norm"]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ part 1
@@ -69,29 +68,6 @@ def estimator_part(quick: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ part 2
-def warm_start(seed: int, workdir: Path) -> str:
-    """The embedded default's starting model for `seed` (the same warm start train_ppo_ray does)."""
-    from reinforce_pro.models.tiny import build_tiny_model
-    from reinforce_pro.trainer.sft_warmup import arithmetic_warm_start
-
-    out = workdir / f"warm_{seed}"
-    arithmetic_warm_start(build_tiny_model(workdir / f"base_{seed}", seed=seed), out, steps=200, seed=seed)
-    return str(out)
-
-
-def base_config(pretrain: str, seed: int, steps: int, overrides: dict | None = None):
-    """The embedded default's run config for `pretrain`: a --pretrain run gets no presets, so they are applied
-    here to the flag defaults, then `overrides` (flag dests -> values; the sections' own checks run in
-    run_config)."""
-    from reinforce_pro.cli.flags_to_config import run_config
-    from reinforce_pro.cli.presets import EMBEDDED
-    from reinforce_pro.cli.train_ppo_ray import parse_args
-
-    args = parse_args(["--pretrain", pretrain])
-    presets = {k: v for k, v in EMBEDDED.items() if k not in ("enable_vllm_is_correction", "vllm_is_correction_type")}
-    vars(args).update(presets, seed=seed, max_samples=32 * steps)  # the correction is each run's (run_config_for)
-    vars(args).update(overrides or {})
-    return run_config(args)
 
 
 def run_config_for(base, correction: str, condition: str, save: Path):
@@ -109,30 +85,6 @@ def run_config_for(base, correction: str, condition: str, save: Path):
         loop=replace(base.loop, rollout_staleness=staleness, async_train=queue > 0, async_queue_size=max(1, queue)),
         output=replace(base.output, save_path=str(save)),
     )
-
-
-def summarise_run(history: list[dict], wall: float) -> dict:
-    rewards = [h["rollout/reward_mean"] for h in history]
-    start = statistics.mean(rewards[:10])
-    moving = [statistics.mean(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
-    reached = next((i + 1 for i, m in enumerate(moving) if i >= 9 and m >= start + 0.10), None)
-    norms = [h.get("policy/grad_norm", 0.0) for h in history]
-    med = statistics.median(norms) if norms else 0.0
-    every = max(1, len(history) // 50)
-    return {
-        "final_reward": statistics.mean(rewards[-10:]),
-        "start_reward": start,
-        "auc_reward": statistics.mean(rewards),
-        "steps_to_plus_0.10": reached,
-        "grad_norm_spikes": sum(n > 3 * med for n in norms) if med > 0 else 0,
-        "wall_s": wall,
-        "series": {k: [h.get(k, float("nan")) for h in history[::every]] for k in SERIES},
-        "series_step_every": every,
-        # None where the run logs no such metric (no IS correction -> no is/*)
-        **{f"mean_{k}": statistics.mean(h[k] for h in history) if k in history[0] else None for k in SERIES[1:5]},
-        # the lag the run actually had (0 control / bf16, K stale<K>, what the producer achieved async<Q>)
-        "mean_staleness": statistics.mean(h.get("async/staleness_mean", 0.0) for h in history),
-    }
 
 
 def training_part(quick: bool, done: list[dict] | None = None, on_run=None) -> dict:

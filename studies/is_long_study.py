@@ -47,7 +47,7 @@ from pathlib import Path
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import run_provenance, scratch_dir, write_result
 from studies import RESULTS_DIR
-from studies.is_study import held_out, summarise
+from studies.runs import held_out, summarise
 from studies.study_stats import (
     collapse_kinds,
     detectable_at,
@@ -264,7 +264,7 @@ def held_out_file(workdir: Path) -> Path:
     """The held-out split as an --eval_dataset (the same 200 questions for every seed and arm)."""
     from reinforce_pro.data import running_sum
 
-    path = workdir / "eval.jsonl"  # its stem names the metrics: eval/eval/pass@1 (is_study.EVAL_KEY)
+    path = workdir / "eval.jsonl"  # its stem names the metrics: eval/eval/pass@1 (runs.EVAL_KEY)
     path.write_text("".join(json.dumps(r) + "\n" for r in running_sum.records(HELD_OUT, 1234, "held_out")))
     return path
 

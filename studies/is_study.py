@@ -31,7 +31,7 @@ import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopba
 from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir, write_result
 from studies import RESULTS_DIR
 from studies import bench_smollm2 as smollm2
-from studies.compare_is_correction import SERIES, base_config, summarise_run, warm_start
+from studies.runs import base_config, held_out, summarise, warm_start
 from studies.study_stats import (
     collapsed,
     detectable_difference,
@@ -45,7 +45,6 @@ NAME = "is_study"
 STUDY_FLAGS = {"is_position_metrics": True}  # every run logs is_pos/* (where in the responses the drift is)
 CORRECTIONS = ["none", "tis", "icepop", "seq-mask-tis", "reinforce_pro", "reinforce_pro-tis"]
 SMOLLM2_MODEL, SMOLLM2_DATA = PACKAGED_MODELS / "smollm2-135m-instruct", PACKAGED_MODELS / "tasks" / "chain_sum_2x1_v2"
-STUDY_SERIES = [*SERIES, "async/staleness_mean", "async/partial_mixed_rows", "rollout/logprob_abs_diff_p99"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,6 @@ TASKS = {
     "smollm2": "SmolLM2-135M-Instruct (packaged) on reasoning-gym chain_sum, bench_smollm2's run (4 prompts x 4 "
     "samples, <= 16 tokens, bf16 engine); ranked by held-out greedy exact match (50 prompts)",
 }
-EVAL_KEY = "eval/eval/pass@1"  # the held-out greedy exact match the SmolLM2 runs log (--eval_dataset)
 
 
 REGIMES = {
@@ -133,34 +131,6 @@ def with_correction(cfg, correction: str, save: Path):
     return replace(cfg, loss=replace(cfg.loss, surrogate=surrogate), output=replace(cfg.output, save_path=str(save)))
 
 
-def summarise(history: list[dict], wall: float, evals: list[tuple[int, float]] = ()) -> dict:
-    """compare_is_correction's per-run summary plus what this study reads: every step's reward and gradient
-    norm (collapse is judged from them at analysis time), mismatch, masked fraction, mixed rows, and the
-    held-out evaluations (step, exact match) where the task has them."""
-    out = summarise_run(history, wall)
-    if evals:
-        out.update(evals=[list(e) for e in evals], start_eval=evals[0][1], final_eval=evals[-1][1])
-
-    def mean_of(key):
-        values = [h[key] for h in history if key in h]
-        return statistics.fmean(values) if values else None
-
-    out.update(
-        rewards=[h["rollout/reward_mean"] for h in history],  # every step: collapse is judged from these
-        step_s=[h["time/step"] for h in history],  # every step: reward against wall-clock time
-        mean_lag=mean_of("async/max_lag"),  # the lead --async_lag_target allowed (adaptive runs only)
-        grad_norms=[h.get("policy/grad_norm") for h in history],
-        mean_abs_log_ratio=mean_of("rollout/logprob_abs_diff_mean"),
-        p99_abs_log_ratio=mean_of("rollout/logprob_abs_diff_p99"),
-        masked_frac=mean_of("is/token_masked_frac"),
-        mixed_rows=mean_of("async/partial_mixed_rows"),
-        versions_per_row=mean_of("async/partial_versions_per_row"),
-        series={k: [h.get(k, float("nan")) for h in history[:: out["series_step_every"]]] for k in STUDY_SERIES},
-        positions={k: mean_of(k) for k in sorted({k for h in history for k in h if k.startswith("is_pos/")})},
-    )
-    return out
-
-
 def start_model(task: str, seed: int, workdir: Path) -> str:
     """The model every run of `task` at `seed` starts from: the embedded default's warm start for the seed,
     or the prepared SmolLM2 (the same for every seed; seeds differ in prompt order and sampling)."""
@@ -188,12 +158,6 @@ def regime_config(regime: str, model: str, seed: int, steps: int):
     run of a seed)."""
     cfg = task_config(REGIMES[regime].task, model, seed, steps, {**REGIMES[regime].flags, **STUDY_FLAGS})
     return replace(cfg, engines=replace(cfg.engines, config=replace(cfg.engines.config, model_path=model)))
-
-
-def held_out(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out exact match) of every evaluation the run logged, the one before training included."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r[EVAL_KEY]) for r in rows if EVAL_KEY in r]
 
 
 def engine_kind(cfg) -> tuple[str, str, str | None]:
