@@ -40,7 +40,7 @@ def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
     later rows cut from the jsonl files), or with no checkpoint yet from the first step (every row cut)."""
     if saved is None:
         for path in plan.run_dir.glob("*.jsonl"):
-            truncate_jsonl(path, 0)
+            truncate_jsonl(path, -1)  # the evaluation before training (step 0) is logged again too
         return cfg
     return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
 
