@@ -67,9 +67,19 @@ def render(payload: dict, out_dir: Path) -> str:
         save = f"{r['save_s_mean']:.3f}" if r["save_s_mean"] is not None else "-"
         lines.append(f"| {r['arm']} | {r['steps']} | {r['median_step_s']:.3f} | {r['saves']} | {save} | "
                      f"{r['checkpoint_mb']:.1f} |")  # fmt: skip
-    lines += ["", f"A save costs {cost:+.3f} s of step time (median with a save every step minus without). At the "
-              f"default cadence (one save per {DEFAULT_INTERVAL_S:.0f} s of training) a step pays "
-              f"{per_step * 1000:.2f} ms on average ({per_step / none['median_step_s']:.2%} of a step).", "",
+    reading = (
+        f"A save costs {cost:+.3f} s of step time (median with a save every step minus without). At the "
+        f"default cadence (one save per {DEFAULT_INTERVAL_S:.0f} s of training) a step pays "
+        f"{per_step * 1000:.2f} ms on average ({per_step / none['median_step_s']:.2%} of a step)."
+    )
+    if cost <= 0:
+        reading = (
+            f"A save costs less than these runs resolve: the median step with a save every step is "
+            f"{cost:+.3f} s from the one without; each save took {every['save_s_mean'] or 0:.2f} s as "
+            f"reported, so at the default cadence (one save per {DEFAULT_INTERVAL_S:.0f} s of training) "
+            "nothing measurable."
+        )
+    lines += ["", reading, "",
               f"_{payload['machine'].get('cpu', '?')}, commit {payload['commit'][:9]}, {payload['created']}; "
               f"first {SKIP} steps of each run left out._"]  # fmt: skip
     text = "\n".join(lines)

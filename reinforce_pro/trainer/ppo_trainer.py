@@ -338,7 +338,7 @@ class PPOTrainer:
         final = save_checkpoint(ckpt.ckpt_path, step, self.trainer_state(), self._write_model_states)
         deleted = rotate(ckpt.ckpt_path, ckpt.max_ckpt_num, ckpt.max_ckpt_mem)
         note = f"; removed {', '.join(d.name for d in deleted)}" if deleted else ""
-        tqdm.write(f"[checkpoint] {final} ({time.perf_counter() - start:.1f} s{note})")
+        tqdm.write(f"[checkpoint] {final} ({time.perf_counter() - start:.2f} s{note})")
 
     def _write_model_states(self, tmp: Path) -> None:
         ckpt, refs = self.cfg.checkpoints, []
