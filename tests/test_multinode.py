@@ -95,7 +95,7 @@ def close(key: str, a: float, b: float) -> bool:
 
 
 def deterministic(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "async/"))}
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "async/", "memory/"))}
 
 
 def test_two_node_policy_trains_like_one_node_and_resumes(tmp_path, cluster, inputs):

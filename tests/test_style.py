@@ -50,11 +50,13 @@ def _called(func: ast.FunctionDef) -> set[str]:
 
 
 def test_main_reaches_fit_through_one_driver():
-    """cli main -> driver.train -> driver.build_and_fit -> PPOTrainer(...).fit: three files, each step a call in
-    the one before, so a newcomer reads the run top to bottom."""
+    """cli main -> driver.train -> driver.build_and_fit -> driver.fit_once -> PPOTrainer(...).fit: three files,
+    each step a call in the one before, so a newcomer reads the run top to bottom (fit_once is one attempt, which
+    build_and_fit repeats after a lost actor)."""
     assert "train" in _called(_function("cli/train_ppo_ray.py", "main"))
     assert {"prepare", "build_and_fit"} <= _called(_function("run/driver.py", "train"))
-    assert {"PPOTrainer", "fit"} <= _called(_function("run/driver.py", "build_and_fit"))
+    assert "fit_once" in _called(_function("run/driver.py", "build_and_fit"))
+    assert {"PPOTrainer", "fit"} <= _called(_function("run/driver.py", "fit_once"))
 
 
 def _untyped_plans(tree: ast.Module) -> list[str]:

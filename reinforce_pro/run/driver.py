@@ -126,8 +126,8 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
             sources.eval_set(cfg, plan, tokenizer, source),
             engines_hold_start_weights=groups.owned_engines and start.engines_load_policy_weights(cfg),
+            extra_metrics=memory.metrics,
         )  # fmt: skip
-        trainer.extra_metrics = memory.metrics
         if resume_from is not None:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)

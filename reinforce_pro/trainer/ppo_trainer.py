@@ -116,10 +116,12 @@ class PPOTrainer:
     def __init__(
         self, source: RolloutSource, builder: ExperienceBuilder, policy, critic, engines, prompts,
         logger: MetricsLogger, cfg: LoopConfig, eval_set: EvalSet | None = None, engines_hold_start_weights=False,
+        extra_metrics=dict,
     ):  # fmt: skip
         """source: a RolloutSource (rollout/sampler.py: PromptSource, SelfPlaySource, AgentSource).
         engines_hold_start_weights: the engines were started by this run from the policy's own starting weights,
-        so the weight sync before the first step has nothing to send (a few seconds of a real model's start)."""
+        so the weight sync before the first step has nothing to send (a few seconds of a real model's start).
+        extra_metrics: called every step, its metrics added to the step's (the driver's memory/*)."""
         self.source, self.builder = source, builder
         self.policy, self.critic, self.engines = policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
@@ -138,7 +140,7 @@ class PPOTrainer:
         self.trained_source = self.source_state()  # the resume point: after the last trained batch
         self.engines_hold_start_weights = engines_hold_start_weights
         self.last_saved = time.monotonic()  # --auto_checkpoint_minutes counts from here
-        self.extra_metrics = dict  # what the driver adds to every step's metrics (run/memory.py: memory/*)
+        self.extra_metrics = extra_metrics  # what the driver adds to every step's metrics (run/memory.py: memory/*)
         if cfg.partial_rollout_chunk is not None:
             settled = 1 if self.synchronous_partial else None  # synchronously only the first chunk differs
             self.source.use_partial(PartialRollout(cfg.partial_rollout_chunk, self.chunk_weights, settled))
