@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -157,11 +156,7 @@ def lost_run_note(cfg: RunConfig, plan: RunPlan, saved: Path | None, failures: i
         f"{failures} actors lost, past --max_failures {cfg.loop.max_failures}")  # fmt: skip
     if saved is None:
         return f" ({why}); no checkpoint was saved (--save_steps N or --auto_checkpoint_minutes keeps one)"
-    again = shlex.join(["python", "-m", "reinforce_pro.cli.train_ppo_ray", *sys.argv[1:]])
-    extra = (
-        f"--load_checkpoint --ckpt_path {shlex.quote(str(saved.parent))} --save_path {shlex.quote(str(plan.run_dir))}"
-    )
-    return f" ({why}); saved: {saved}; resume with: {again} {extra}"
+    return f" ({why}); saved: {saved}; resume with: {resume.resume_command(sys.argv[1:], saved.parent, plan.run_dir)}"
 
 
 def logged_history(run_dir: Path) -> list[dict]:

@@ -52,7 +52,11 @@ def checkpoint_line(cfg: RunConfig, plan: RunPlan, argv: list[str]) -> str | Non
     if ckpt is None or (ckpt.save_steps <= 0 and ckpt.every_s <= 0):
         return None
     when = f"every {ckpt.save_steps} steps" if ckpt.save_steps > 0 else f"every {ckpt.every_s / 60:g} min of training"
-    again = shlex.join(["python", "-m", "reinforce_pro.cli.train_ppo_ray", *argv])
-    extra = shlex.join(["--load_checkpoint", "--ckpt_path", str(ckpt.ckpt_path), "--save_path", str(plan.run_dir)])
     return (f"[checkpoints] {when} into {ckpt.ckpt_path} (the newest {ckpt.max_ckpt_num} kept); if the run is "
-            f"killed, this resumes it: {again} {extra}")  # fmt: skip
+            f"killed, this resumes it: {resume_command(argv, ckpt.ckpt_path, plan.run_dir)}")  # fmt: skip
+
+
+def resume_command(argv: list[str], ckpt_dir: Path, run_dir: Path) -> str:
+    """The command line `argv` ran, with what resumes it from the checkpoints in `ckpt_dir` into `run_dir`."""
+    again = ["python", "-m", "reinforce_pro.cli.train_ppo_ray", *argv]
+    return shlex.join([*again, "--load_checkpoint", "--ckpt_path", str(ckpt_dir), "--save_path", str(run_dir)])
