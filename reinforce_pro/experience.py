@@ -102,6 +102,34 @@ def pad_rows(
     return sequences, attention, action_mask, rollout_lp
 
 
+def extend_routes(kept: torch.Tensor | None, fed: torch.Tensor | None) -> torch.Tensor | None:
+    """A row's routes after one more engine call on it (a partial rollout's next chunk, an agent's next turn):
+    the positions earlier calls fed keep the routes they were sampled under (a later call re-feeds them as its
+    prompt, possibly under newer weights, only to rebuild the KV cache); the call adds the positions it fed
+    first. None when the engine captures none."""
+    if fed is None:
+        return None
+    if kept is None:
+        return fed
+    return torch.cat([kept, fed[len(kept) :]])
+
+
+def layout_routes(prompt_lens: list[int], routes: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
+    """(B, S, L, K) int16 routes aligned with the padded sequences (each row's (positions, L, K) routes start
+    where its prompt does, prompts left-padded to the longest, S = `width`), -1 on padding and on positions no
+    engine call fed (a response's last token, every position of a row that has None: an agent episode that
+    never called the engine); None when no row has any (the engine captures none)."""
+    given = [r for r in routes if r is not None]
+    if not given:
+        return None
+    out = torch.full((len(routes), width, *given[0].shape[1:]), -1, dtype=torch.int16)
+    p_len = max(prompt_lens)
+    for row, (n, r) in enumerate(zip(prompt_lens, routes, strict=True)):
+        if r is not None:
+            out[row, p_len - n : p_len - n + len(r)] = r
+    return out
+
+
 def concat_samples(parts: list[Samples]) -> Samples:
     """One Samples from several (dynamic filtering keeps groups from several rounds): prompts re-padded on
     the left to the longest prompt, responses (and per-token fields) on the right to the longest response;

@@ -121,6 +121,59 @@ def test_calculator_episode_token_layout(tokenizer):
     assert per_turn.turn_rewards[0, 8].item() == 0.0 and per_turn.turn_rewards[0, 24].item() == pytest.approx(0.8)
 
 
+class RoutingEngine(ScriptedEngine):
+    """A scripted MoE engine: every call's routes cover what it fed (its prompt and its reply but the last
+    token), each position's one expert set to the call's number, so a row shows which call each route came from."""
+
+    def __call__(self, prompt_ids: list[list[int]], sampling: dict) -> list[Generation]:
+        out = super().__call__(prompt_ids, sampling)
+        for ids, g in zip(prompt_ids, out, strict=True):
+            g.routes = torch.full((len(ids) + len(g.token_ids) - 1, 1, 1), len(self.calls), dtype=torch.int16)
+        return out
+
+
+def test_an_episodes_routes_are_those_of_the_call_that_fed_each_position_first(tokenizer):
+    """MoE engines: a turn's call re-feeds the whole episode so far as its prompt; each position keeps the routes
+    of the first call that fed it (the tokens a turn sampled, those they were sampled under), the environment's
+    tokens and a turn's last sampled token get the next call's, and the padded layout puts every route under its
+    token, -1 on padding and on the never-fed last token."""
+    agent = load_agent_class(EXAMPLES / "agent_calculator.py")
+    engine = RoutingEngine(tokenizer, {"3+4=": ["calc(3+4)", "7"], "5+5=": ["9"]})
+    cfg = AgentConfig(max_turns=3, max_len=64, prompt_max_len=32, reward_mode="sum")
+    runner = AgentRunner(agent, tokenizer, engine, {"temperature": 1.0, "max_tokens": 12}, cfg)
+    first, second = runner.run_episodes([{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}], n=1)
+    p, call, feedback = len(first.prompt_ids), 9, 15  # calc(3+4) and " -> 7; answer: " in tokens
+    assert first.routes.flatten().tolist() == [1] * (p + call - 1) + [2] * (1 + feedback)
+    assert second.routes.flatten().tolist() == [1] * len(second.prompt_ids)  # its one turn: 1 token, never fed
+    samples = episodes_to_samples([first, second], tokenizer.pad_token_id, ["", ""], "sum")
+    assert samples.routes.shape == (*samples.sequences.shape, 1, 1)
+    real = samples.attention_mask.bool()
+    assert samples.routes[0][real[0]].flatten().tolist() == first.routes.flatten().tolist() + [-1]
+    assert samples.routes[1][real[1]].flatten().tolist() == second.routes.flatten().tolist() + [-1]
+    assert (samples.routes[~real] == -1).all()
+    plain = ScriptedEngine(tokenizer, {"3+4=": ["7"]})  # an engine that captures no routes: none travel
+    rows = AgentRunner(agent, tokenizer, plain, {"max_tokens": 12}, cfg).run_episodes(
+        [{"prompt": "3+4=", "label": "7"}], 1
+    )
+    assert rows[0].routes is None and episodes_to_samples(rows, 0, [""], "sum").routes is None
+
+
+def test_a_segments_routes_follow_its_calls():
+    """The SDK endpoint's calls (agents/trajectory.py): a segment's row keeps each position's routes from the
+    first call of the segment that fed it, as the episode runner does."""
+    from reinforce_pro.agents.trajectory import Call, segment_episode
+
+    def call(prompt, completion, number):
+        routes = torch.full((len(prompt) + len(completion) - 1, 1, 1), number, dtype=torch.int16)
+        return Call(prompt, completion, [-0.5] * len(completion), "stop", routes=routes)
+
+    first = call([1, 2, 3], [10, 11], 1)
+    second = call([1, 2, 3, 10, 11, 20, 21], [12], 2)  # the tool's reply (20, 21) between the two
+    e = segment_episode([first, second], 0, 0, "q", None, "q")
+    assert e.tokens == [10, 11, 20, 21, 12] and e.action == [True, True, False, False, True]
+    assert e.routes.flatten().tolist() == [1, 1, 1, 1, 2, 2, 2]
+
+
 def test_partial_rollout_agent_tokens_keep_the_version_and_log_prob_that_sampled_them(tokenizer):
     """--partial_rollout with --agent_func_path (OpenRLHF's async agent script): every model turn is sampled in
     chunks and a weight sync may land before any chunk, so one episode holds tokens of several versions; each

@@ -1,5 +1,6 @@
 """Mixture-of-experts end to end on CPU: the engine records every token's experts (rollout/route_capture.py), the
-routes travel with the samples (partial rollouts included), and a run replays them (models/routing.py).
+routes travel with the samples (partial rollouts, agent episodes and self-play roles included), and a run replays
+them (models/routing.py).
 
 One Ray cluster and one fp32 vLLM engine of a tiny Qwen3-MoE are shared by the tests here. The reference for the
 engine's routes is transformers' own router in an fp32 forward of the same token ids: on equal fp32 weights the
@@ -100,15 +101,50 @@ def test_partial_rollouts_keep_the_routes_each_chunk_fed_first(engine, moe_model
     for g, seq, ref in zip(generations, fed, reference_routes(moe_model, fed), strict=True):
         assert g.routes.shape == (len(seq), 2, 2) and (g.routes >= 0).all()
         assert same_sets(g.routes, ref)
-    from reinforce_pro.rollout.sampler import routes_layout
+    from reinforce_pro.experience import layout_routes
 
     width = max(map(len, batch)) + max(len(g.token_ids) for g in generations)
-    layout = routes_layout(batch, generations, width)
+    layout = layout_routes(list(map(len, batch)), [g.routes for g in generations], width)
     row = 5
     start = max(map(len, batch)) - len(batch[row])
     assert (layout[row, :start] == -1).all()
     assert torch.equal(layout[row, start : start + len(fed[row])], generations[row].routes)
     assert (layout[row, start + len(fed[row]) :] == -1).all()
+
+
+class ThreeTurns:
+    """An agent on token ids: three model turns, the environment answering the first two with three tokens."""
+
+    async def reset(self, states):
+        return {"observation_tokens": states["label"]}
+
+    async def step(self, states):
+        last = states["turn"] == 2
+        return {"rewards": 0.0, "done": last, "environment_feedback_tokens": [] if last else [7, 8, 9]}
+
+
+def test_an_agent_episodes_routes_are_an_fp32_forward_of_the_whole_episode(engine, moe_model):
+    """Multi-turn episodes on the engine (each turn re-feeds the episode so far): every position but the last has
+    the routes of the call that fed it first, and on unchanged fp32 weights they are transformers' routes of the
+    whole episode in one forward, through the environment's tokens and across turns."""
+    from transformers import AutoTokenizer
+
+    from reinforce_pro.agents.episode import episodes_to_samples
+    from reinforce_pro.agents.runner import AgentConfig, AgentRunner
+
+    tokenizer = AutoTokenizer.from_pretrained(moe_model)
+    sampler = Sampler([engine], tokenizer, RolloutConfig(max_new_tokens=5, temperature=1.0))
+    cfg = AgentConfig(max_turns=3, max_len=90, prompt_max_len=32)
+    runner = AgentRunner(ThreeTurns, tokenizer, sampler.sample, {"temperature": 1.0, "max_tokens": 5}, cfg)
+    episodes = runner.run_episodes([{"prompt": f"p{i}", "label": ids} for i, ids in enumerate(prompts(6))], n=2)
+    fed = [e.context()[:-1] for e in episodes]
+    for e, seq, ref in zip(episodes, fed, reference_routes(moe_model, fed), strict=True):
+        assert len(e.turn_ends) == 3 and e.routes.shape == (len(seq), 2, 2) and (e.routes >= 0).all()
+        assert same_sets(e.routes, ref)
+    samples = episodes_to_samples(episodes, 0, [""] * len(episodes), "sum")
+    real = samples.attention_mask.bool()
+    for row, e in enumerate(episodes):
+        assert torch.equal(samples.routes[row][real[row]][:-1], e.routes)
 
 
 RUN_ARGS = [
@@ -136,6 +172,7 @@ def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, 
     assert {"routing/flip_frac/layer0", "routing/flip_frac/layer1", "routing/row_flip_frac"} <= set(first)
     assert any(k.startswith("routing_pos/flip_frac/") for k in first)
     assert first["rollout/logprob_abs_diff_max"] < 1e-4  # replayed fp32 forward: the engine's numbers
+    assert first["routing/logprob_abs_diff_unreplayed_mean"] < 1e-4  # no flips: replay had nothing to close
     for step in history:
         assert 1.0 < step["policy/aux_loss"] < 8.0  # 2 (the top-k) when balanced, 8 (the experts) at worst
         assert step["policy/grad_norm"] > 0
@@ -212,6 +249,27 @@ def test_an_moe_run_without_replay_measures_routing_and_trains(tmp_path, engine,
     (step,) = build_and_fit(cfg, prepare(cfg), engines=[engine])
     assert step["policy/grad_norm"] > 0 and "policy/aux_loss" not in step
     assert step["routing/flip_frac"] == 0.0 and step["routing/replayed"] == 0.0
+    assert "routing/logprob_abs_diff_unreplayed_mean" not in step  # measured only beside a replayed forward
+
+
+@pytest.mark.parametrize("rows", ["agent", "absolute_zero"])
+def test_agent_and_self_play_runs_replay_the_engines_routes(tmp_path, engine, moe_model, rows):
+    """--routing_replay r3 with agent episodes (the calculator agent, AgentInstance shape) and with self-play
+    (the built-in arithmetic task, both roles): the routes reach the trainer aligned with its tokens (fp32, step
+    1: no token's experts differ between engine and trainer, and replay leaves the engine's log-probs) and every
+    step trains on them."""
+    calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator.py"
+    extra = {
+        "agent": ["--agent_func_path", str(calculator), "--agent_max_turns", "2", "--label_key", "label"],
+        "absolute_zero": ["--absolute_zero", "--max_samples", "8", "--rollout_batch_size", "4",
+                          "--n_questions_per_prompt", "2"],
+    }[rows]  # fmt: skip
+    argv = RUN_ARGS + ["--routing_replay", "r3"] + extra
+    _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
+    history = build_and_fit(cfg, prepare(cfg), engines=[engine])
+    assert history and all(h["routing/replayed"] == 1.0 and "policy/grad_norm" in h for h in history)
+    assert history[0]["routing/flip_frac"] == 0.0
+    assert history[0]["rollout/logprob_abs_diff_max"] < 1e-4, history[0]["rollout/logprob_abs_diff_max"]
 
 
 def test_lora_on_an_moe_model_trains_the_attention_adapters_with_replay(tmp_path, engine, moe_model):

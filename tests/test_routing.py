@@ -315,14 +315,9 @@ def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
     "argv, message",
     [
         (
-            ["--routing_replay", "r3", "--agent_func_path", "a.py"],
-            "--routing_replay r3 does not work with --agent_func",
-        ),
-        (
             ["--routing_replay", "R2", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
             "--routing_replay r2 does not work with --ring_attn_size",
         ),
-        (["--routing_replay", "r3", "--absolute_zero"], "--routing_replay r3 does not work with --absolute_zero"),
         (["--routing_replay", "r4"], "invalid choice: 'r4'"),
         (
             ["--aux_loss_coef", "0.01", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
@@ -384,7 +379,7 @@ def test_the_expert_kernels_compute_what_eager_does_and_replay_reaches_them(moe_
 
 
 def test_a_partial_rollouts_routes_keep_what_each_chunk_fed_first():
-    from reinforce_pro.rollout.sampler import extend_routes
+    from reinforce_pro.experience import extend_routes
 
     first = torch.full((6, 2, 2), 1, dtype=torch.int16)  # chunk 1 fed the prompt (4) and 2 of its 3 sampled tokens
     second = torch.full((9, 2, 2), 2, dtype=torch.int16)  # chunk 2 re-fed those 7 tokens and 2 of its own

@@ -426,6 +426,28 @@ def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
     assert [s.reward for s in batch.samples] == [-0.5, -0.5]
 
 
+def test_proposer_completions_and_solver_episodes_carry_their_engine_routes():
+    """MoE engines: a completion's routes (what its call fed) and an agent episode's (agents/episode.py) go into
+    the padded rows under their tokens, -1 on padding; with no routes captured none travel."""
+    torch = pytest.importorskip("torch")
+    from reinforce_pro.agents.episode import Episode
+    from reinforce_pro.rollout.vllm_engine import Generation
+
+    source, _ = _scripted_source(["1+1"])
+    completion = Generation([7, 8, 9], [-0.1] * 3, "stop", torch.full((4, 2, 1), 3, dtype=torch.int16))
+    episode = Episode(1, 1, "q", None, [4, 5, 6])
+    episode.add_model([10, 11], [-0.2, -0.3], "", routes=torch.full((4, 2, 1), 5, dtype=torch.int16))
+    episode.add_environment([12], "")
+    rows = [Rollout("p", "", ([1, 2], completion)), Rollout("q", "", episode)]
+    samples = source.to_samples(rows, torch.tensor([0, 1]))
+    real = samples.attention_mask.bool()
+    assert samples.routes.shape == (2, samples.sequences.size(1), 2, 1) and (samples.routes[~real] == -1).all()
+    assert samples.routes[0][real[0]][:, 0, 0].tolist() == [3, 3, 3, 3, -1]  # prompt 2 + 3 sampled, last never fed
+    assert samples.routes[1][real[1]][:, 0, 0].tolist() == [5, 5, 5, 5, -1, -1]  # the tool's token: fed by no call
+    plain = Generation([7], [-0.1], "stop")
+    assert source.to_samples([Rollout("p", "", ([1, 2], plain))], torch.tensor([0])).routes is None
+
+
 def test_every_rollout_source_keeps_the_trainers_contract():
     """The trainer sees a source only through RolloutSource (rollout/sampler.py)."""
     pytest.importorskip("ray")

@@ -1,6 +1,11 @@
 """One episode as one token sequence: the prompt, then the model's and the environment's tokens in the
 order they happened. Model tokens carry action_mask 1 and their rollout log-probs; environment tokens
 carry action_mask 0 and log-prob 0, so the loss, the KL and the IS correction never see them.
+
+On a mixture-of-experts engine every model turn also brings the experts each MoE layer picked for every
+position that turn's call fed (rollout/route_capture.py); an episode keeps, per position, the routes of the
+first call that fed it (experience.extend_routes): a turn's sampled tokens keep the routes they were sampled
+under, and the environment's tokens get theirs from the next turn's call, which feeds them first.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reinforce_pro.experience import Samples, pad_rows
+from reinforce_pro.experience import Samples, extend_routes, layout_routes, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput
 
 REWARD_MODES = ("sum", "last", "per_turn")
@@ -36,11 +41,19 @@ class Episode:
     extra_logs: dict[str, list[float]] = field(default_factory=dict)
     step_meta: dict = field(default_factory=dict)  # sidecar exported with the experience (docs/agents.md)
     step_rewards_ext: dict = field(default_factory=dict)  # per-step rewards that do not enter the loss
+    # (positions, L, K) int16 on an MoE engine: the routes of every context position a call fed, from the first
+    # call that fed it; None: the engine captures none
+    routes: torch.Tensor | None = None
 
     def context(self) -> list[int]:
         return self.prompt_ids + self.tokens
 
-    def add_model(self, ids: list[int], log_probs: list[float], text: str, versions: list[int] | None = None) -> None:
+    def add_model(
+        self, ids: list[int], log_probs: list[float], text: str, versions: list[int] | None = None, routes=None
+    ) -> None:
+        """One model turn sampled from `context()`; `routes`: what that call fed's routes ((positions, L, K),
+        prompt first), None when the engine captures none."""
+        self.routes = extend_routes(self.routes, routes)
         self.tokens += ids
         self.action += [True] * len(ids)
         self.log_probs += list(log_probs)
@@ -84,6 +97,9 @@ def episodes_to_samples(episodes: list[Episode], pad_id: int, responses: list[st
     samples.turn_rewards = turn_rewards
     samples.step_meta = [e.step_meta for e in episodes]
     samples.step_rewards_ext = [e.step_rewards_ext for e in episodes]
+    samples.routes = layout_routes(
+        [len(e.prompt_ids) for e in episodes], [e.routes for e in episodes], sequences.size(1)
+    )
     return samples
 
 

@@ -278,7 +278,7 @@ class Endpoint:
             if stop in shown:
                 shown = shown[: shown.index(stop) + (len(stop) if stop == kept_stop else 0)]
         call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
-                    generation.finish_reason, shown, versions)  # fmt: skip
+                    generation.finish_reason, shown, versions, generation.routes)  # fmt: skip
         if not session.open:  # the episode ended while this request waited: nothing is recorded
             raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
         if gone is not None and await gone():

@@ -99,7 +99,7 @@ class AgentRunner:
                 e = episodes[k]
                 text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
                 start = len(e.tokens)
-                e.add_model(list(g.token_ids), list(g.log_probs), text, v)
+                e.add_model(list(g.token_ids), list(g.log_probs), text, v, g.routes)
                 e.step_meta.setdefault("turn_spans", []).append([start, len(e.tokens), "model"])
                 texts[k] = text
         return texts

@@ -12,6 +12,7 @@ from. Each segment is one trained row; the rows of an episode share its reward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from reinforce_pro.agents.episode import Episode
 
@@ -26,6 +27,7 @@ class Call:
     finish_reason: str  # "stop" or "length"
     text: str = ""  # the completion decoded (for the episode's text)
     versions: list[int] | None = None  # --partial_rollout: the weight version that sampled each completion id
+    routes: Any = None  # MoE engines: (prompt + completion - 1, L, K) int16 experts of the positions it fed
 
     @property
     def full(self) -> list[int]:
@@ -79,7 +81,7 @@ def segment_episode(segment: list[Call], index: int, group: int, prompt: str, la
             e.add_environment(list(between), "")
             spans.append([start, len(e.tokens), "environment"])
         start = len(e.tokens)
-        e.add_model(list(call.completion_ids), list(call.log_probs), call.text, call.versions)
+        e.add_model(list(call.completion_ids), list(call.log_probs), call.text, call.versions, call.routes)
         spans.append([start, len(e.tokens), "model"])
         previous = call.full
     e.truncated = segment[-1].finish_reason == "length"

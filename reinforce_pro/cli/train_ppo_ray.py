@@ -93,18 +93,15 @@ def invalid_combination(args) -> str | None:
 
 def invalid_routing(args) -> str | None:
     """Routing replay or the balance loss where the routes do not reach yet, or None. The engine's routes travel
-    with plain prompt rollouts (partial ones included) through padded and packed forwards; agent rows, self-play
-    rows and ring forwards (which split a row's tokens over ranks) do not carry them."""
+    with every row (plain and partial rollouts, agent episodes, self-play roles) through padded and packed
+    forwards; ring forwards split a row's tokens over ranks and do not carry them."""
     mode = replay_mode(args.routing_replay)
-    forwards = {"--ring_attn_size": args.ring_attn_size > 1}
-    rows = {"--agent_func_path": args.agent_func_path, "--absolute_zero": args.absolute_zero}
-    if mode != "none":
-        given = [name for name, on in {**rows, **forwards}.items() if on]
-        if given:
-            return f"--routing_replay {mode} does not work with {given[0]} yet: its rows or forwards carry no routes"
-    given = [name for name, on in forwards.items() if on]
-    if args.aux_loss_coef > 0 and given:
-        return f"--aux_loss_coef does not work with {given[0]} yet: its forwards split each row's tokens over ranks"
+    if args.ring_attn_size > 1 and mode != "none":
+        return f"--routing_replay {mode} does not work with --ring_attn_size yet: its forwards carry no routes"
+    if args.ring_attn_size > 1 and args.aux_loss_coef > 0:
+        return (
+            "--aux_loss_coef does not work with --ring_attn_size yet: its forwards split each row's tokens over ranks"
+        )
     return None
 
 

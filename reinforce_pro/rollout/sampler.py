@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import ray
 import torch
 
-from reinforce_pro.experience import Samples, pad_rows
+from reinforce_pro.experience import Samples, extend_routes, layout_routes, pad_rows
 from reinforce_pro.rollout.vllm_engine import Generation
 
 
@@ -68,31 +68,6 @@ def token_versions(versions: list[list[int]], width: int) -> torch.Tensor:
     """[rows, width] weight versions of each response token (partial rollouts), right-padded with 0 like
     the action columns they align with."""
     return torch.tensor([v + [0] * (width - len(v)) for v in versions], dtype=torch.long)
-
-
-def extend_routes(kept: torch.Tensor | None, chunk: torch.Tensor | None) -> torch.Tensor | None:
-    """A partial rollout's routes after one more chunk: the positions earlier chunks fed keep the routes they
-    were sampled under (a later chunk re-feeds them as its prompt, under newer weights, only to rebuild the KV
-    cache), the chunk adds the positions it fed first. None when the engine captures none."""
-    if chunk is None:
-        return None
-    if kept is None:
-        return chunk
-    return torch.cat([kept, chunk[len(kept) :]])
-
-
-def routes_layout(prompt_ids: list[list[int]], generations: list[Generation], width: int) -> torch.Tensor | None:
-    """(B, S, L, K) int16 routes aligned with the padded sequences (prompt left-padded to the longest, S =
-    `width`), -1 on padding and on each response's last token (never fed); None unless every row has some."""
-    if not generations or any(g.routes is None for g in generations):
-        return None
-    shape = generations[0].routes.shape[1:]
-    out = torch.full((len(generations), width, *shape), -1, dtype=torch.int16)
-    p_len = max(len(p) for p in prompt_ids)
-    for row, (p, g) in enumerate(zip(prompt_ids, generations, strict=True)):
-        start = p_len - len(p)
-        out[row, start : start + len(g.routes)] = g.routes
-    return out
 
 
 @dataclass
@@ -191,7 +166,8 @@ class Sampler:
         truncated = torch.tensor([g.finish_reason == "length" for g in generations])
         responses = self.decode(generations)
         samples = Samples(sequences, attention, action_mask, rollout_lp, prompts, responses, labels, index, truncated)
-        samples.routes = routes_layout(prompt_ids, generations, sequences.size(1))
+        routes = [g.routes for g in generations]
+        samples.routes = layout_routes([len(p) for p in prompt_ids], routes, sequences.size(1))
         return samples
 
 

@@ -17,7 +17,7 @@ import torch
 
 from reinforce_pro.agents.agent_source import agent_metrics
 from reinforce_pro.agents.episode import Episode
-from reinforce_pro.experience import Samples, pad_rows
+from reinforce_pro.experience import Samples, layout_routes, pad_rows
 from reinforce_pro.rewards.loader import RewardOutput
 from reinforce_pro.rollout.sampler import Sampler, pad_token_id, sampling_params
 from reinforce_pro.selfplay.controller import Rollout, SelfPlayConfig, SelfPlayController, TrainingSample
@@ -117,7 +117,7 @@ class SelfPlaySource:
     def to_samples(self, rollouts: list[Rollout], index: torch.Tensor) -> Samples:
         """The padded Samples layout of completions and episodes together: an episode's environment tokens
         get action_mask 0 and log-prob 0 (agents/episode.py), a completion's tokens are all actions."""
-        prompt_ids, tokens, actions, log_probs, truncated = [], [], [], [], []
+        prompt_ids, tokens, actions, log_probs, truncated, routes = [], [], [], [], [], []
         for r in rollouts:
             if isinstance(r.generation, Episode):
                 e = r.generation
@@ -126,6 +126,7 @@ class SelfPlaySource:
                 actions.append(e.action)
                 log_probs.append(e.log_probs)
                 truncated.append(e.truncated)
+                routes.append(e.routes)
             else:
                 ids, g = r.generation
                 prompt_ids.append(ids)
@@ -133,11 +134,14 @@ class SelfPlaySource:
                 actions.append([True] * len(g.token_ids))
                 log_probs.append(list(g.log_probs))
                 truncated.append(g.finish_reason == "length")
+                routes.append(g.routes)
         tok = self.sampler.tokenizer
         padded = pad_rows(prompt_ids, tokens, actions, log_probs, pad_token_id(tok))
         responses = [tok.decode(t, skip_special_tokens=True, clean_up_tokenization_spaces=False) for t in tokens]
         prompts = [r.prompt for r in rollouts]
-        return Samples(*padded, prompts, responses, [None] * len(rollouts), index, torch.tensor(truncated))
+        samples = Samples(*padded, prompts, responses, [None] * len(rollouts), index, torch.tensor(truncated))
+        samples.routes = layout_routes(list(map(len, prompt_ids)), routes, padded[0].size(1))  # MoE engines
+        return samples
 
 
 def _episode_log(generation, key: str) -> float:

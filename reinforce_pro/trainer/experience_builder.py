@@ -101,12 +101,14 @@ class ExperienceBuilder:
         """`old_log_probs=False`: leave Experience.old_log_probs None (the policy's training forward
         supplies them; the trainer then logs `old_log_prob_metrics` after training)."""
         seq, attn, t = samples.sequences, samples.attention_mask, samples.num_actions
-        old_lp = outside = None
-        scored, mode, engine_routes = {}, self.cfg.routing_replay, samples.routes
-        if old_log_probs:  # with the tokens the trainer's replay of the engine's filter would have removed
-            scored = _sharded_call(self.policy, "score", seq, attn, t, engine_routes)
-            old_lp, outside = scored["log_probs"], scored["outside"]
-        r3 = engine_routes if mode == "r3" else None
+        mode = self.cfg.routing_replay
+        if mode == "r3" and samples.routes is None:  # replaying nothing would train on the trainer's own routes
+            raise ValueError(
+                "--routing_replay r3: these rows carry no engine routes (the rollout engine captured none)"
+            )
+        scored = self.old_forward(samples) if old_log_probs else {}
+        old_lp, outside, unreplayed = scored.get("log_probs"), scored.get("outside"), scored.get("unreplayed")
+        r3 = samples.routes if mode == "r3" else None
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t, r3) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
         reward = self.rewards(samples)
@@ -146,10 +148,23 @@ class ExperienceBuilder:
             metrics.update(routing_metrics(scored["flips"], action_mask, replayed=mode == "r3"))
         if old_lp is not None:
             metrics.update(self.old_log_prob_metrics(exp))
+        if unreplayed is not None:
+            metrics["routing/logprob_abs_diff_unreplayed_mean"] = gap_mean(unreplayed, samples.rollout_log_probs,
+                                                                           action_mask)  # fmt: skip
             action = exp.action_mask.bool()
             if action.any() and not outside.isnan().any():  # a filter was replayed (models/sampling_filter.py)
                 metrics["rollout/outside_filter_frac"] = float(outside[action].mean())
         return exp, metrics
+
+    def old_forward(self, samples: Samples) -> dict:
+        """The policy's score() of the rollout (its log-probs, with the tokens the trainer's replay of the
+        engine's filter would have removed, and an MoE policy's routing); under --routing_replay r3 also
+        "unreplayed": the log-probs of the same forward routing itself, for the gap replay closes."""
+        seq, attn, t, routes = samples.sequences, samples.attention_mask, samples.num_actions, samples.routes
+        scored = _sharded_call(self.policy, "score", seq, attn, t, routes)
+        if self.cfg.routing_replay == "r3":
+            scored["unreplayed"] = _sharded_call(self.policy, "score_unreplayed", seq, attn, t, routes)["log_probs"]
+        return scored
 
     def old_log_prob_metrics(self, exp: Experience) -> dict[str, float]:
         """What is read off the old log-probs: the rollout/trainer mismatch before any update of this step
@@ -239,6 +254,8 @@ def agreement_line(metrics: dict[str, float], engine_dtype: str, trainer_dtype: 
     if "routing/flip_frac" in metrics:  # an MoE model: how often the two sides' routers disagreed
         replayed = ", then replayed the engine's" if metrics["routing/replayed"] else ""
         head += f"; experts differ at {metrics['routing/flip_frac']:.2%} of (token, layer) pairs{replayed}"
+        if "routing/logprob_abs_diff_unreplayed_mean" in metrics:
+            head += f" (mean gap without replay {metrics['routing/logprob_abs_diff_unreplayed_mean']:.1e})"
     if quantization:
         return f"{head}: a quantised engine has no rounding bound; read it as the quantisation's cost"
     bound = max(DTYPE_NOISE.get(engine_dtype, 5e-2), DTYPE_NOISE.get(trainer_dtype, 5e-2))
@@ -248,6 +265,13 @@ def agreement_line(metrics: dict[str, float], engine_dtype: str, trainer_dtype: 
         f"{head}: above the {bound:.0e} rounding explains; the two sides differ in more than precision (a sampling "
         "setting, a kernel, the tokenizer or chat template, or weights the engine did not get)"
     )
+
+
+def gap_mean(log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor) -> float:
+    """Mean |trainer - engine| log-prob over the action tokens where both are finite."""
+    diff = (log_probs - rollout_log_probs).abs()
+    finite = action_mask.bool() & torch.isfinite(diff)
+    return float(masked_mean(torch.where(finite, diff, 0.0), finite))
 
 
 def routing_metrics(flips: torch.Tensor, action_mask: torch.Tensor, replayed: bool) -> dict[str, float]:

@@ -120,18 +120,21 @@ class PolicyWorker:
         scored = self.score(sequences, attention_mask, num_actions)
         return torch.stack([scored["log_probs"], scored["outside"]], dim=1)
 
-    def score(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, routes=None) -> dict:
+    def score(
+        self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, routes=None, force=None
+    ) -> dict:
         """The old forward over a rollout: {"log_probs": (B, T), "outside": (B, T), 1 on each sampled token
         that the trainer's replay of the engine's sampling filter would have removed (else 0; the two sides'
         filters disagreed there, as a bf16 engine's logits near a top-p or top-k boundary make them:
         models/sampling_filter.py), NaN where nothing was replayed (no filter, or the ring's forward)}. An MoE
         policy adds RoutingPass.result()'s "flips" against `routes` (B, S, L, K), the engine's, which it
-        replays under --routing_replay r3, and "own_routes", which R2 replays in the training forward."""
+        replays under --routing_replay r3 (`force` False: routes itself all the same), and "own_routes", which
+        R2 replays in the training forward."""
         self.engine.eval()
         fwd, outside = self.forward, []
         routing = None
         if self.replay is not None and self.ring is None:
-            routing = RoutingPass(self.replay, routes, force=fwd.routing_replay == "r3")
+            routing = RoutingPass(self.replay, routes, force=fwd.routing_replay == "r3" if force is None else force)
         lp = batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
             fwd.max_tokens, fwd.packing_samples, self.response_log_probs, self.loss_cfg.sampling_filter, outside,
@@ -139,6 +142,11 @@ class PolicyWorker:
         )  # fmt: skip
         scored = {"log_probs": lp, "outside": outside[0] if outside else torch.full_like(lp, float("nan"))}
         return {**scored, **(routing.result() if routing is not None else {})}
+
+    def score_unreplayed(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, routes):
+        """score()'s log-probs with the trainer's own routing under --routing_replay r3: what the old forward
+        would have computed without replay (the gap replay closes: routing/logprob_abs_diff_unreplayed_mean)."""
+        return {"log_probs": self.score(sequences, attention_mask, num_actions, routes, force=False)["log_probs"]}
 
     def train_minibatch(
         self, micro_batches: list[Experience], global_tokens: float, global_seqs: float, kl_coef: float = 0.0
