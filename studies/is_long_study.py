@@ -154,6 +154,19 @@ PLANS: dict[str, Plan] = {
         margin=0.03,
         model="moe",
     ),
+    # Registered on docs/results/moe-routing.md ("Registered plan: the MoE confirmation") before any of its runs,
+    # by the screening's own rule: replay against no replay for the correction whose replay difference was
+    # largest (tis, -0.113, paired sd 0.054). Both arms collapsed at every screening seed, so the test is rank-based
+    # (exact sign-flip): 8 seeds make its smallest two-sided p 2/256.
+    "moe_confirmation": Plan(
+        name="moe_confirmation",
+        seeds=tuple(range(711, 719)),
+        regimes=("stale4", "stale4+r3"),
+        corrections=("tis",),
+        steps=100,
+        margin=0.03,
+        model="moe",
+    ),
 }
 
 
