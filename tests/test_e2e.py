@@ -930,30 +930,27 @@ def _pid(run_dir: Path, role: str) -> int | None:
         return None
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, engine, tiny_model, digit_reward, mode):
-    """A probe outside the run SIGKILLs the run's own vLLM engine once step 2 is logged, then its policy rank
-    once step 5 is: the run starts its actors again from the newest checkpoint each time, ends 0, logs every
-    step once (none repeated or skipped), and prints no traceback; each loss is one [recover] line."""
+def _run_with_faults(tmp_path: Path, argv: list[str], faults: list[tuple[str, int, int]]) -> tuple[str, list[int]]:
+    """train_ppo_ray with `argv` in a session of its own; for each (role, steps, signal) of `faults` in turn, once
+    `steps` steps are logged, `signal` goes to the run's first `role` actor (by its pid in placement.json: one of
+    the run's own processes). Asserts the run ends 0 within 8 minutes; returns its output and the signalled
+    processes still there when it ended (which this test then ends: only what it signalled)."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *BASE_ARGS, "--remote_rm_url", digit_reward,
-           "--advantage_estimator", "reinforce_baseline", "--max_samples", "64", "--save_steps", "2",
-           "--ckpt_path", str(tmp_path / "ckpt"), "--enforce_eager", "--pretrain", tiny_model,
-           "--save_path", str(run_dir), *ASYNC[mode]]  # fmt: skip
+    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *argv, "--save_path", str(run_dir)]
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONWARNINGS": "ignore"}
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    killed = []
+    signalled, left = [], []
     try:
         deadline = time.monotonic() + 480
-        for role, after_step in (("engines", 2), ("policy", 5)):
+        for role, after_step, sig in faults:
             while True:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 pid = _pid(run_dir, role)
-                if _rows(run_dir / "metrics.jsonl") >= after_step and pid and pid not in killed:
-                    os.kill(pid, signal.SIGKILL)  # one of the run's own actors, by its id
-                    killed.append(pid)
+                if _rows(run_dir / "metrics.jsonl") >= after_step and pid and pid not in signalled:
+                    os.kill(pid, sig)
+                    signalled.append(pid)
                     break
                 time.sleep(0.05)
         assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, log.read_text()[-3000:]
@@ -961,12 +958,60 @@ def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: only what this test started
             proc.wait()
-    text = log.read_text()
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 9)), text[-3000:]
+        left = [pid for pid in signalled if _alive(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    return log.read_text(), left
+
+
+FAULT_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "2", "--enforce_eager"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_recovers_from_its_engine_and_its_policy_killed_mid_run(tmp_path, engine, tiny_model, digit_reward, mode):
+    """A probe outside the run SIGKILLs the run's own vLLM engine once step 2 is logged, then its policy rank
+    once step 5 is: the engine is started again in place with the current weights (synchronous; under
+    --async_train the run's actors restart from the newest checkpoint), the policy's loss starts the run's actors
+    again from the newest checkpoint; the run ends 0, logs every step once (none repeated or skipped), and
+    prints no traceback; each loss is one [recover] line."""
+    argv = [*BASE_ARGS, *FAULT_ARGS, "--remote_rm_url", digit_reward, "--max_samples", "64", "--ckpt_path",
+            str(tmp_path / "ckpt"), "--pretrain", tiny_model, *ASYNC[mode]]  # fmt: skip
+    text, _ = _run_with_faults(tmp_path, argv, [("engines", 2, signal.SIGKILL), ("policy", 5, signal.SIGKILL)])
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 9)), text[-3000:]
     recovered = re.findall(r"\[recover\] (.*)", text)
     assert len(recovered) == 2 and "vLLM engine 0 was lost" in recovered[0], recovered
+    # synchronous: the engine replaced in place (its weight group formed again); under --async_train the gloo
+    # broadcast cannot give a new engine the weights the others hold: the run restarts from its checkpoint
+    in_place = "a new vLLM engine 0 takes the weights the others hold" in recovered[0]
+    assert in_place == (mode == "sync") and (in_place or "global_step" in recovered[0]), recovered
     assert "policy rank 0 was lost" in recovered[1] and "global_step" in recovered[1], recovered
-    assert "Traceback" not in text and (run_dir / "final_model").is_dir()
+    assert "Traceback" not in text and (tmp_path / "run" / "final_model").is_dir()
+
+
+def test_a_run_recovers_from_a_hung_engine(tmp_path, engine, tiny_model, digit_reward):
+    """A probe stops the run's own vLLM engine (SIGSTOP: alive to Ray, answering nothing) once step 2 is logged:
+    the next call on it outlasts --engine_timeout_s, the run kills the stopped engine and starts a new one in its
+    place with the current weights, and the call runs again; it ends 0 with every step logged once (none run
+    twice: no restart from a checkpoint), one [recover] line naming the hung engine and no traceback."""
+    argv = [*BASE_ARGS, *FAULT_ARGS, "--remote_rm_url", digit_reward, "--max_samples", "48", "--ckpt_path",
+            str(tmp_path / "ckpt"), "--engine_timeout_s", "15", "--pretrain", tiny_model]  # fmt: skip
+    text, left = _run_with_faults(tmp_path, argv, [("engines", 2, signal.SIGSTOP)])
+    assert left == [], "the run left its hung engine behind"
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 7)), text[-3000:]
+    recovered = re.findall(r"\[recover\] (.*)", text)
+    assert len(recovered) == 1 and "vLLM engine 0 hung at step 3: no answer to a" in recovered[0], recovered
+    assert "in 15 s (--engine_timeout_s); a new vLLM engine 0 takes the weights" in recovered[0], recovered
+    assert [r["faults/engine_restarts"] for r in rows] == [0, 0, 1, 1, 1, 1]  # no step run twice
+    assert "Traceback" not in text and (tmp_path / "run" / "final_model").is_dir()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has: it only waits for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------ multi-turn agents

@@ -51,6 +51,57 @@ def test_a_lost_actor_is_named_by_its_role_and_rank_and_why():
     assert faults.actor_of(_died(None), {}) == "a worker"
 
 
+def test_a_hung_engine_is_lost_like_a_dead_one_and_named_in_one_line():
+    from reinforce_pro.rollout.engine_wait import EngineHung
+
+    hung = EngineHung(1, "generate", 15.0)
+    assert isinstance(hung, faults.LOST)  # the driver recovers from it as from a dead actor
+    assert faults.describe(hung, {}, step=4) == (
+        "vLLM engine 1 hung at step 5: no answer to a generate call in 15 s (--engine_timeout_s)"
+    )
+    assert _cfg(Path("/tmp")).loop.engine_timeout_s == 1800 == _cfg(Path("/tmp")).rollout.engine_timeout_s
+    assert _cfg(Path("/tmp"), "--engine_timeout_s", "0").rollout.engine_timeout_s == 0  # waits as long as it takes
+
+
+def test_a_lost_engine_is_started_again_in_place_and_the_call_runs_again():
+    """EngineRecovery (trainer/engine_recovery.py) without Ray: the engine the error names (by Ray's actor id, or
+    a hung one's index) is replaced in the shared list, given the others' weights, what the failed call consumed
+    is put back, and the call runs again; an error about another actor, or a restart refused, ends the call."""
+    from reinforce_pro.rollout.engine_wait import EngineHung, lost_engine
+    from reinforce_pro.trainer.engine_recovery import EngineRecovery
+
+    engines = [_Actor("e0"), _Actor("e1")]
+    restored, restarts, put_back = [], [], []
+    sync = SimpleNamespace(restores_engines=True, restore=restored.append)
+
+    def restart(index, error, step):
+        restarts.append((index, type(error).__name__, step))
+        return _Actor(f"new{index}")
+
+    failures = iter([_died("e1"), EngineHung(0, "generate", 5.0)])
+    recovery = EngineRecovery(engines, sync, restart)
+
+    def call():
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return "sampled"
+
+    assert recovery.run(call, 7, lambda: put_back.append(1)) == "sampled"
+    assert restarts == [(1, "ActorDiedError", 7), (0, "EngineHung", 7)] and restored == [1, 0] and put_back == [1, 1]
+    assert [e._actor_id.hex() for e in engines] == ["new0", "new1"] and recovery.restarts == 2
+    assert lost_engine(_died("zz"), engines) is None and lost_engine(ValueError("x"), engines) is None
+    assert lost_engine(EngineHung(0, "generate", 5.0, actor_id="judge0"), engines) is None  # another list's engine
+    assert lost_engine(EngineHung(0, "generate", 5.0, actor_id="new1"), engines) == 1  # found by its actor id
+    with pytest.raises(rex.ActorDiedError):  # a policy rank's loss is the driver's to handle
+        recovery.run(lambda: (_ for _ in ()).throw(_died("p0")), 7)
+    refused = EngineRecovery(engines, sync, lambda *a: (_ for _ in ()).throw(EngineHung(0, "generate", 5.0)))
+    with pytest.raises(EngineHung):  # the budget is spent: the restart raises the error again
+        refused.run(lambda: (_ for _ in ()).throw(EngineHung(0, "generate", 5.0)), 7)
+    broadcast = EngineRecovery(engines, SimpleNamespace(restores_engines=False), restart)
+    assert broadcast.restart is None  # a new engine cannot join a broadcast group: the driver restarts the run
+
+
 def test_the_memory_monitor_is_named_with_the_node_s_use_and_largest_users():
     why = faults.cause(rex.OutOfMemoryError(MEMORY_MONITOR))
     assert why.startswith("killed by Ray's memory monitor (node memory 22.91GB / 24.00GB)")
@@ -91,11 +142,13 @@ def test_a_run_that_cannot_recover_says_what_is_saved_and_how_to_resume(tmp_path
     cfg = resume.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan)
     monkeypatch.setattr("sys.argv", ["train_ppo_ray", "--seed", "3"])
     saved = plan.run_dir / "checkpoints" / "global_step40"
-    note = driver.lost_run_note(cfg, plan, saved, failures=2)
+    budget = faults.FailureBudget(cfg.loop.max_failures)
+    assert budget.spend() and not budget.spend() and budget.used == 1  # one recovery, then none
+    note = driver.lost_run_note(plan, saved, driver.stop_reason(False, budget))
     assert note.startswith(" (2 actors lost, past --max_failures 1); saved: ") and str(saved) in note
     assert note.endswith(f"--seed 3 --load_checkpoint --ckpt_path {saved.parent} --save_path {plan.run_dir}")
-    assert "no checkpoint was saved" in driver.lost_run_note(cfg, plan, None, failures=2)
-    assert "the run's engines are its caller's" in driver.lost_run_note(cfg, plan, None, failures=1)
+    assert "no checkpoint was saved" in driver.lost_run_note(plan, None, "why")
+    assert driver.stop_reason(True, faults.FailureBudget(3)) == "the run's engines are its caller's"
 
 
 def test_a_lost_actor_past_the_budget_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):

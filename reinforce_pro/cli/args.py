@@ -236,6 +236,9 @@ class RunningFlags:
         "[reinforce_pro] lost actors (killed by a signal or Ray's memory monitor, crashed) the run recovers from by "
         "restarting its actors from the newest checkpoint; past them it stops with one line (0: at the first)",
         at_least=0)
+    engine_timeout_s: float = flag(1800.0,
+        "[reinforce_pro] seconds a rollout engine may take to answer one generate or weight-sync call before it "
+        "counts as hung and is recovered from like a lost actor (0: wait as long as it takes)", at_least=0)
     logging_steps: int = flag(1, "log metrics (TensorBoard, wandb) every N steps (jsonl: every step)",
         dotted="logger.logging_steps", at_least=1)
     samples_log_steps: int = flag(0,

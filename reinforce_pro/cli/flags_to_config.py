@@ -231,7 +231,8 @@ def response_budget(max_new_tokens, max_len) -> int:
 
 
 def rollout(
-    n_samples_per_prompt, prompt_max_len, max_new_tokens, min_new_tokens, max_len, temperature, top_p, top_k
+    n_samples_per_prompt, prompt_max_len, max_new_tokens, min_new_tokens, max_len, temperature, top_p, top_k,
+    engine_timeout_s,
 ) -> RolloutConfig:  # fmt: skip
     budget = response_budget(max_new_tokens, max_len)
     if min_new_tokens > budget:
@@ -244,6 +245,7 @@ def rollout(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        engine_timeout_s=engine_timeout_s,
     )
 
 
@@ -279,7 +281,7 @@ def loop(
     async_train, async_queue_size, async_lag_target, async_lag_metric, partial_rollout, partial_rollout_chunk,
     max_new_tokens, best_metric_key,
     save_steps, load_checkpoint, ckpt_path, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
-    auto_checkpoint_minutes, max_failures,
+    auto_checkpoint_minutes, max_failures, engine_timeout_s,
 ) -> LoopConfig:  # fmt: skip
     checkpoints = None
     every_s = auto_checkpoint_minutes * 60 if save_steps <= 0 else 0.0  # the default, by the clock
@@ -326,6 +328,7 @@ def loop(
         # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
         checkpoints=checkpoints,
         max_failures=max_failures,
+        engine_timeout_s=engine_timeout_s,
     )
 
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import ray
 import torch
 
 from reinforce_pro.experience import Samples, extend_routes, layout_routes, pad_rows
+from reinforce_pro.rollout.engine_wait import wait_for_engines
 from reinforce_pro.rollout.vllm_engine import Generation
 
 
@@ -34,6 +34,9 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    # seconds an engine may take to answer one generate call before it counts as hung (rollout/engine_wait.py);
+    # 0: wait as long as it takes
+    engine_timeout_s: float = 0.0
 
 
 def sampling_params(cfg: RolloutConfig) -> dict:
@@ -102,12 +105,14 @@ class Sampler:
         engines = engines or self.engines
         sampling = sampling or sampling_params(self.cfg)
         chunk = math.ceil(len(prompt_ids) / len(engines))
-        refs = [
-            engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling)
-            for i, engine in enumerate(engines)
-            if prompt_ids[i * chunk : (i + 1) * chunk]
-        ]
-        return [g for part in ray.get(refs) for g in part]
+        used = [(i, engine) for i, engine in enumerate(engines) if prompt_ids[i * chunk : (i + 1) * chunk]]
+        refs = [engine.generate.remote(prompt_ids[i * chunk : (i + 1) * chunk], sampling) for i, engine in used]
+        index = [(self.engine_index(engine, i), engine) for i, engine in used]
+        return [g for part in wait_for_engines(refs, index, "generate", self.cfg.engine_timeout_s) for g in part]
+
+    def engine_index(self, engine, fallback: int) -> int:
+        """`engine`'s place among the run's engines (a session pinned to one passes only that one)."""
+        return next((i for i, e in enumerate(self.engines or ()) if e is engine), fallback)
 
     def sample_in_chunks(
         self, prompt_ids: list[list[int]], partial: PartialRollout, sampling: dict | None = None

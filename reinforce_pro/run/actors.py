@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -92,6 +93,7 @@ class RunActors:
     critic_pg: object = None  # the critic's placement group: --colocate_critic_reward puts the reward model there
     reward_model: list | None = role()
     judge: list | None = role()
+    new_engine: Callable[[int], object] | None = None  # engine i started again in its place; None: caller's engines
 
     def roles(self) -> dict[str, list]:
         """{role: its actors} for every role that has some."""
@@ -162,10 +164,11 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
     engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
     devices = policy_devices(run.policy) if use_gpu and colocate_all else None
     engine_cls = ray.remote(VLLMEngine)
-    run.engines = engines or [
-        engine_cls.options(**engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices)).remote(engine_cfg, i)
-        for i in range(cfg.engines.count)
-    ]
+    if engines is None:
+        run.new_engine = lambda i: engine_cls.options(
+            **engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices)
+        ).remote(engine_cfg, i)  # fmt: skip
+    run.engines = engines or [run.new_engine(i) for i in range(cfg.engines.count)]
     return run
 
 

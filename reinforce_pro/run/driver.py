@@ -81,28 +81,30 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
     if engines is None:
         start.announce_engines(cfg, use_gpu)
     tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
-    failures = 0
+    budget = faults.FailureBudget(cfg.loop.max_failures)  # whole-run restarts and engine restarts alike
+    restarted = False
     while True:
         try:
-            history = fit_once(cfg, plan, use_gpu, engines, tokenizer)
-            return logged_history(plan.run_dir) if failures else history
+            history = fit_once(cfg, plan, use_gpu, engines, tokenizer, budget)
+            return logged_history(plan.run_dir) if restarted else history
         except ActorLost as lost:
-            failures += 1
             saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
-            if engines is not None or failures > cfg.loop.max_failures:
-                raise faults.RunLost(f"{lost}{lost_run_note(cfg, plan, saved, failures)}") from lost.__cause__
-            print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} ({failures} "
-                  f"of --max_failures {cfg.loop.max_failures})", flush=True)  # fmt: skip
-            cfg = resume.resuming(cfg, plan, saved)
+            if engines is not None or not budget.spend():
+                why = stop_reason(engines is not None, budget)
+                raise faults.RunLost(f"{lost}{lost_run_note(plan, saved, why)}") from lost.__cause__
+            print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} "
+                  f"({budget.used} of --max_failures {budget.limit})", flush=True)  # fmt: skip
+            cfg, restarted = resume.resuming(cfg, plan, saved), True
 
 
 class ActorLost(Exception):
     """fit_once's report of a lost actor, named while the run's actors were still known (faults.describe)."""
 
 
-def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -> list[dict]:
+def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, budget) -> list[dict]:
     """The actor groups, the experience builder, the rollout source and the trainer (resumed under
-    --load_checkpoint), fit(), the final model saved; the actors released whatever happens."""
+    --load_checkpoint), fit(), the final model saved; the actors released whatever happens. An engine lost
+    mid-fit is started again in place while `budget` (faults.FailureBudget) allows (engine_restarter)."""
     groups = actors.build_groups(cfg, plan, use_gpu, engines)
     logger, source, trainer = None, None, None
     try:
@@ -125,7 +127,7 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
             source, builder, groups.policy, groups.critic, groups.engines, plan.prompts, logger, cfg.loop,
             sources.eval_set(cfg, plan, tokenizer, source),
             engines_hold_start_weights=groups.owned_engines and start.engines_load_policy_weights(cfg),
-            extra_metrics=memory.metrics,
+            extra_metrics=memory.metrics, restart_engine=engine_restarter(groups, plan, budget, memory),
         )  # fmt: skip
         if resume_from is not None:
             trainer.restore(resume_from)
@@ -149,11 +151,37 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer) -
         groups.release()
 
 
-def lost_run_note(cfg: RunConfig, plan: RunPlan, saved: Path | None, failures: int) -> str:
-    """What a run that stops for a lost actor says after naming it: why it stopped, what is saved, and the
+def engine_restarter(groups: actors.RunActors, plan: RunPlan, budget, memory: MemoryWatch):
+    """PPOTrainer's restart_engine (trainer/engine_recovery.py): engine `index` lost (dead, or hung) is killed
+    and started again in its place, one of the run's --max_failures spent, in one [recover] line; the error is
+    raised again once the budget is spent. None for engines the caller passed in (they are not the run's)."""
+    if groups.new_engine is None:
+        return None
+
+    def restart(index: int, error: BaseException, step: int):
+        if not budget.spend():
+            raise error
+        print(f"[recover] {faults.describe(error, groups.roles(), step)}; a new vLLM engine {index} takes the weights "
+              f"the others hold and the call runs again ({budget.used} of --max_failures {budget.limit})",
+              flush=True)  # fmt: skip
+        ray.kill(groups.engines[index])  # a hung engine's process too: Ray ends it
+        groups.engines[index] = groups.new_engine(index)
+        memory.follow(actors.record_placement(groups, plan.run_dir))
+        return groups.engines[index]
+
+    return restart
+
+
+def stop_reason(callers_engines: bool, budget) -> str:
+    """Why a run with a lost actor stops instead of recovering."""
+    if callers_engines:
+        return "the run's engines are its caller's"
+    return f"{budget.used + 1} actors lost, past --max_failures {budget.limit}"
+
+
+def lost_run_note(plan: RunPlan, saved: Path | None, why: str) -> str:
+    """What a run that stops for a lost actor says after naming it: `why` it stopped, what is saved, and the
     command that resumes."""
-    why = "the run's engines are its caller's" if failures <= cfg.loop.max_failures else (
-        f"{failures} actors lost, past --max_failures {cfg.loop.max_failures}")  # fmt: skip
     if saved is None:
         return f" ({why}); no checkpoint was saved (--save_steps N or --auto_checkpoint_minutes keeps one)"
     return f" ({why}); saved: {saved}; resume with: {resume.resume_command(sys.argv[1:], saved.parent, plan.run_dir)}"

@@ -1,9 +1,11 @@
 """When one of a run's actors is lost: what to call it, and whether the run goes on.
 
 An actor is lost when its process dies under it (Ray's memory monitor, the kernel's OOM killer, a signal, a
-crash): every call on it then raises one of LOST. The driver (run/driver.py) restarts the run's actors from the
-newest checkpoint, within --max_failures; past that, or where it cannot (engines the caller owns), the run
-stops with RunLost, whose message is one line: which actor, why, what was saved and the command that resumes.
+crash): every call on it then raises one of LOST. An engine that lives but answers nothing (stopped,
+deadlocked) is lost too, once a call on it outlasts --engine_timeout_s (rollout/engine_wait.py). The driver
+(run/driver.py) restarts the run's actors from the newest checkpoint, within --max_failures; past that, or
+where it cannot (engines the caller owns), the run stops with RunLost, whose message is one line: which actor,
+why, what was saved and the command that resumes.
 """
 
 from __future__ import annotations
@@ -12,11 +14,31 @@ import re
 
 from ray import exceptions as rex
 
-# a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor)
-LOST = (rex.RayActorError, rex.WorkerCrashedError, rex.OutOfMemoryError, rex.NodeDiedError)
+from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung
+
+# a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor, an
+# engine alive but answering nothing within --engine_timeout_s)
+LOST = (*ACTOR_LOST, EngineHung)
 
 ROLE_NAMES = {"policy": "policy rank", "reference": "reference rank", "critic": "critic rank",
               "engines": "vLLM engine", "reward_model": "reward model rank"}  # fmt: skip
+
+
+class FailureBudget:
+    """--max_failures: how many lost actors a run may recover from, whole-run restarts and engine restarts alike."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+
+    def left(self) -> bool:
+        return self.used < self.limit
+
+    def spend(self) -> bool:
+        """One recovery, if the budget has one left."""
+        if not self.left():
+            return False
+        self.used += 1
+        return True
 
 
 class RunLost(Exception):
@@ -82,4 +104,7 @@ def _top_users(text: str, count: int = 3) -> str:
 
 def describe(error: BaseException, roles: dict[str, list], step: int) -> str:
     """One line: which actor was lost, at which step, and why."""
+    if isinstance(error, EngineHung):
+        return (f"vLLM engine {error.index} hung at step {step + 1}: no answer to a {error.call} call in "
+                f"{error.seconds:g} s (--engine_timeout_s)")  # fmt: skip
     return f"{actor_of(error, roles)} was lost at step {step + 1}: {cause(error)}"

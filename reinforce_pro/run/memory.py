@@ -47,13 +47,17 @@ class MemoryWatch:
     and the node's memory against Ray's kill threshold."""
 
     def __init__(self, placement: dict[str, list[dict]], here: str | None = None):
-        here = here or _node_ip()
+        self.here = here or _node_ip()
+        self.follow(placement)
+        self.threshold = kill_threshold()
+
+    def follow(self, placement: dict[str, list[dict]]) -> None:
+        """Read the processes `placement` places on this node (again after an actor was replaced)."""
         self.processes = {"driver": os.getpid()}
         for role, actors in placement.items():
             for rank, where in enumerate(actors):
-                if where.get("pid") and where.get("ip") in (here, "127.0.0.1"):
+                if where.get("pid") and where.get("ip") in (self.here, "127.0.0.1"):
                     self.processes[f"{role}{rank}"] = where["pid"]
-        self.threshold = kill_threshold()
 
     def metrics(self) -> dict[str, float]:
         """memory/<process>_rss_gb per process, memory/run_rss_gb over them, the node's used fraction and the

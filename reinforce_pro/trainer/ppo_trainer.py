@@ -27,6 +27,7 @@ from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
+from reinforce_pro.trainer.engine_recovery import EngineRecovery, Restart
 from reinforce_pro.trainer.evaluation import evaluate, evaluate_agent
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder, agreement_line
 from reinforce_pro.trainer.logger import MetricsLogger
@@ -85,6 +86,7 @@ class LoopConfig:
     best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
     max_failures: int = 3  # lost actors the driver recovers from (run/driver.py)
+    engine_timeout_s: float = 0.0  # a weight sync an engine has not taken by then: hung (rollout/engine_wait.py)
 
 
 @dataclass
@@ -116,12 +118,14 @@ class PPOTrainer:
     def __init__(
         self, source: RolloutSource, builder: ExperienceBuilder, policy, critic, engines, prompts,
         logger: MetricsLogger, cfg: LoopConfig, eval_set: EvalSet | None = None, engines_hold_start_weights=False,
-        extra_metrics=dict,
+        extra_metrics=dict, restart_engine: Restart | None = None,
     ):  # fmt: skip
         """source: a RolloutSource (rollout/sampler.py: PromptSource, SelfPlaySource, AgentSource).
         engines_hold_start_weights: the engines were started by this run from the policy's own starting weights,
         so the weight sync before the first step has nothing to send (a few seconds of a real model's start).
-        extra_metrics: called every step, its metrics added to the step's (the driver's memory/*)."""
+        extra_metrics: called every step, its metrics added to the step's (the driver's memory/*).
+        restart_engine: starts a lost engine again in place (trainer/engine_recovery.py); None: a lost engine
+        ends fit()."""
         self.source, self.builder = source, builder
         self.policy, self.critic, self.engines = policy, critic, engines
         self.logger, self.cfg, self.eval_set = logger, cfg, eval_set
@@ -131,9 +135,12 @@ class PPOTrainer:
         self.history: list[dict[str, float]] = []
         self.weight_sync = make_weight_sync(
             cfg.sync_backend, policy, engines, cfg.sync_dtype, cfg.rollout_staleness, cfg.sync_bucket_mb,
-            cfg.engine_tp_size, self.synchronous_partial,
+            cfg.engine_tp_size, self.synchronous_partial, cfg.engine_timeout_s,
         )  # fmt: skip
         self.gate = EngineGate()  # the engines' weight version; keeps generation and weight syncs apart
+        # a broadcast gives a new engine the policy's current weights: under --async_train the policy has moved on
+        in_place = restart_engine if not cfg.async_train or cfg.sync_backend == "object_store" else None
+        self.recovery = EngineRecovery(engines, self.weight_sync, in_place)
         self.lag_ctl = None
         if cfg.async_train and cfg.async_lag_target is not None:
             self.lag_ctl = AdaptiveLag(cfg.async_queue_size, cfg.async_lag_target, cfg.async_lag_metric)
@@ -197,6 +204,7 @@ class PPOTrainer:
                 metrics.update(self.rollout_metrics(batch, stream, waited, busy_from, timings["time/step"]))
                 metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
                 metrics.update(self.extra_metrics())
+                metrics["faults/engine_restarts"] = float(self.recovery.restarts)
                 self.step, self.trained_source = step, batch.source_state
                 self.record(step, metrics, samples, experience.rewards)
                 self.export_sidecars(step, experience)
@@ -222,8 +230,11 @@ class PPOTrainer:
         """Batch `batch_number`'s rollout, scored (the reward function runs here, in the producer's thread
         under --async_train). Called with the engines held (EngineGate), so their version is fixed."""
         version = self.gate.version  # the oldest weights any token of this batch is sampled with
+        state = self.source_state()  # where a batch that lost an engine is sampled again from
         try:
-            samples, consumed, metrics = self.next_samples()
+            samples, consumed, metrics = self.recovery.run(
+                self.next_samples, batch_number - 1, lambda: self.restore_source(state)
+            )  # fmt: skip
             if samples is not None:
                 samples.rewards = self.builder.rewards(samples)
         except RewardFileError as e:
@@ -356,6 +367,11 @@ class PPOTrainer:
         sampler)."""
         return {"loader": self.loader.state_dict(), "source": self.source.state_dict()}
 
+    def restore_source(self, state: dict) -> None:
+        """The prompt stream and the rollout source back at `state` (source_state()): a batch sampled again."""
+        self.loader.load_state_dict(state["loader"])
+        self.source.load_state_dict(state["source"])
+
     def trainer_state(self) -> dict:
         """The source is saved as it was after the last *trained* batch: under --async_train the producer has
         taken prompts further, and those batches are regenerated after a resume (rollout_stream.py)."""
@@ -450,8 +466,9 @@ class PPOTrainer:
 
     def sync_weights(self, version: int) -> None:
         """Push the policy's weights (version = optimizer steps taken) to every rollout engine
-        (trainer/weight_sync.py: through the object store, or by broadcast)."""
-        self.weight_sync.push(version, self.gate)
+        (trainer/weight_sync.py: through the object store, or by broadcast); an engine lost mid-push is started
+        again and the push repeated (trainer/engine_recovery.py)."""
+        self.recovery.run(lambda: self.weight_sync.push(version, self.gate), self.step, hold=self.gate.exclusive())
 
 
 def _older_source_state(state: dict) -> dict:
