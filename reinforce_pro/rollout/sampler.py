@@ -36,7 +36,7 @@ class RolloutConfig:
     top_k: int = -1
     # seconds an engine may take to answer one generate call before it counts as hung (rollout/engine_wait.py);
     # 0: wait as long as it takes
-    engine_timeout_s: float = 0.0
+    engine_timeout_s: float = 1800.0
 
 
 def sampling_params(cfg: RolloutConfig) -> dict:

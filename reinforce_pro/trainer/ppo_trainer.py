@@ -86,7 +86,7 @@ class LoopConfig:
     best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
     max_failures: int = 3  # lost actors the driver recovers from (run/driver.py)
-    engine_timeout_s: float = 0.0  # a weight sync an engine has not taken by then: hung (rollout/engine_wait.py)
+    engine_timeout_s: float = 1800.0  # a weight sync an engine has not taken by then: hung (rollout/engine_wait.py)
 
 
 @dataclass
