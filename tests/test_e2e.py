@@ -429,6 +429,7 @@ def test_an_evaluation_under_staleness_measures_the_newest_policy(engine):
     weights while it runs, and the stale ones again after it."""
     from types import SimpleNamespace
 
+    from reinforce_pro.trainer.engine_recovery import EngineRecovery
     from reinforce_pro.trainer.ppo_trainer import PPOTrainer
     from reinforce_pro.trainer.rollout_stream import EngineGate
     from reinforce_pro.trainer.weight_sync import ObjectStoreSync
@@ -436,6 +437,7 @@ def test_an_evaluation_under_staleness_measures_the_newest_policy(engine):
     fake = _RecordingEngine.remote()
     trainer = PPOTrainer.__new__(PPOTrainer)  # only what evaluate() and sync_weights() use
     trainer.gate, trainer.weight_sync = EngineGate(), ObjectStoreSync([_NumberedPolicy.remote()], [fake], "bf16", 2)
+    trainer.step, trainer.recovery = 0, EngineRecovery([fake], trainer.weight_sync, None)  # no engine restarts
     trainer.source, trainer.builder = SimpleNamespace(sampler=None), SimpleNamespace(score=None)
     trainer.eval_set = SimpleNamespace(run=lambda sampler, score: {"held": ray.get(fake.holds.remote())})
     sampled_with, evaluated = [], []

@@ -148,12 +148,12 @@ class ExperienceBuilder:
             metrics.update(routing_metrics(scored["flips"], action_mask, replayed=mode == "r3"))
         if old_lp is not None:
             metrics.update(self.old_log_prob_metrics(exp))
-        if unreplayed is not None:
-            metrics["routing/logprob_abs_diff_unreplayed_mean"] = gap_mean(unreplayed, samples.rollout_log_probs,
-                                                                           action_mask)  # fmt: skip
             action = exp.action_mask.bool()
             if action.any() and not outside.isnan().any():  # a filter was replayed (models/sampling_filter.py)
                 metrics["rollout/outside_filter_frac"] = float(outside[action].mean())
+        if unreplayed is not None:
+            metrics["routing/logprob_abs_diff_unreplayed_mean"] = gap_mean(unreplayed, samples.rollout_log_probs,
+                                                                           action_mask)  # fmt: skip
         return exp, metrics
 
     def old_forward(self, samples: Samples) -> dict:
