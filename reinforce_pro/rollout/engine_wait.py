@@ -4,8 +4,9 @@ engine an error reports lost.
 An engine hangs when its process is alive but answers nothing: stopped (SIGSTOP, a debugger), deadlocked, or
 stuck on its device. Ray sees a live actor, so a plain `ray.get` on its call would wait forever. Every call the
 trainer waits on (sampling, weight syncs) goes through `wait_for_engines` with --engine_timeout_s; an engine
-that has not answered by then raises EngineHung, which the driver treats like a lost actor (run/driver.py:
-the run's actors are killed, the hung one included, and started again from the newest checkpoint).
+that has not answered by then raises EngineHung, which is treated like a lost actor: the engine is replaced in
+place (trainer/engine_recovery.py) or, where it cannot be, the run's actors start again from the newest
+checkpoint (run/driver.py).
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ def wait_for_engines(refs: list, engine_of_ref: list, call: str, timeout_s: floa
         hung = sorted((h for h in hung if h is not None), key=lambda h: h[0])
         if hung:
             index, handle = hung[0]
-            raise EngineHung(index, call, timeout_s, _hex_id(handle))
+            raise EngineHung(index, call, timeout_s, actor_hex_id(handle))
     ray.get([ref for ref, owner in zip(refs, engine_of_ref, strict=True) if owner is not None])
     return ray.get(refs)
 
 
-def _hex_id(actor) -> str | None:
+def actor_hex_id(actor) -> str | None:
+    """The Ray actor id (hex) of a handle, the form Ray's errors carry; None for anything else."""
     handle = getattr(actor, "_actor_id", None)
     return handle.hex() if handle is not None else None
 
@@ -54,4 +56,4 @@ def lost_engine(error: BaseException, engines: list) -> int | None:
     if isinstance(error, EngineHung) and error.actor_id is None:
         return error.index if error.index < len(engines) else None
     actor_id = getattr(error, "actor_id", None) if isinstance(error, (*ACTOR_LOST, EngineHung)) else None
-    return next((i for i, engine in enumerate(engines) if actor_id and _hex_id(engine) == actor_id), None)
+    return next((i for i, engine in enumerate(engines) if actor_id and actor_hex_id(engine) == actor_id), None)

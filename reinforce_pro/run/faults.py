@@ -14,7 +14,7 @@ import re
 
 from ray import exceptions as rex
 
-from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung
+from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung, actor_hex_id
 
 # a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor, an
 # engine alive but answering nothing within --engine_timeout_s)
@@ -51,20 +51,13 @@ def actor_of(error: BaseException, roles: dict[str, list]) -> str:
     actor_id = getattr(error, "actor_id", None)
     for role, actors in roles.items():
         for rank, actor in enumerate(actors):
-            if actor_id and _actor_id(actor) == actor_id:
+            if actor_id and actor_hex_id(actor) == actor_id:
                 return f"{ROLE_NAMES.get(role, role)} {rank}"
     text = str(error)
     cls, pid = re.search(r"class_name: (\S+)", text), re.search(r"\bpid: (\d+)", text)
     if cls:
         return f"actor {cls[1]}" + (f" (pid {pid[1]})" if pid else "")
     return "a worker"
-
-
-def _actor_id(actor) -> str | None:
-    try:
-        return actor._actor_id.hex()
-    except AttributeError:
-        return None
 
 
 def cause(error: BaseException) -> str:
