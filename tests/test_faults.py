@@ -151,18 +151,30 @@ def test_a_run_that_cannot_recover_says_what_is_saved_and_how_to_resume(tmp_path
     assert driver.stop_reason(True, faults.FailureBudget(3)) == "the run's engines are its caller's"
 
 
-def test_a_lost_actor_past_the_budget_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
-    """train() turns RunLost into one line on stderr and exit status 1, no traceback."""
+def _service_errors():
+    from reinforce_pro.search.retriever import RetrieverError
+    from reinforce_pro.serving import ServiceLost
+
+    return [
+        faults.RunLost("vLLM engine 0 was lost at step 9: killed by Ray's memory monitor (past it)"),
+        ServiceLost("[retriever] stopped answering at http://127.0.0.1:5 (x) and could not start again on port 5: y"),
+        RetrieverError("retriever http://127.0.0.1:9/retrieve is unreachable (refused); is it running?"),
+    ]
+
+
+@pytest.mark.parametrize("error", _service_errors(), ids=["actor-past-budget", "service-lost", "user-retriever"])
+def test_a_loss_the_run_cannot_recover_from_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, error):
+    """train() turns an actor lost past the budget, a kept service that cannot start again and a user's retrieval
+    service that went away into one line on stderr and exit status 1, no traceback."""
     cfg = _cfg(tmp_path)
     monkeypatch.setattr("reinforce_pro.run.prepare.prepare", lambda cfg: SimpleNamespace(run_dir=tmp_path))
 
     def lost(cfg, plan):
-        raise faults.RunLost("vLLM engine 0 was lost at step 9: killed by Ray's memory monitor (past it)")
+        raise error
 
     monkeypatch.setattr(driver, "build_and_fit", lost)
     assert driver.train(cfg) == 1
-    err = capsys.readouterr().err
-    assert err == "train_ppo_ray: error: vLLM engine 0 was lost at step 9: killed by Ray's memory monitor (past it)\n"
+    assert capsys.readouterr().err == f"train_ppo_ray: error: {error}\n"
 
 
 def test_the_clock_checkpoints_once_its_interval_passed(tmp_path, monkeypatch):

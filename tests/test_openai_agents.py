@@ -28,6 +28,7 @@ from reinforce_pro.agents.openai_endpoint import Endpoint  # noqa: E402
 from reinforce_pro.agents.runner import AgentConfig  # noqa: E402
 from reinforce_pro.rollout.sampler import RolloutConfig  # noqa: E402
 from reinforce_pro.rollout.vllm_engine import Generation  # noqa: E402
+from reinforce_pro.serving import service_restarts  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "python"
 RUN_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "skip_special_tokens": False}
@@ -600,6 +601,27 @@ def test_the_endpoint_listens_on_loopback_only_and_stops(tokenizer):
     assert not endpoint.serving
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=2)
+
+
+def test_an_endpoint_that_stopped_answering_is_started_again_before_the_next_episodes(tokenizer, capsys):
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    try:
+        url, restarts = source.endpoint.url, service_restarts()
+        first = source.generate([{"prompt": "3+4=", "label": "7"}])
+        source.endpoint._server.server.stop()  # its server thread ends, as a crashed service's would
+        assert not source.endpoint.serving
+        again = source.generate([{"prompt": "3+4=", "label": "7"}])  # the step checks it first
+        assert source.endpoint.serving and source.endpoint.url == url  # the agents' clients keep their URL
+        assert service_restarts() == restarts + 1
+        source.generate([{"prompt": "3+4=", "label": "7"}])
+        assert service_restarts() == restarts + 1  # answering: left alone
+    finally:
+        source.close()
+    assert again.rewards.rewards.tolist() == first.rewards.rewards.tolist() == [1.0]
+    assert again.metrics["agent/dropped_episodes"] == 0
+    err = capsys.readouterr().err
+    assert f"[openai-endpoint] stopped answering at {url} (its server thread ended); started again" in err
 
 
 # ---------------------------------------------------------------------------------------------- Anthropic's SDK

@@ -21,6 +21,7 @@ from reinforce_pro.selfplay.builtin_tasks import load_task
 from reinforce_pro.selfplay.controller import SelfPlayConfig
 from reinforce_pro.selfplay.search_task import MAX_HOPS, SearchTask
 from reinforce_pro.selfplay.selfplay_source import SelfPlaySource
+from reinforce_pro.serving import service_restarts
 
 pytest.importorskip("bm25s")
 
@@ -213,6 +214,23 @@ def test_the_task_serves_its_corpus_on_loopback_until_closed(kb_dir):
     with pytest.raises(RetrieverError, match="unreachable"):
         client.health()
     assert SearchTask(kb_dir, "http://127.0.0.1:9").retriever_url() == "http://127.0.0.1:9"  # a given URL: no server
+
+
+def test_the_tasks_retriever_that_stopped_answering_is_started_again_on_its_port(kb_dir, capsys):
+    task = SearchTask(kb_dir)
+    url, restarts = task.retriever_url(), service_restarts()
+    task._server.server.stop()  # its server thread ends, as a crashed service's would
+    client = RetrieverClient(url, timeout=2, retries=0)
+    with pytest.raises(RetrieverError, match="unreachable"):
+        client.health()
+    try:
+        assert task.retriever_url() == url  # the next use finds it down and starts it where its clients look
+        assert client.health()["passages"] == len(task.kb.passages)
+        assert service_restarts() == restarts + 1
+        assert task.retriever_url() == url and service_restarts() == restarts + 1  # answering: left alone
+    finally:
+        task.close()
+    assert f"[retriever] stopped answering at {url} (its server thread ended)" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ the warm start's stop

@@ -218,7 +218,9 @@ class OpenAIAgentSource:
     def _episodes(self, batch: list[dict], n: int, endpoint: Endpoint, executor, serve: bool) -> tuple[list, ...]:
         """n episodes of the agent per prompt against `endpoint`: (the (prompt, label) jobs, what each run_agent
         returned or raised, each session's trajectory). `serve`: the engine calls run on this thread (partial
-        rollouts: it holds the engine gate), the agents on the caller thread."""
+        rollouts: it holds the engine gate), the agents on the caller thread. The endpoint is checked first, and
+        started again if it stopped answering."""
+        endpoint.ensure()
         jobs = [(item["prompt"], item["label"]) for item in batch for _ in range(n)]
         sessions = [endpoint.open_session() for _ in jobs]
         endpoint.set_live(len(jobs))

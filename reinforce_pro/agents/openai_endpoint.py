@@ -68,6 +68,10 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._flushing = False
 
+    def forget(self) -> None:
+        """Drop what belonged to a stopped event loop (the endpoint was started again on a new one)."""
+        self.pending, self._timer, self._flushing = [], None, False
+
     async def generate(self, prompt_ids: list[int], sampling: dict, engine: int | None = None):
         """The engines' Generation for `prompt_ids`; `engine`: the index of the engine the session is pinned to
         (None: the sampler splits the batch over its engines)."""
@@ -152,11 +156,19 @@ class Endpoint:
     # ------------------------------------------------------------------ lifecycle (called from the driver)
     def start(self) -> str:
         """Start serving on 127.0.0.1 at a free port; returns the base URL (http://127.0.0.1:PORT)."""
-        from reinforce_pro.serving import LoopbackServer
+        from reinforce_pro.serving import KeptServer
 
-        self._server = LoopbackServer(build_app(self), idle_timeout=30.0, name="openai-endpoint")
+        self._server = KeptServer(lambda: build_app(self), "openai-endpoint", idle_timeout=30.0)
         self.url = self._server.start()
         return self.url
+
+    def ensure(self) -> None:
+        """Before episodes start: the endpoint answers, or is started again on its port (serving.KeptServer) with
+        its sessions kept and the batcher's requests of the stopped loop dropped (none is in flight between
+        episodes)."""
+        if self._server is not None and self._server.ensure():
+            self._loop = None
+            self.batcher.forget()
 
     def stop(self) -> None:
         if self._server is not None:

@@ -28,6 +28,8 @@ from reinforce_pro.run import actors, faults, resume, sources, start
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.run.memory import MemoryWatch
+from reinforce_pro.search.retriever import RetrieverError
+from reinforce_pro.serving import ServiceLost
 from reinforce_pro.trainer.checkpoint import find_latest
 from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
@@ -56,8 +58,8 @@ def train(cfg: RunConfig) -> int:
     except UserInputError as e:
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)
         return 2
-    except faults.RunLost as e:  # an actor lost past --max_failures: what was saved and how to resume
-        print(f"train_ppo_ray: error: {e}", file=sys.stderr)
+    except (faults.RunLost, ServiceLost, RetrieverError) as e:  # an actor lost past --max_failures, a service
+        print(f"train_ppo_ray: error: {e}", file=sys.stderr)  # that cannot restart or is not the run's to restart
         return 1
     return summarise(history, plan)
 

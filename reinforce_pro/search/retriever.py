@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from reinforce_pro.search.retriever_app import MAX_BODY, MAX_QUERIES, MAX_TOPK, build_app, parse_request
 
 if TYPE_CHECKING:
-    from reinforce_pro.serving import LoopbackServer
+    from reinforce_pro.serving import KeptServer, LoopbackServer
 
 __all__ = ["MAX_BODY", "MAX_QUERIES", "MAX_TOPK", "BM25Index", "RetrieverClient", "RetrieverError", "make_server",
            "parse_request"]  # fmt: skip
@@ -95,6 +95,15 @@ def make_server(
 
     app = build_app(index, max_concurrency, queue_timeout, idle_timeout, max_connections)
     return LoopbackServer(app, port, idle_timeout, name="retriever")
+
+
+def kept_server(index: BM25Index, max_concurrency: int = 8, queue_timeout: float = 2.0) -> KeptServer:
+    """The service as a run keeps it (serving.KeptServer): not started (`.start()`); `.ensure()` before each use
+    starts it again on its port when it stopped answering."""
+    from reinforce_pro.serving import KeptServer
+
+    return KeptServer(lambda: build_app(index, max_concurrency, queue_timeout, IDLE_TIMEOUT, MAX_CONNECTIONS),
+                      "retriever", IDLE_TIMEOUT)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ the client

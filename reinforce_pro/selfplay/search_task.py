@@ -122,20 +122,26 @@ class SearchTask(SelfPlayTask):
         return search_agent(RetrieverClient(self.retriever_url()), self.topk, self.info_chars, self.max_searches)
 
     def retriever_url(self) -> str:
+        """--selfplay_retriever_url, or the task's own service on 127.0.0.1: started at the first call, and at every
+        later one checked and started again on its port if it stopped answering (serving.KeptServer)."""
         with self._lock:
-            if self._url is None:
-                from reinforce_pro.search.retriever import BM25Index, make_server
+            if self._url is not None:
+                return self._url
+            if self._server is None:
+                from reinforce_pro.search.retriever import BM25Index, kept_server
 
-                self._server = make_server(BM25Index(self.kb.passages), port=0, max_concurrency=16)
-                self._url = self._server.start()
-            return self._url
+                self._server = kept_server(BM25Index(self.kb.passages), max_concurrency=16)
+                self._server.start()
+            else:
+                self._server.ensure()
+            return self._server.url
 
     def close(self) -> None:
         """Stop the retrieval service this task started (if any)."""
         with self._lock:
             if self._server is not None:
                 self._server.stop()
-                self._server, self._url = None, None
+                self._server = None
 
     def score(self, question: Question, responses: list[str], judge: Judge | None = None) -> ScoredResponses:
         """`responses`: each episode's last model turn. Right when its <answer> matches the gold answer after

@@ -25,6 +25,7 @@ from reinforce_pro.algos.stats import Stat, reduce_stats
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
+from reinforce_pro.serving import service_restarts
 from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.engine_recovery import EngineRecovery, Restart
@@ -205,6 +206,7 @@ class PPOTrainer:
                 metrics["perf/tokens_per_s"] = float(samples.action_mask.sum()) / timings["time/step"]
                 metrics.update(self.extra_metrics())
                 metrics["faults/engine_restarts"] = float(self.recovery.restarts)
+                metrics["faults/service_restarts"] = float(service_restarts())
                 self.step, self.trained_source = step, batch.source_state
                 self.record(step, metrics, samples, experience.rewards)
                 self.export_sidecars(step, experience)
