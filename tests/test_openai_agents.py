@@ -603,6 +603,35 @@ def test_the_endpoint_listens_on_loopback_only_and_stops(tokenizer):
         httpx.get(url + "/health", timeout=2)
 
 
+def test_an_engine_lost_under_the_episodes_is_raised_for_the_recovery_once_they_end(tokenizer):
+    """The engine dies at the step's first call: its requests are answered 503 and the agents fail, and then the
+    source raises the engine's error (not the agent's) so the trainer's engine recovery replaces the engine and
+    samples the batch again; the next call, on a working engine, trains as usual."""
+    from ray import exceptions as rex
+
+    from reinforce_pro.trainer.engine_recovery import EngineRecovery
+
+    engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
+    calls = []
+
+    def dying_once(prompt_ids, sampling):
+        calls.append(len(prompt_ids))
+        if len(calls) == 1:
+            raise rex.ActorDiedError()
+        return engine(prompt_ids, sampling)
+
+    source = source_for(tokenizer, dying_once, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=2)
+    replaced = []
+    recovery = EngineRecovery([], weight_sync=None, restart=None)  # the trainer's; replacing is the driver's part
+    recovery.replace = lambda error, step: replaced.append(type(error).__name__)  # which error reached it
+    try:
+        samples = recovery.run(lambda: source.generate([{"prompt": "3+4=", "label": "7"}]), step=0)
+    finally:
+        source.close()
+    assert replaced == ["ActorDiedError"] and calls == [2, 2]  # both episodes' first turns, then again
+    assert samples.rewards.rewards.tolist() == [1.0, 1.0] and samples.metrics["agent/dropped_episodes"] == 0
+
+
 def test_an_endpoint_that_stopped_answering_is_started_again_before_the_next_episodes(tokenizer, capsys):
     engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
     source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)

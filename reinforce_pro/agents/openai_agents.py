@@ -219,17 +219,21 @@ class OpenAIAgentSource:
         """n episodes of the agent per prompt against `endpoint`: (the (prompt, label) jobs, what each run_agent
         returned or raised, each session's trajectory). `serve`: the engine calls run on this thread (partial
         rollouts: it holds the engine gate), the agents on the caller thread. The endpoint is checked first, and
-        started again if it stopped answering."""
+        started again if it stopped answering; an engine lost under the episodes is raised once they end (its
+        requests were answered 503), for the trainer's engine recovery to replace it and sample them again."""
         endpoint.ensure()
         jobs = [(item["prompt"], item["label"]) for item in batch for _ in range(n)]
         sessions = [endpoint.open_session() for _ in jobs]
         endpoint.set_live(len(jobs))
+        endpoint.batcher.lost = None
         try:
             run = lambda: asyncio.run(self._run_all(jobs, sessions, endpoint, executor))  # noqa: E731
             results = self.caller.serve_while(run) if serve else run()
         finally:
             trajectories = [endpoint.close_session(s).trajectory for s in sessions]
             endpoint.set_live(0)
+        if endpoint.batcher.lost is not None:  # an engine was lost under them: it is replaced, the batch sampled again
+            raise endpoint.batcher.lost
         return jobs, results, trajectories
 
     async def _run_all(self, jobs, sessions, endpoint: Endpoint, executor) -> list:

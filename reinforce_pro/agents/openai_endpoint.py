@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from reinforce_pro.agents.openai_app import EndpointError, build_app
 from reinforce_pro.agents.trajectory import Call, Trajectory
+from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung
 
 # Sampling fields a request may send only with the run's own value (or the neutral one): the trainer replays the
 # run's settings, not a request's.
@@ -65,6 +66,9 @@ class Batcher:
         self.pending: list[tuple[list[int], dict, int | None, asyncio.Future]] = []
         self.live = 0  # agents still running: when all of them wait, the batch is complete
         self.calls = 0  # engine calls made
+        # the first error of an engine lost (dead, or hung past --engine_timeout_s) under the episodes in flight:
+        # their source raises it once they end, so that the engine is replaced and the batch sampled again
+        self.lost: BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._flushing = False
 
@@ -125,6 +129,8 @@ class Batcher:
             generations = list(zip(*out, strict=True)) if self.chunked is not None else [(g, None) for g in out]
             self.calls += 1
         except Exception as e:  # an engine failure fails these requests (503), not the endpoint
+            if isinstance(e, (*ACTOR_LOST, EngineHung)) and self.lost is None:
+                self.lost = e
             failure = EndpointError(503, f"the engines failed: {type(e).__name__}: {e}", "engine")
             generations = [failure] * len(members)
         for k, g in zip(members, generations, strict=True):
