@@ -61,6 +61,7 @@ from studies.study_stats import (
     seeds_needed,
     stored_results,
     tost,
+    varies,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -534,11 +535,13 @@ def mechanisms(runs: list[dict], regime: str = "stale4") -> list[dict]:
     return rows
 
 
-def replay_effect(runs: list[dict], off: str = "stale4", replayed: str = "stale4+r3") -> list[dict]:
+def replay_effect(
+    runs: list[dict], margin: float = 0.03, off: str = "stale4", replayed: str = "stale4+r3"
+) -> list[dict]:
     """Per correction run in both `off` and `replayed` (the same drift, the trainer replaying the engine's experts
     or routing itself): the held-out accuracy of each, the paired difference replayed - off seed by seed with the
-    exact sign-flip test (Holm over the corrections), the collapses under each (exact McNemar) and the routing
-    drift and masked fraction under each."""
+    exact sign-flip test (Holm over the corrections), the Wilcoxon signed-rank test beside it, TOST within
+    ±`margin`, the collapses under each (exact McNemar) and the routing drift and masked fraction under each."""
     rows = []
     both = {r["correction"] for r in runs if r["regime"] == off} & {
         r["correction"] for r in runs if r["regime"] == replayed
@@ -555,6 +558,8 @@ def replay_effect(runs: list[dict], off: str = "stale4", replayed: str = "stale4
         masked = {g: _mean([r.get("masked_frac") for r in arm[g]]) for g in arm}
         rows.append({"correction": correction, "n": len(seeds), "off": statistics.fmean(b[s] for s in seeds),
                      "replayed": statistics.fmean(a[s] for s in seeds), "diffs": diffs, "lower": side.lower,
+                     "p_wilcoxon": paired_test(diffs).p_wilcoxon if len(diffs) > 1 else None,
+                     "p_tost": tost(diffs, margin) if varies(diffs) else None, "margin": margin,
                      "higher": side.higher, "p_sign_flip": side.p_sign_flip, "flip_off": flips[off],
                      "flip_replayed": flips[replayed], "masked_off": masked[off],
                      "masked_replayed": masked[replayed],
@@ -574,16 +579,18 @@ def render_replay(rows: list[dict]) -> list[str]:
         return []
     lines = ["", "Routing replay (`stale4+r3` - `stale4`, the same arm with the trainer replaying the engine's experts "
              "or routing itself), held-out accuracy at the last step paired by seed; exact sign-flip p Holm-adjusted "
-             "over the corrections; routing flips: (token, MoE layer) pairs whose top-k set differs between engine "
-             "and trainer, measured before replay:", "",
-             "| correction | seeds | off -> r3 | r3 - off by seed | lower / higher | sign-flip p (Holm) | collapsed "
-             "(off / r3) | routing flips (off / r3) | masked (off / r3) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "over the corrections, the Wilcoxon signed-rank p beside it, TOST within ±margin (small: equivalent); "
+             "collapses with the exact McNemar p; routing flips: (token, MoE layer) pairs whose top-k set differs "
+             "between engine and trainer, measured before replay:", "",
+             "| correction | seeds | off -> r3 | r3 - off by seed | lower / higher | sign-flip p (Holm) | Wilcoxon p "
+             "| TOST p | collapsed (off / r3), McNemar p | routing flips (off / r3) | masked (off / r3) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         by_seed = ", ".join(f"{d:+.3f}" for d in r["diffs"])
         lines.append(f"| {r['correction']} | {r['n']} | {r['off']:.3f} -> {r['replayed']:.3f} | {by_seed} | "
-                     f"{r['lower']} / {r['higher']} | {r['p_sign_flip_holm']:.3f} | {r['collapsed_other']} / "
-                     f"{r['collapsed_design']} | {_fmt(r['flip_off'], '.2%')} / {_fmt(r['flip_replayed'], '.2%')} | "
+                     f"{r['lower']} / {r['higher']} | {r['p_sign_flip_holm']:.3f} | {_fmt(r['p_wilcoxon'], '.3f')} | "
+                     f"{_fmt(r['p_tost'], '.3f')} (±{r['margin']}) | {r['collapsed_other']} / {r['collapsed_design']}"
+                     f", {r['p_collapse']:.3f} | {_fmt(r['flip_off'], '.2%')} / {_fmt(r['flip_replayed'], '.2%')} | "
                      f"{_fmt(r['masked_off'], '.2%')} / {_fmt(r['masked_replayed'], '.2%')} |")  # fmt: skip
     return lines
 
@@ -779,7 +786,7 @@ def render(payload: dict, out_dir: Path) -> str:
               f"Endpoints: {json.dumps(ENDPOINTS)}."]  # fmt: skip
     lines += render_head_to_head(head_to_head(runs, margin), margin)
     lines += render_mechanisms(mechanisms(runs))
-    lines += render_replay(replay_effect(runs))
+    lines += render_replay(replay_effect(runs, margin))
     lines += render_by_seed(runs)
     hosts = sorted({r["host_id"] for r in runs})
     clean = sum(r["clean"] for r in runs)

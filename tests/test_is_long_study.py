@@ -472,9 +472,12 @@ def test_the_replay_table_pairs_each_correction_with_itself_under_r3_by_seed():
     assert none["p_sign_flip"] == pytest.approx(0.5) and none["p_sign_flip_holm"] == pytest.approx(1.0)
     assert (none["collapsed_other"], none["collapsed_design"]) == (1, 0)  # off / r3
     assert cppo["diffs"] == [0.0, 0.0] and cppo["p_sign_flip"] == 1.0
+    assert cppo["p_wilcoxon"] is None and none["p_tost"] is None  # no ranks to test; differences that do not vary
+    assert none["p_wilcoxon"] == pytest.approx(0.5)  # both seeds on one side: the smallest two-sided p of 2 seeds
     assert none["flip_off"] == pytest.approx(0.04) and none["flip_replayed"] == pytest.approx(0.05)
     text = "\n".join(study.render_replay(list(rows.values())))
     assert "| none | 2 | 0.500 -> 0.700 | +0.200, +0.200 | 0 / 2 |" in text and "4.00% / 5.00%" in text
+    assert "| - (±0.03) | 1 / 0, 1.000 |" in text  # TOST not defined; one collapse off, none under r3
     assert study.routing([{"routing/flip_frac": 0.1}, {"routing/flip_frac": 0.3}]) == {
         "routing": {"routing/flip_frac": pytest.approx(0.2)}}  # fmt: skip
     assert study.routing([{"rollout/reward_mean": 0.5}]) == {}
