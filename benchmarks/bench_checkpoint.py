@@ -19,17 +19,13 @@ a run saves once per 300 s of training, so a step pays cost x step time / 300.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import RESULTS_DIR, render_saved, run_cli, save_and_render
 
-ROOT = Path(__file__).resolve().parent.parent
 ARMS = {"none": ["--auto_checkpoint_minutes", "0"], "every step": ["--save_steps", "1", "--max_ckpt_num", "2"]}
 DEFAULT_INTERVAL_S = 300.0  # --auto_checkpoint_minutes 5
 SKIP = 5  # start-up steps left out of the medians
@@ -38,15 +34,10 @@ SKIP = 5  # start-up steps left out of the medians
 def run_arm(name: str, steps: int, seed: int, workdir: Path) -> dict:
     """One run of the embedded default: its per-step times, each save's reported seconds, a checkpoint's size."""
     run_dir, ckpt = workdir / name.replace(" ", "_"), workdir / f"{name.replace(' ', '_')}_ckpt"
-    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", "--sft_warmup_steps", "0", "--seed", str(seed),
-           "--max_samples", str(32 * steps), "--save_path", str(run_dir), "--ckpt_path", str(ckpt),
-           *ARMS[name]]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, output = run_cli(["--sft_warmup_steps", "0", "--seed", str(seed), "--max_samples", str(32 * steps),
+                            "--ckpt_path", str(ckpt), *ARMS[name]], run_dir)  # fmt: skip
     step_s = [r["time/step"] for r in rows if r.get("step", 0) > SKIP]
-    saves = [float(s) for s in re.findall(r"\[checkpoint\] \S+ \(([\d.]+) s", done.stdout + done.stderr)]
+    saves = [float(s) for s in re.findall(r"\[checkpoint\] \S+ \(([\d.]+) s", output)]
     newest = sorted(ckpt.glob("global_step*"))
     size = sum(f.stat().st_size for f in newest[-1].rglob("*") if f.is_file()) if newest else 0
     return {"arm": name, "steps": len(rows), "step_s": step_s, "median_step_s": statistics.median(step_s),

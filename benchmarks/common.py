@@ -134,6 +134,18 @@ def write_result(name: str, config: dict, results, output_dir: Path = RESULTS_DI
     return path
 
 
+def run_cli(argv: list[str], run_dir: Path, timeout_s: float = 1800) -> tuple[list[dict], str]:
+    """One run of `train_ppo_ray` with `argv` into `run_dir`, in a process of its own from the repository root:
+    (its metrics.jsonl rows, its output). A run that does not end 0 raises with the end of its output."""
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *argv, "--save_path", str(run_dir)]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"train_ppo_ray {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, done.stdout + done.stderr
+
+
 def render_saved(path: Path, render) -> int:
     """`--render FILE`: re-render the table (and plot) next to FILE from its JSON and print the table."""
     print(render(json.loads(path.read_text()), path.parent))

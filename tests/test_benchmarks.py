@@ -479,3 +479,20 @@ def test_bench_checkpoint_reads_a_save_s_cost_against_the_default_cadence(tmp_pa
     # 0.3 s a save, one save per 300 s of 0.5 s steps: 0.3 x 0.5 / 300 = 0.5 ms a step, 0.10% of it
     assert "A save costs +0.300 s" in text and "a step pays 0.50 ms on average (0.10% of a step)" in text
     assert (tmp_path / "bench_checkpoint.md").read_text().strip() == text
+
+
+def test_bench_routing_replay_splits_replays_cost_by_phase(tmp_path):
+    from benchmarks import bench_routing_replay
+
+    def arm(name, generate, experience, train):
+        phases = {"generate": generate, "make_experience": experience, "train": train, "weight_sync": 0.05}
+        phases["step"] = sum(phases.values())
+        return {"arm": name, "steps": 40, "median_s": phases, "response_tokens_per_step": 180.0, "step_s": []}
+
+    payload = {"commit": "b" * 40, "created": "2026-12-06T00:00:00+00:00", "machine": {"cpu": "cpu"},
+               "results": {"arms": [arm("none", 0.20, 0.10, 0.30), arm("r3", 0.22, 0.18, 0.31)]}}  # fmt: skip
+    text = bench_routing_replay.render(payload, tmp_path)
+    assert "| none | 40 | 0.200 | 0.100 | 0.300 | 0.050 | 0.650 | 180 |" in text
+    # 0.76 - 0.65 = 0.11 s a step, 16.9% of it: +0.02 capture, +0.08 the second old forward, +0.01 replayed train
+    assert "per step: +0.110 s (+16.9% of a step): generate +0.020 s, make_experience +0.080 s, train +0.010 s" in text
+    assert (tmp_path / "bench_routing_replay.md").read_text().strip() == text
