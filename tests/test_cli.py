@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -312,7 +313,7 @@ def test_a_reward_function_failing_mid_run_is_one_line(tmp_path, capsys, monkeyp
     def failing(cfg, plan):
         raise RewardFileError("step 3: reward_func raised ZeroDivisionError: division by zero")
 
-    monkeypatch.setattr(prepare, "prepare", lambda cfg: None)
+    monkeypatch.setattr(prepare, "prepare", lambda cfg: SimpleNamespace(run_dir=tmp_path))
     monkeypatch.setattr(driver, "build_and_fit", failing)
     args = parse_args(["--remote_rm_url", "r.py", "--pretrain", "m", "--save_path", str(tmp_path)])
     assert driver.train(run_config(args)) == 2
@@ -332,7 +333,7 @@ def test_an_agent_whose_every_episode_fails_is_one_line(tmp_path, capsys, monkey
     def failing(cfg, plan):
         raise AgentFileError(why)
 
-    monkeypatch.setattr(prepare, "prepare", lambda cfg: None)
+    monkeypatch.setattr(prepare, "prepare", lambda cfg: SimpleNamespace(run_dir=tmp_path))
     monkeypatch.setattr(driver, "build_and_fit", failing)
     args = parse_args(["--agent_func_path", "a.py", "--pretrain", "m", "--save_path", str(tmp_path)])
     assert driver.train(run_config(args)) == 2

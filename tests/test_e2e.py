@@ -920,6 +920,35 @@ def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine
     assert [r["step"] for r in read_metrics(plan.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
 
 
+def test_the_driver_killed_mid_run_is_resumed_by_running_its_command_again(tmp_path, engine, tiny_model, digit_reward):
+    """A probe SIGKILLs the driver itself (its whole session: nothing of it can say anything) once step 3 is
+    logged; the same command, run again, finds its run in --save_path and resumes it from the newest checkpoint:
+    it ends 0, every step is in metrics.jsonl once, and no traceback is printed."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *BASE_ARGS, *RESUME_ARGS, "--remote_rm_url",
+           digit_reward, "--pretrain", tiny_model, "--save_path", str(run_dir),
+           "--ckpt_path", str(tmp_path / "c")]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONWARNINGS": "ignore"}
+    with open(tmp_path / "killed.log", "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while _rows(run_dir / "metrics.jsonl") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: only what this test started
+        proc.wait()
+    saved = find_latest(tmp_path / "c")
+    assert saved is not None
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-3000:]
+    assert f"holds this command's run: resuming it from {tmp_path / 'c'}" in text and "Traceback" not in text
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
 def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 

@@ -117,11 +117,12 @@ def _cfg(tmp_path: Path, *extra: str):
 
 def test_default_checkpoints_go_under_the_run_directory_by_the_clock(tmp_path):
     plan = SimpleNamespace(run_dir=tmp_path / "run")
-    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan.run_dir)
     ckpt = cfg.loop.checkpoints
     assert ckpt.ckpt_path == tmp_path / "run" / "checkpoints" and ckpt.every_s == 300 and ckpt.save_steps == -1
     assert cfg.loop.max_failures == 3 and not ckpt.resume
-    by_steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "c")), plan)
+    by_steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "c")),
+                                      plan.run_dir)  # fmt: skip
     assert by_steps.loop.checkpoints.every_s == 0 and by_steps.loop.checkpoints.ckpt_path == tmp_path / "c"
     assert _cfg(tmp_path, "--auto_checkpoint_minutes", "0").loop.checkpoints is None
     assert _cfg(tmp_path, "--auto_checkpoint_minutes", "1.5").loop.checkpoints.every_s == 90
@@ -131,15 +132,15 @@ def test_starting_again_resumes_from_the_newest_checkpoint_or_cuts_every_row(tmp
     plan = SimpleNamespace(run_dir=tmp_path / "run")
     plan.run_dir.mkdir()
     (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
-    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
-    assert resume.resuming(cfg, plan, tmp_path / "run" / "checkpoints" / "global_step2").loop.checkpoints.resume
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan.run_dir)
+    assert resume.resuming(cfg, plan.run_dir, tmp_path / "run" / "checkpoints" / "global_step2").loop.checkpoints.resume
     assert (plan.run_dir / "metrics.jsonl").read_text().count("step") == 3  # resume_checkpoint cuts them
-    assert resume.resuming(cfg, plan, None) is cfg and (plan.run_dir / "metrics.jsonl").read_text() == ""
+    assert resume.resuming(cfg, plan.run_dir, None) is cfg and (plan.run_dir / "metrics.jsonl").read_text() == ""
 
 
 def test_a_run_that_cannot_recover_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch):
     plan = SimpleNamespace(run_dir=tmp_path / "run")
-    cfg = resume.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan)
+    cfg = resume.run_checkpoints(_cfg(tmp_path, "--max_failures", "1"), plan.run_dir)
     monkeypatch.setattr("sys.argv", ["train_ppo_ray", "--seed", "3"])
     saved = plan.run_dir / "checkpoints" / "global_step40"
     budget = faults.FailureBudget(cfg.loop.max_failures)
@@ -220,11 +221,59 @@ def test_memory_metrics_read_the_run_s_processes_on_this_node_and_the_headroom(m
 
 def test_the_start_line_says_where_the_run_checkpoints_and_how_a_killed_run_resumes(tmp_path):
     plan = SimpleNamespace(run_dir=tmp_path / "run")
-    cfg = resume.run_checkpoints(_cfg(tmp_path), plan)
+    cfg = resume.run_checkpoints(_cfg(tmp_path), plan.run_dir)
     line = resume.checkpoint_line(cfg, plan, ["--seed", "3"])
     assert line.startswith(f"[checkpoints] every 5 min of training into {tmp_path / 'run' / 'checkpoints'}")
     assert line.endswith(f"--seed 3 --load_checkpoint --ckpt_path {tmp_path / 'run' / 'checkpoints'} "
                          f"--save_path {tmp_path / 'run'}")  # fmt: skip
-    steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "4", "--ckpt_path", str(tmp_path / "c")), plan)
+    steps = resume.run_checkpoints(_cfg(tmp_path, "--save_steps", "4", "--ckpt_path", str(tmp_path / "c")),
+                                   plan.run_dir)  # fmt: skip
     assert resume.checkpoint_line(steps, plan, []).startswith(f"[checkpoints] every 4 steps into {tmp_path / 'c'}")
     assert resume.checkpoint_line(_cfg(tmp_path, "--auto_checkpoint_minutes", "0"), plan, []) is None
+
+
+def _rows(run_dir: Path, steps: int) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": 1.0}) + "\n" for s in range(steps + 1)))
+
+
+def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, capsys):
+    """A run killed with its driver (no line of its own survives) is resumed by running its command again: from
+    the newest checkpoint, or from the first step with the old rows cut; a finished run or another command's is
+    moved aside (nothing lost) and a new run starts; a first start only records its command."""
+    run_dir = tmp_path / "run"
+
+    def start(*extra):  # what train() does before it builds anything: rerun, prepare (the run directory), record
+        cfg = resume.rerun(_cfg(tmp_path, *extra))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resume.record_command(cfg, run_dir)
+        return cfg
+
+    assert not start().loop.checkpoints.resume and (run_dir / resume.COMMAND_FILE).is_file()
+    assert not start().loop.checkpoints.resume  # no step trained yet: a new start
+    _rows(run_dir, 3)
+    again = start()  # killed before its first checkpoint
+    assert again.loop.checkpoints.resume is False and (run_dir / "metrics.jsonl").read_text() == ""
+    assert "resuming it from the first step (no checkpoint yet)" in capsys.readouterr().out
+    _rows(run_dir, 3)
+    saved = run_dir / "checkpoints" / "global_step2"
+    saved.mkdir(parents=True)
+    (saved / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    (run_dir / "checkpoints" / "latest").write_text("global_step2")
+    resumed = start()
+    assert resumed.loop.checkpoints.resume is True and resumed.loop.checkpoints.ckpt_path == saved.parent
+    assert f"resuming it from {saved}" in capsys.readouterr().out
+    other = start("--seed", "7")  # another command: the old run moved aside, kept whole
+    assert not other.loop.checkpoints.resume and (tmp_path / "run.1" / "checkpoints" / "latest").is_file()
+    assert not (run_dir / "metrics.jsonl").exists() and (run_dir / resume.COMMAND_FILE).is_file()
+    assert f"{run_dir} held a run of another command (" in capsys.readouterr().out
+    _rows(run_dir, 5)
+    (run_dir / "final_model").mkdir()
+    assert not start("--seed", "7").loop.checkpoints.resume  # finished: a new run
+    assert (tmp_path / "run.2" / "final_model").is_dir()
+    assert f"held this command's finished run: moved to {tmp_path / 'run.2'}" in capsys.readouterr().out
+    _rows(run_dir, 5)
+    explicit = start("--seed", "7", "--load_checkpoint")  # --load_checkpoint: as before
+    assert explicit.loop.checkpoints.resume is True and (run_dir / "metrics.jsonl").is_file()
+    _, elsewhere = parse(["--pretrain", "m", "--seed", "8"])  # no --save_path: a new runs/<time> every time
+    assert resume.rerun(elsewhere) is elsewhere

@@ -46,7 +46,9 @@ def train(cfg: RunConfig) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        cfg = resume.rerun(cfg)  # the same command again into its --save_path resumes its run
         plan = prepare(cfg)
+        resume.record_command(cfg, plan.run_dir)
         history = build_and_fit(cfg, plan)
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
         url = cfg.models.remote_rm_url
@@ -74,7 +76,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
     start_ray(actors.logical_cpus(cfg), quiet=not cfg.output.verbose)
     use_gpu = gpus_available()
     start.check_sleep_flags(cfg, use_gpu)
-    cfg = resume.run_checkpoints(start.start_config(cfg, plan, use_gpu), plan)
+    cfg = resume.run_checkpoints(start.start_config(cfg, plan, use_gpu), plan.run_dir)
     if engines is None and (line := resume.checkpoint_line(cfg, plan, sys.argv[1:])):
         print(line, flush=True)
     (plan.run_dir / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, default=str) + "\n")
@@ -96,7 +98,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
                 raise faults.RunLost(f"{lost}{lost_run_note(plan, saved, why)}") from lost.__cause__
             print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} "
                   f"({budget.used} of --max_failures {budget.limit})", flush=True)  # fmt: skip
-            cfg, restarted = resume.resuming(cfg, plan, saved), True
+            cfg, restarted = resume.resuming(cfg, plan.run_dir, saved), True
 
 
 class ActorLost(Exception):

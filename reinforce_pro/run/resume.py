@@ -1,8 +1,10 @@
 """Where a run resumes: the newest complete checkpoint under --load_checkpoint, the run's per-step jsonl files
-cut back to its step, and the default checkpoints' place under the run directory."""
+cut back to its step, and the default checkpoints' place under the run directory. The same command run again
+into the run directory it named (--save_path) resumes the run it started there (`rerun`)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -27,19 +29,19 @@ def resume_checkpoint(cfg: RunConfig, plan: RunPlan) -> Path | None:
     return ckpt
 
 
-def run_checkpoints(cfg: RunConfig, plan: RunPlan) -> RunConfig:
+def run_checkpoints(cfg: RunConfig, run_dir: Path) -> RunConfig:
     """The default checkpoints (--auto_checkpoint_minutes without --save_steps) go under the run directory."""
     ckpt = cfg.loop.checkpoints
     if ckpt is None or ckpt.ckpt_path is not None:
         return cfg
-    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(ckpt, ckpt_path=plan.run_dir / "checkpoints")))
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(ckpt, ckpt_path=run_dir / "checkpoints")))
 
 
-def resuming(cfg: RunConfig, plan: RunPlan, saved: Path | None) -> RunConfig:
+def resuming(cfg: RunConfig, run_dir: Path, saved: Path | None) -> RunConfig:
     """The config the run starts again with after a lost actor: resumed from the newest checkpoint (its step's
     later rows cut from the jsonl files), or with no checkpoint yet from the first step (every row cut)."""
     if saved is None:
-        for path in plan.run_dir.glob("*.jsonl"):
+        for path in run_dir.glob("*.jsonl"):
             truncate_jsonl(path, -1)  # the evaluation before training (step 0) is logged again too
         return cfg
     return replace(cfg, loop=replace(cfg.loop, checkpoints=replace(cfg.loop.checkpoints, resume=True)))
@@ -60,3 +62,77 @@ def resume_command(argv: list[str], ckpt_dir: Path, run_dir: Path) -> str:
     """The command line `argv` ran, with what resumes it from the checkpoints in `ckpt_dir` into `run_dir`."""
     again = ["python", "-m", "reinforce_pro.cli.train_ppo_ray", *argv]
     return shlex.join([*again, "--load_checkpoint", "--ckpt_path", str(ckpt_dir), "--save_path", str(run_dir)])
+
+
+COMMAND_FILE = "command.json"  # the run directory's record of the config its command asked for (rerun reads it)
+
+
+def asked(cfg: RunConfig) -> dict:
+    """The config as the command asked for it, without what differs between two starts of the same command
+    (whether it resumes, wandb's run name stamped with the time)."""
+    out = json.loads(json.dumps(cfg.as_dict(), default=str))
+    if out["loop"]["checkpoints"]:
+        out["loop"]["checkpoints"].pop("resume")
+    if out["output"]["wandb"]:
+        out["output"]["wandb"].pop("run_name")
+    return out
+
+
+def rerun(cfg: RunConfig) -> RunConfig:
+    """Before a command given --save_path prepares its run: a run there that trained a step, of the same command
+    (command.json), and not finished, is resumed as --load_checkpoint would, from its newest complete checkpoint,
+    or with none from the first step, the old rows cut. A finished run or one of another command is moved aside
+    to <save_path>.<n> (nothing lost) and a new run starts. Without --save_path every run gets a new runs/<time>
+    directory: the [checkpoints] line's command resumes it. Returns the config to run."""
+    if not cfg.output.save_path:
+        return cfg
+    run_dir = Path(cfg.output.save_path).resolve()
+    cfg, record = run_checkpoints(cfg, run_dir), run_dir / COMMAND_FILE  # record_command writes it, once prepared
+    explicit = cfg.loop.checkpoints is not None and cfg.loop.checkpoints.resume
+    if not explicit and _trained_a_step(run_dir):
+        previous = json.loads(record.read_text()) if record.is_file() else None
+        why = _not_resumable(previous, asked(cfg), run_dir)
+        if why is None:
+            saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
+            print(f"[resume] {run_dir} holds this command's run: resuming it from "
+                  f"{saved or 'the first step (no checkpoint yet)'}", flush=True)  # fmt: skip
+            cfg = resuming(cfg, run_dir, saved)
+        else:
+            aside = next(run_dir.with_name(f"{run_dir.name}.{n}") for n in range(1, 10**6)
+                         if not run_dir.with_name(f"{run_dir.name}.{n}").exists())  # fmt: skip
+            run_dir.rename(aside)
+            print(f"[run] {run_dir} held {why}: moved to {aside}; a new run starts", flush=True)
+    return cfg
+
+
+def record_command(cfg: RunConfig, run_dir: Path) -> None:
+    """command.json: what a later start of the same command compares itself with (rerun)."""
+    (run_dir / COMMAND_FILE).write_text(json.dumps(asked(cfg), indent=2) + "\n")
+
+
+def _not_resumable(previous: dict | None, now: dict, run_dir: Path) -> str | None:
+    """Why the run in `run_dir` is not this command's to resume (None: it is)."""
+    if previous is None:
+        return "a run that recorded no command"
+    if previous != now:
+        return f"a run of another command ({', '.join(_differences(previous, now)[:3])})"
+    if (run_dir / "final_model").is_dir():
+        return "this command's finished run"
+    return None
+
+
+def _trained_a_step(run_dir: Path) -> bool:
+    """Whether metrics.jsonl holds a training step (an attempt that stopped before one leaves nothing to keep)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as f:
+        return any(json.loads(line).get("step", 0) >= 1 for line in f if line.strip())
+
+
+def _differences(before, now, at: str = "") -> list[str]:
+    """The dotted config keys whose values differ, with both values."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        keys = sorted(set(before) | set(now))
+        return [d for k in keys for d in _differences(before.get(k), now.get(k), f"{at}{k}.")]
+    return [] if before == now else [f"{at[:-1]}: {before} -> {now}"]
