@@ -173,6 +173,7 @@ def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, 
     assert any(k.startswith("routing_pos/flip_frac/") for k in first)
     assert first["rollout/logprob_abs_diff_max"] < 1e-4  # replayed fp32 forward: the engine's numbers
     assert first["routing/logprob_abs_diff_unreplayed_mean"] < 1e-4  # no flips: replay had nothing to close
+    assert "routing/logprob_abs_diff_unreplayed_mean" not in history[1]  # measured at step 1 and every 10th after
     for step in history:
         assert 1.0 < step["policy/aux_loss"] < 8.0  # 2 (the top-k) when balanced, 8 (the experts) at worst
         assert step["policy/grad_norm"] > 0

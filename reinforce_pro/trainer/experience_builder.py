@@ -41,6 +41,11 @@ class ExperienceConfig:
     routing_replay: str = "none"  # MoE: none / r2 / r3, whose routes the forwards replay (models/routing.py)
 
 
+# Under --routing_replay r3 the gap replay closes is measured with one more forward of the policy, on the first
+# batch and every this many after (benchmarks/bench_routing_replay.py: at every step it was most of what r3 adds).
+UNREPLAYED_EVERY = 10
+
+
 class RunningMoments:
     """Running mean / std of rewards over the whole run (Chan et al. parallel update), for --normalize_reward."""
 
@@ -66,6 +71,7 @@ class ExperienceBuilder:
         self.policy, self.reference, self.critic = policy, reference, critic
         self.reward_fn, self.cfg, self.kl_ctl = reward_fn, cfg, kl_ctl
         self.reward_moments = RunningMoments()
+        self.old_forwards = 0  # batches scored by old_forward so far
 
     def state_dict(self) -> dict:
         """What a resume must restore of the experience side: the adaptive KL coefficient and the running
@@ -158,11 +164,13 @@ class ExperienceBuilder:
 
     def old_forward(self, samples: Samples) -> dict:
         """The policy's score() of the rollout (its log-probs, with the tokens the trainer's replay of the
-        engine's filter would have removed, and an MoE policy's routing); under --routing_replay r3 also
-        "unreplayed": the log-probs of the same forward routing itself, for the gap replay closes."""
+        engine's filter would have removed, and an MoE policy's routing); under --routing_replay r3, for the first
+        batch and every UNREPLAYED_EVERY-th after, also "unreplayed": the log-probs of the same forward routing
+        itself, for the gap replay closes."""
         seq, attn, t, routes = samples.sequences, samples.attention_mask, samples.num_actions, samples.routes
         scored = _sharded_call(self.policy, "score", seq, attn, t, routes)
-        if self.cfg.routing_replay == "r3":
+        self.old_forwards += 1
+        if self.cfg.routing_replay == "r3" and (self.old_forwards - 1) % UNREPLAYED_EVERY == 0:
             scored["unreplayed"] = _sharded_call(self.policy, "score_unreplayed", seq, attn, t, routes)["log_probs"]
         return scored
 
