@@ -1037,6 +1037,66 @@ def test_a_run_recovers_from_a_hung_engine(tmp_path, engine, tiny_model, digit_r
     assert "Traceback" not in text and (tmp_path / "run" / "final_model").is_dir()
 
 
+def test_a_memory_hog_that_makes_rays_monitor_kill_an_actor_costs_the_run_nothing(tmp_path, tiny_model, digit_reward):
+    """A run on a Ray cluster of its own whose memory monitor acts 6 GB above the node's use at its start; once
+    step 3 is logged, this test (a neighbour, not one of Ray's workers) takes memory until the node is 0.5 GB past
+    that line, and gives it back as soon as one of the run's actors is gone. The monitor kills one; the run names
+    it (killed by Ray's memory monitor) in one [recover] line, goes on, and ends 0 with every step once."""
+    import numpy as np
+    import psutil
+
+    node = psutil.virtual_memory()
+    line = (node.total - node.available + 6 * 2**30) / node.total
+    if line > 0.9:
+        pytest.skip(f"the node has too little free memory for the hog ({node.available / 2**30:.1f} GB available)")
+    run_dir = tmp_path / "run"
+    argv = [
+        *BASE_ARGS,
+        *FAULT_ARGS,
+        "--remote_rm_url",
+        digit_reward,
+        "--max_samples",
+        "192",
+        "--ckpt_path",
+        str(tmp_path / "ckpt"),
+        "--pretrain",
+        tiny_model,
+        "--save_path",
+        str(run_dir),
+    ]  # fmt: skip  (24 steps)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own, with its own monitor
+    env.update(RAY_memory_usage_threshold=f"{line:.4f}", RAY_memory_monitor_refresh_ms="100", PYTHONWARNINGS="ignore")
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "reinforce_pro.cli.train_ppo_ray", *argv], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    hog = []  # the neighbour's memory
+    try:
+        deadline = time.monotonic() + 480
+        while _rows(run_dir / "metrics.jsonl") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        pids = [a["pid"] for actors in json.loads((run_dir / "placement.json").read_text()).values() for a in actors]
+        now = psutil.virtual_memory()
+        hog.append(np.ones(int(line * now.total - (now.total - now.available) + 2**29), dtype=np.uint8))  # resident
+        while all(_alive(pid) for pid in pids):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        hog.clear()  # one actor is gone: the neighbour leaves
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, log.read_text()[-3000:]
+    finally:
+        hog.clear()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: only what this test started
+            proc.wait()
+    text = log.read_text()
+    recovered = re.findall(r"\[recover\] (.*)", text)
+    assert recovered and "killed by Ray's memory monitor (node memory " in recovered[0], text[-3000:]
+    assert re.match(r"(vLLM engine|policy rank|reference rank) 0 was lost", recovered[0]), recovered  # named
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 25)), text[-3000:]
+    assert "Traceback" not in text
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` is a process that has not exited (a zombie has: it only waits for its parent)."""
     try:

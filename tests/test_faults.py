@@ -28,6 +28,41 @@ PID\tMEM(GB)\tCOMMAND
 """
 
 
+# The report of Ray 2.x's memory monitor as a run caught it (tests/test_e2e.py's memory hog), abridged: it carries no
+# actor id of its own; the actors it killed are on its "Selected to kill" lines.
+MEMORY_MONITOR_REPORT = """2 worker(s) were killed due to the node running low on memory. \
+Memory on the node (IP: 127.0.0.1, ID: 483c) was 6.95GB used / 23.54GB limit (0.295252)
+OOM kill reason: Memory usage 7458402304B exceeded threshold of 7448890880B (29.5% of 25276182528B limit)
+Ray killed 2 worker(s) based on the killing policy
+Considered workers: [
+Selected to kill: (Worker with no lease granted: pid=20243, actual memory used=0.18GB, worker ID=36fe)
+Selected to kill: (Actor(505370e853a1054b32dc506c01000000): job ID=01000000, lease ID=0200, \
+task name=VLLMEngine.__init__, required resources={CPU: 1}, pid=20376, actual memory used=1.54GB, worker ID=c341)
+(Actor(6eefaae736780f13429fba2c01000000): job ID=01000000, task name=PolicyWorker.__init__, pid=20323, \
+actual memory used=0.41GB, worker ID=b3a5)
+]
+Top 10 memory users: PID\tMEM(GB)\tCOMMAND
+20082\t3.30\t.venv/bin/python -m pytest -q tests/test_e2e.py -k memory_hog -x
+20376\t1.54\tray::VLLMEngine
+20323\t0.41\tray::PolicyWorker.train_minibatch
+"""
+
+
+def test_a_memory_monitor_kill_reported_without_an_actor_id_names_the_actor_it_selected():
+    """Ray's report on another call carries no actor id: the engine it selected is still named, and replaced in
+    place (lost_engine finds it), with the node's use and its largest users."""
+    from reinforce_pro.rollout.engine_wait import lost_engine
+
+    error = rex.OutOfMemoryError(MEMORY_MONITOR_REPORT)
+    engine, policy = _Actor("505370e853a1054b32dc506c01000000"), _Actor("6eefaae736780f13429fba2c01000000")
+    roles = {"policy": [policy], "engines": [engine]}
+    line = faults.describe(error, roles, step=7)
+    assert line.startswith("vLLM engine 0 was lost at step 8: killed by Ray's memory monitor (node memory 6.95GB / "
+                           "23.54GB); largest users: pid 20082 3.30 GB (.venv/bin/python -m pytest")  # fmt: skip
+    assert lost_engine(error, [engine]) == 0 and lost_engine(error, [policy]) is None  # not selected: not lost
+    assert faults.actor_of(error, {}) == "actor VLLMEngine (pid 20376)"  # an actor of no role: class and pid
+
+
 class _Actor:
     def __init__(self, hex_id: str):
         self._actor_id = SimpleNamespace(hex=lambda: hex_id)

@@ -11,6 +11,8 @@ checkpoint (run/driver.py).
 
 from __future__ import annotations
 
+import re
+
 import ray
 from ray import exceptions as rex
 
@@ -50,10 +52,19 @@ def actor_hex_id(actor) -> str | None:
     return handle.hex() if handle is not None else None
 
 
+def lost_actor_ids(error: BaseException) -> list[str]:
+    """The Ray actor ids (hex) `error` reports lost: the one it carries, or, for a kill by Ray's memory monitor
+    reported on a call it carries none for, the actors its report selected ("Selected to kill: (Actor(<id>)")."""
+    if not isinstance(error, (*ACTOR_LOST, EngineHung)):
+        return []
+    actor_id = getattr(error, "actor_id", None)
+    return [actor_id] if actor_id else re.findall(r"Selected to kill: \(Actor\(([0-9a-f]+)\)", str(error))
+
+
 def lost_engine(error: BaseException, engines: list) -> int | None:
     """The index in `engines` of the engine `error` reports lost (hung, or dead by the actor id Ray's error
-    carries), or None when it is about another actor or none."""
+    carries or its memory monitor selected), or None when it is about another actor or none."""
     if isinstance(error, EngineHung) and error.actor_id is None:
         return error.index if error.index < len(engines) else None
-    actor_id = getattr(error, "actor_id", None) if isinstance(error, (*ACTOR_LOST, EngineHung)) else None
-    return next((i for i, engine in enumerate(engines) if actor_id and actor_hex_id(engine) == actor_id), None)
+    ids = lost_actor_ids(error)
+    return next((i for i, engine in enumerate(engines) if actor_hex_id(engine) in ids), None)

@@ -14,7 +14,7 @@ import re
 
 from ray import exceptions as rex
 
-from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung, actor_hex_id
+from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung, actor_hex_id, lost_actor_ids
 
 # a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor, an
 # engine alive but answering nothing within --engine_timeout_s)
@@ -47,14 +47,18 @@ class RunLost(Exception):
 
 def actor_of(error: BaseException, roles: dict[str, list]) -> str:
     """The lost actor's name in the run's words ("vLLM engine 0", "policy rank 1"), from the actor id Ray's error
-    carries; its class and process id where the id is not one of `roles` (an actor of roles() per role)."""
-    actor_id = getattr(error, "actor_id", None)
+    carries or its memory monitor's report selected; its class and process id where the id is not one of `roles`
+    (an actor of roles() per role)."""
+    ids = lost_actor_ids(error)
     for role, actors in roles.items():
         for rank, actor in enumerate(actors):
-            if actor_id and actor_hex_id(actor) == actor_id:
+            if actor_hex_id(actor) in ids:
                 return f"{ROLE_NAMES.get(role, role)} {rank}"
     text = str(error)
-    cls, pid = re.search(r"class_name: (\S+)", text), re.search(r"\bpid: (\d+)", text)
+    selected = re.search(r"Selected to kill: \(Actor\([^)]*\):[^\n]*", text)  # a memory-monitor report
+    picked = selected[0] if selected else ""
+    cls = re.search(r"class_name: (\S+)", text) or re.search(r"task name=(\w+)", picked)
+    pid = re.search(r"\bpid: (\d+)", text) or re.search(r"\bpid=(\d+)", picked)
     if cls:
         return f"actor {cls[1]}" + (f" (pid {pid[1]})" if pid else "")
     return "a worker"
@@ -65,11 +69,11 @@ def cause(error: BaseException) -> str:
     when Ray lists them), or the process dying under it (a signal, the kernel's OOM killer, a crash)."""
     text = str(error)
     if isinstance(error, rex.OutOfMemoryError) or "running low on memory" in text or "memory monitor" in text:
-        used = re.search(r"Memory on the node .{0,300}? was ([\d.]+\s*GB\s*/\s*[\d.]+\s*GB)", text, re.S)
+        used = re.search(r"Memory on the node .{0,300}? was ([\d.]+\s*GB)(?: used)?\s*/\s*([\d.]+\s*GB)", text, re.S)
         top = _top_users(text)
         return (
             "killed by Ray's memory monitor"
-            + (f" (node memory {used[1]})" if used else "")
+            + (f" (node memory {used[1]} / {used[2]})" if used else "")
             + (f"; largest users: {top}" if top else "")
         )
     if isinstance(error, rex.NodeDiedError):
