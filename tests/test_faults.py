@@ -5,6 +5,7 @@ killed engine and policy is tests/test_e2e.py's."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -279,9 +280,10 @@ def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, cap
     run_dir = tmp_path / "run"
 
     def start(*extra):  # what train() does before it builds anything: rerun, prepare (the run directory), record
-        cfg = resume.rerun(_cfg(tmp_path, *extra))
+        given = _cfg(tmp_path, *extra)
+        cfg = resume.rerun(given)
         run_dir.mkdir(parents=True, exist_ok=True)
-        resume.record_command(cfg, run_dir)
+        resume.record_command(resume.asked(given), run_dir)
         return cfg
 
     assert not start().loop.checkpoints.resume and (run_dir / resume.COMMAND_FILE).is_file()
@@ -312,3 +314,37 @@ def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, cap
     assert explicit.loop.checkpoints.resume is True and (run_dir / "metrics.jsonl").is_file()
     _, elsewhere = parse(["--pretrain", "m", "--seed", "8"])  # no --save_path: a new runs/<time> every time
     assert resume.rerun(elsewhere) is elsewhere
+
+
+def test_without_a_save_path_the_same_command_resumes_its_newest_unfinished_run(tmp_path, monkeypatch, capsys):
+    """A run of the default runs/<time>/ directory: a second start of the same command finds the newest one that
+    trained a step and did not finish, and resumes it there; finished runs, other commands' runs and runs that
+    never trained a step are left alone (a new runs/<time>/)."""
+    monkeypatch.setattr(resume, "DEFAULT_RUNS", tmp_path / "runs")
+
+    def command(*extra):
+        _, cfg = parse(["--pretrain", "m", *extra])
+        return cfg
+
+    def made(name: str, cfg, steps: int, finished: bool = False) -> Path:
+        run_dir = tmp_path / "runs" / name
+        _rows(run_dir, steps)
+        resume.record_command(resume.asked(cfg), run_dir)
+        if finished:
+            (run_dir / "final_model").mkdir()
+        return run_dir
+
+    assert resume.rerun(command()).output.save_path is None  # nothing there: a new runs/<time>/
+    made("20261206-100000", command(), 5)
+    killed = made("20261206-110000", command(), 3)
+    made("20261206-120000", command(), 9, finished=True)
+    made("20261206-130000", command("--seed", "7"), 4)
+    made("20261206-140000", command(), 0)  # stopped before its first step
+    for name, mtime in zip(sorted(p.name for p in (tmp_path / "runs").iterdir()), range(5), strict=True):
+        os.utime(tmp_path / "runs" / name / resume.COMMAND_FILE, (1e9 + mtime, 1e9 + mtime))
+    cfg = resume.rerun(command())
+    assert cfg.output.save_path == str(killed) and cfg.loop.checkpoints.ckpt_path == killed / "checkpoints"
+    assert f"[resume] {killed} holds this command's run: resuming it from the first step" in capsys.readouterr().out
+    assert (killed / "metrics.jsonl").read_text() == ""  # no checkpoint yet: its rows cut, run again from step 1
+    (killed / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "x"')  # a last line cut short by the kill
+    assert resume.rerun(command()).output.save_path == str(killed)

@@ -46,9 +46,10 @@ def train(cfg: RunConfig) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        cfg = resume.rerun(cfg)  # the same command again into its --save_path resumes its run
+        command = resume.asked(cfg)
+        cfg = resume.rerun(cfg)  # the same command again resumes its run
         plan = prepare(cfg)
-        resume.record_command(cfg, plan.run_dir)
+        resume.record_command(command, plan.run_dir)
         history = build_and_fit(cfg, plan)
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
         url = cfg.models.remote_rm_url

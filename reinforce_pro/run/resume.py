@@ -65,25 +65,32 @@ def resume_command(argv: list[str], ckpt_dir: Path, run_dir: Path) -> str:
 
 
 COMMAND_FILE = "command.json"  # the run directory's record of the config its command asked for (rerun reads it)
+DEFAULT_RUNS = Path("runs")  # where a run without --save_path gets its runs/<time> directory (run/prepare.py)
 
 
 def asked(cfg: RunConfig) -> dict:
     """The config as the command asked for it, without what differs between two starts of the same command
-    (whether it resumes, wandb's run name stamped with the time)."""
+    (whether it resumes, wandb's run name stamped with the time, the run directory found for it)."""
     out = json.loads(json.dumps(cfg.as_dict(), default=str))
     if out["loop"]["checkpoints"]:
         out["loop"]["checkpoints"].pop("resume")
     if out["output"]["wandb"]:
         out["output"]["wandb"].pop("run_name")
+    out["output"].pop("save_path")
     return out
 
 
 def rerun(cfg: RunConfig) -> RunConfig:
-    """Before a command given --save_path prepares its run: a run there that trained a step, of the same command
-    (command.json), and not finished, is resumed as --load_checkpoint would, from its newest complete checkpoint,
-    or with none from the first step, the old rows cut. A finished run or one of another command is moved aside
-    to <save_path>.<n> (nothing lost) and a new run starts. Without --save_path every run gets a new runs/<time>
-    directory: the [checkpoints] line's command resumes it. Returns the config to run."""
+    """Before a command prepares its run, the run directory it resumes, if any. With --save_path: a run there that
+    trained a step, of the same command (command.json), and not finished, is resumed as --load_checkpoint would,
+    from its newest complete checkpoint, or with none from the first step, the old rows cut; a finished run or
+    one of another command is moved aside to <save_path>.<n> (nothing lost) and a new run starts. Without
+    --save_path: the newest runs/<time>/ of the same command that trained a step and did not finish is resumed
+    (its directory becomes the run's --save_path); none, a new runs/<time>/. Returns the config to run."""
+    now = asked(cfg)  # before the run directory fills in anything
+    found = None if cfg.output.save_path else _unfinished_run(now)
+    if found is not None:
+        cfg = replace(cfg, output=replace(cfg.output, save_path=str(found)))
     if not cfg.output.save_path:
         return cfg
     run_dir = Path(cfg.output.save_path).resolve()
@@ -91,11 +98,12 @@ def rerun(cfg: RunConfig) -> RunConfig:
     explicit = cfg.loop.checkpoints is not None and cfg.loop.checkpoints.resume
     if not explicit and _trained_a_step(run_dir):
         previous = json.loads(record.read_text()) if record.is_file() else None
-        why = _not_resumable(previous, asked(cfg), run_dir)
+        why = _not_resumable(previous, now, run_dir)
         if why is None:
             saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
             print(f"[resume] {run_dir} holds this command's run: resuming it from "
-                  f"{saved or 'the first step (no checkpoint yet)'}", flush=True)  # fmt: skip
+                  f"{saved or 'the first step (no checkpoint yet)'} (a new run instead: give a new --save_path)",
+                  flush=True)  # fmt: skip
             cfg = resuming(cfg, run_dir, saved)
         else:
             aside = next(run_dir.with_name(f"{run_dir.name}.{n}") for n in range(1, 10**6)
@@ -105,9 +113,10 @@ def rerun(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def record_command(cfg: RunConfig, run_dir: Path) -> None:
-    """command.json: what a later start of the same command compares itself with (rerun)."""
-    (run_dir / COMMAND_FILE).write_text(json.dumps(asked(cfg), indent=2) + "\n")
+def record_command(command: dict, run_dir: Path) -> None:
+    """command.json: `command` (asked(cfg) of the config as given), what a later start of the same command
+    compares itself with (rerun)."""
+    (run_dir / COMMAND_FILE).write_text(json.dumps(command, indent=2) + "\n")
 
 
 def _not_resumable(previous: dict | None, now: dict, run_dir: Path) -> str | None:
@@ -121,13 +130,35 @@ def _not_resumable(previous: dict | None, now: dict, run_dir: Path) -> str | Non
     return None
 
 
+def _unfinished_run(now: dict) -> Path | None:
+    """The newest runs/<time>/ whose command.json is `now`, that trained a step and did not finish."""
+    records = sorted(DEFAULT_RUNS.glob(f"*/{COMMAND_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for record in records:
+        run_dir = record.parent
+        if (run_dir / "final_model").is_dir() or not _trained_a_step(run_dir):
+            continue
+        try:
+            if json.loads(record.read_text()) == now:
+                return run_dir.resolve()
+        except (OSError, ValueError):  # a record cut short: not this command's
+            continue
+    return None
+
+
 def _trained_a_step(run_dir: Path) -> bool:
-    """Whether metrics.jsonl holds a training step (an attempt that stopped before one leaves nothing to keep)."""
+    """Whether metrics.jsonl holds a training step (an attempt that stopped before one leaves nothing to keep);
+    a last line cut short by the kill is not one."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return False
     with path.open(encoding="utf-8") as f:
-        return any(json.loads(line).get("step", 0) >= 1 for line in f if line.strip())
+        for line in f:
+            try:
+                if json.loads(line).get("step", 0) >= 1:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _differences(before, now, at: str = "") -> list[str]:
