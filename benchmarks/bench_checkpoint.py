@@ -18,13 +18,11 @@ a run saves once per 300 s of training, so a step pays cost x step time / 300.
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, run_cli, save_and_render
+from benchmarks.common import arms_main, run_cli
 
 ARMS = {"none": ["--auto_checkpoint_minutes", "0"], "every step": ["--save_steps", "1", "--max_ckpt_num", "2"]}
 DEFAULT_INTERVAL_S = 300.0  # --auto_checkpoint_minutes 5
@@ -79,18 +77,8 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON and the table")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    with tempfile.TemporaryDirectory(prefix="bench_checkpoint_") as tmp:
-        arms = [run_arm(name, args.steps, args.seed, Path(tmp)) for name in ARMS]
-    config = {"steps": args.steps, "seed": args.seed, "arms": ARMS, "skip": SKIP, "interval_s": DEFAULT_INTERVAL_S}
-    return save_and_render("bench_checkpoint", config, {"arms": arms}, args.output, render)
+    config = {"skip": SKIP, "interval_s": DEFAULT_INTERVAL_S}
+    return arms_main(argv, "bench_checkpoint", __doc__, ARMS, run_arm, render, 60, config)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,10 @@ forward, time/train the replayed training forward. The first 5 steps of each run
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, run_cli, save_and_render
+from benchmarks.common import arms_main, run_cli
 
 MOE = ["--embedded_model", "moe", "--aux_loss_coef", "0.001", "--sft_warmup_steps", "0"]
 ARMS = {"none": [], "r3": ["--routing_replay", "r3"]}
@@ -61,18 +59,7 @@ def render(payload: dict, out_dir: Path) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=40, help="RL steps per run")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON and the table")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    with tempfile.TemporaryDirectory(prefix="bench_routing_replay_") as tmp:
-        arms = [run_arm(name, args.steps, args.seed, Path(tmp)) for name in ARMS]
-    config = {"steps": args.steps, "seed": args.seed, "base": MOE, "arms": ARMS, "skip": SKIP}
-    return save_and_render("bench_routing_replay", config, {"arms": arms}, args.output, render)
+    return arms_main(argv, "bench_routing_replay", __doc__, ARMS, run_arm, render, 40, {"base": MOE, "skip": SKIP})
 
 
 if __name__ == "__main__":

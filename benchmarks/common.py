@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -144,6 +145,24 @@ def run_cli(argv: list[str], run_dir: Path, timeout_s: float = 1800) -> tuple[li
         raise RuntimeError(f"train_ppo_ray {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return rows, done.stdout + done.stderr
+
+
+def arms_main(argv, name: str, doc: str, arms: dict, run_arm, render, steps: int, config: dict) -> int:
+    """The command line of a benchmark that runs the trainer once per arm, one after the other in one invocation:
+    --steps / --seed / --output, or --render FILE. `run_arm(arm, steps, seed, workdir)` is one arm's result;
+    `config` joins the steps, the seed and `arms` in the JSON."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=steps, help="RL steps per run")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON and the table")
+    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
+    args = p.parse_args(argv)
+    if args.render:
+        return render_saved(args.render, render)
+    with tempfile.TemporaryDirectory(prefix=f"{name}_") as tmp:
+        results = [run_arm(arm, args.steps, args.seed, Path(tmp)) for arm in arms]
+    config = {"steps": args.steps, "seed": args.seed, "arms": arms, **config}
+    return save_and_render(name, config, {"arms": results}, args.output, render)
 
 
 def render_saved(path: Path, render) -> int:
