@@ -52,13 +52,17 @@ def actor_hex_id(actor) -> str | None:
     return handle.hex() if handle is not None else None
 
 
+# a line of Ray's memory-monitor report naming an actor it killed (its id, then its task name and pid)
+KILL_REPORT = r"Selected to kill: \(Actor\(([0-9a-f]+)\):[^\n]*"
+
+
 def lost_actor_ids(error: BaseException) -> list[str]:
     """The Ray actor ids (hex) `error` reports lost: the one it carries, or, for a kill by Ray's memory monitor
     reported on a call it carries none for, the actors its report selected ("Selected to kill: (Actor(<id>)")."""
     if not isinstance(error, (*ACTOR_LOST, EngineHung)):
         return []
     actor_id = getattr(error, "actor_id", None)
-    return [actor_id] if actor_id else re.findall(r"Selected to kill: \(Actor\(([0-9a-f]+)\)", str(error))
+    return [actor_id] if actor_id else re.findall(KILL_REPORT, str(error))
 
 
 def lost_engine(error: BaseException, engines: list) -> int | None:

@@ -14,7 +14,7 @@ import re
 
 from ray import exceptions as rex
 
-from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung, actor_hex_id, lost_actor_ids
+from reinforce_pro.rollout.engine_wait import ACTOR_LOST, KILL_REPORT, EngineHung, actor_hex_id, lost_actor_ids
 
 # a call on a lost actor raises one of these (an actor's death, its worker's crash, Ray's memory monitor, an
 # engine alive but answering nothing within --engine_timeout_s)
@@ -55,7 +55,7 @@ def actor_of(error: BaseException, roles: dict[str, list]) -> str:
             if actor_hex_id(actor) in ids:
                 return f"{ROLE_NAMES.get(role, role)} {rank}"
     text = str(error)
-    selected = re.search(r"Selected to kill: \(Actor\([^)]*\):[^\n]*", text)  # a memory-monitor report
+    selected = re.search(KILL_REPORT, text)  # a memory-monitor report
     picked = selected[0] if selected else ""
     cls = re.search(r"class_name: (\S+)", text) or re.search(r"task name=(\w+)", picked)
     pid = re.search(r"\bpid: (\d+)", text) or re.search(r"\bpid=(\d+)", picked)

@@ -134,14 +134,12 @@ def _unfinished_run(now: dict) -> Path | None:
     """The newest runs/<time>/ whose command.json is `now`, that trained a step and did not finish."""
     records = sorted(DEFAULT_RUNS.glob(f"*/{COMMAND_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for record in records:
-        run_dir = record.parent
-        if (run_dir / "final_model").is_dir() or not _trained_a_step(run_dir):
-            continue
         try:
-            if json.loads(record.read_text()) == now:
-                return run_dir.resolve()
+            previous = json.loads(record.read_text())
         except (OSError, ValueError):  # a record cut short: not this command's
             continue
+        if _trained_a_step(record.parent) and _not_resumable(previous, now, record.parent) is None:
+            return record.parent.resolve()
     return None
 
 
