@@ -157,13 +157,21 @@ RUN_ARGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, engine, moe_model, packed):
+LAYOUTS = {
+    "padded": [],
+    "packed": ["--packing_samples"],
+    "ring": ["--packing_samples", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2"],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_run_replays_the_engines_routes_and_trains_the_balance_loss(tmp_path, engine, moe_model, layout):
     """Two steps with --routing_replay r3 --aux_loss_coef 0.001: the routes reach the trainer aligned with its
     tokens (on the same fp32 weights, at step 1, no token's experts differ between engine and trainer), the
     old forward replays them, the balance loss is logged and the policy trains; under --packing_samples the
-    routes go in and come back in the packed forwards' order."""
-    argv = RUN_ARGS + ["--routing_replay", "r3", "--aux_loss_coef", "0.001"] + (["--packing_samples"] if packed else [])
+    routes go in and come back in the packed forwards' order, and on a ring of two policy ranks each rank
+    replays its block of every packed row."""
+    argv = RUN_ARGS + ["--routing_replay", "r3", "--aux_loss_coef", "0.001"] + LAYOUTS[layout]
     _, cfg = parse(argv + ["--pretrain", moe_model, "--save_path", str(tmp_path / "run")])
     plan = prepare(cfg)
     history = build_and_fit(cfg, plan, engines=[engine])

@@ -126,3 +126,110 @@ def test_sequence_ids_and_padding_to_the_ring():
     ids, padded = pad_to_ring(torch.arange(5)[None], pos, 4)
     assert ids.shape == (1, 8) and padded.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]  # filler: a sequence of its own
     assert sequence_ids(padded).tolist() == [[1, 1, 1, 2, 2, 3, 3, 3]]
+
+
+def _moe_model(path: str, attn: str):
+    """The tiny MoE model with routers that make real choices (as tests/test_routing.py loads it)."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforce_pro.models.routing import moe_routers
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+    for router in moe_routers(model):
+        torch.nn.init.normal_(router.weight, std=0.5)
+    return model
+
+
+def _moe_ring_rank(rank: int, size: int, init: str, out_dir: str, moe_dir: str, routes: torch.Tensor) -> None:
+    """One rank of a ring running the MoE model under routing replay: the scoring pass (replayed log-probs,
+    flips and own routes in the rows' grid) and a training forward with the balance loss, backward included."""
+    from test_packing import RESPONSE, mixed_batch
+
+    from reinforce_pro.models.ring_attention import RingMember, register, ring_response_log_probs
+    from reinforce_pro.models.routing import RingLayout, RouteReplay, RoutingPass, replay_routes
+    from reinforce_pro.workers.base import batched_log_probs
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        register()
+        model, member = _moe_model(moe_dir, "ring"), RingMember(rank, list(range(size)))
+        replay = RouteReplay.install(model)
+        replay.ring = member
+        seq, mask = mixed_batch()
+
+        def on_ring(model, seq, mask, keep, temperature, packed=True, sampling_filter=None):
+            return ring_response_log_probs(model, seq, mask, keep, rank, member.ranks, temperature=temperature)
+
+        routing = RoutingPass(replay, routes)
+        scored = batched_log_probs(model, seq, mask, RESPONSE, 1.0, 4, None, True, on_ring, routing=routing)
+        replay.keep_probs = True
+        replay_routes(replay, routes, mask, True, RingLayout.of_ring(mask, member))
+        lp, _ = ring_response_log_probs(model, seq, mask, RESPONSE, rank, member.ranks)
+        balance = replay.balance_loss()
+        ((lp * loss_weights(lp)).sum() + balance).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        result = {"scored": scored, **routing.result(), "log_probs": lp.detach(), "balance": balance.detach()}
+        torch.save({**result, "grads": grads}, f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def moe_case(tmp_path_factory):
+    """The MoE model's directory and the routes its ring replays: its own routes with one token's experts in one
+    layer changed (a flip the ring must find, and a replay that moves the later log-probs of that row)."""
+    from test_packing import mixed_batch
+
+    from reinforce_pro.models.routing import RouteReplay
+    from reinforce_pro.models.tiny import build_tiny_moe_model
+
+    moe_dir = str(build_tiny_moe_model(tmp_path_factory.mktemp("ring_moe") / "moe", seed=3))
+    model = _moe_model(moe_dir, "sdpa")
+    replay = RouteReplay.install(model)
+    seq, mask = mixed_batch()
+    replay.use(None)
+    model(input_ids=seq, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+    routes = replay.own_routes().view(*seq.shape, 2, 2)
+    row, position = 1, seq.size(1) - 5  # a row with a long response: the flip predicts one of its tokens
+    routes[row, position, 1] = torch.tensor([e for e in range(8) if e not in routes[row, position, 1].tolist()][:2])
+    routes[~mask.bool()] = -1
+    return moe_dir, routes
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_routing_replay_and_the_balance_loss_on_a_ring_equal_the_packed_forwards(moe_case, size):
+    """--routing_replay with --ring_attn_size: each rank's routers see its block of the packed rows, so each gets
+    the routes of its block, and what they did comes back in the rows' grid from the whole ring. The replayed
+    log-probs, the flips (the one changed route, in its layer), the trainer's own routes, the balance loss and
+    the parameter gradients (summed over the ring) equal the single-process packed forward's."""
+    from test_packing import RESPONSE, mixed_batch
+
+    from reinforce_pro.models.logprobs import response_log_probs
+    from reinforce_pro.models.routing import PackedLayout, RouteReplay, RoutingPass, replay_routes
+    from reinforce_pro.workers.base import batched_log_probs
+
+    moe_dir, routes = moe_case
+    parts = run_ring(_moe_ring_rank, size, moe_dir, routes)
+    model = _moe_model(moe_dir, "sdpa")
+    replay = RouteReplay.install(model)
+    seq, mask = mixed_batch()
+    routing = RoutingPass(replay, routes)
+    scored = batched_log_probs(model, seq, mask, RESPONSE, 1.0, 4, None, True, routing=routing)
+    want = routing.result()
+    replay.keep_probs = True
+    replay_routes(replay, routes, mask, True, PackedLayout.of(model, mask))
+    lp, _ = response_log_probs(model, seq, mask, RESPONSE, 1.0, packed=True)
+    balance = replay.balance_loss()
+    ((lp * loss_weights(lp)).sum() + balance).backward()
+    action = mask[:, -RESPONSE:].bool()
+    assert want["flips"][action].nan_to_num(0).sum() == 1  # the one changed route is found
+    for part in parts:
+        torch.testing.assert_close(part["scored"][action], scored[action], rtol=0, atol=TOL)
+        assert torch.equal(part["flips"].nan_to_num(-1), want["flips"].nan_to_num(-1))
+        assert torch.equal(part["own_routes"][mask.bool()], want["own_routes"][mask.bool()])
+        torch.testing.assert_close(part["log_probs"], lp.detach(), rtol=0, atol=TOL)
+        torch.testing.assert_close(part["balance"], balance.detach(), rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        ring_grad = sum(part["grads"][name] for part in parts if name in part["grads"])
+        assert (ring_grad - p.grad).abs().max() < TOL * max(1.0, p.grad.abs().max().item()), name

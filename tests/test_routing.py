@@ -314,15 +314,7 @@ def test_routing_metrics_count_flips_over_response_tokens_and_layers_only():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (
-            ["--routing_replay", "R2", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
-            "--routing_replay r2 does not work with --ring_attn_size",
-        ),
         (["--routing_replay", "r4"], "invalid choice: 'r4'"),
-        (
-            ["--aux_loss_coef", "0.01", "--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--packing_samples"],
-            "--aux_loss_coef does not work with --ring_attn_size",
-        ),
         (["--aux_loss_coef", "-0.1"], "--aux_loss_coef"),
         (["--embedded_model", "moe", "--pretrain", "/x"], "--embedded_model moe picks the built-in model"),
     ],

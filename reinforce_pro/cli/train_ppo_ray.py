@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds, replay_mode
+from reinforce_pro.cli.args import UNSUPPORTED, build_parser, out_of_bounds
 from reinforce_pro.cli.presets import preset_defaults, preset_for
 from reinforce_pro.cli.spellings import conflicting_spellings, given_options, spelling
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
@@ -87,22 +87,7 @@ def invalid_combination(args) -> str | None:
     """The first problem with the flag values, or None."""
     return (
         invalid_numbers(args) or invalid_rollout_lag(args) or invalid_layout(args) or invalid_min_length(args)
-        or invalid_routing(args)
     )  # fmt: skip
-
-
-def invalid_routing(args) -> str | None:
-    """Routing replay or the balance loss where the routes do not reach yet, or None. The engine's routes travel
-    with every row (plain and partial rollouts, agent episodes, self-play roles) through padded and packed
-    forwards; ring forwards split a row's tokens over ranks and do not carry them."""
-    mode = replay_mode(args.routing_replay)
-    if args.ring_attn_size > 1 and mode != "none":
-        return f"--routing_replay {mode} does not work with --ring_attn_size yet: its forwards carry no routes"
-    if args.ring_attn_size > 1 and args.aux_loss_coef > 0:
-        return (
-            "--aux_loss_coef does not work with --ring_attn_size yet: its forwards split each row's tokens over ranks"
-        )
-    return None
 
 
 def invalid_min_length(args) -> str | None:

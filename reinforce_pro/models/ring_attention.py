@@ -195,6 +195,11 @@ class _SumOverRing(torch.autograd.Function):
         return grad, None
 
 
+def sum_over_ring(partial: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's partial tensor summed over the ring, with the gradient of each rank's own share (_SumOverRing)."""
+    return _SumOverRing.apply(partial, group)
+
+
 @dataclass(frozen=True)
 class RingMember:
     """This rank's ring: its index in it, the ring's global ranks, the ring's process group."""
@@ -242,7 +247,7 @@ def ring_response_log_probs(
     log_probs, entropy = token_log_probs(step_logits, targets, temperature, with_entropy, sampling_filter, positions)
 
     def whole(values):
-        return _SumOverRing.apply(scatter_real(mine, values), group)
+        return sum_over_ring(scatter_real(mine, values), group)
 
     return whole(log_probs), (whole(entropy) if with_entropy else None)
 

@@ -10,7 +10,8 @@ its gradient. R2 replays the old policy's own routes in the training forward ins
 `RouteReplay` hooks every router of an HF model once (persistent hooks: gradient checkpointing re-runs a layer's
 forward during the backward, and must see the same routes). Before each forward, `use(routes, real)` says what the
 next forwards replay: `routes` (N, L, K) holds the top-k expert ids of each of the N tokens the forward flattens
-(rows times columns of the padded batch; packed and ring forwards are not replayed), per MoE layer; -1 on a token leaves
+(rows times columns of the padded batch, or the packed tokens of a --packing_samples or ring forward: PackedLayout,
+RingLayout), per MoE layer; -1 on a token leaves
 it to the trainer's own router. Each forward records, per layer, the tokens whose own top-k set differs from the
 given one (`flips`), its own routes (`own`, for R2), and the router softmax and expert counts the load-balancing
 loss needs.
@@ -104,6 +105,7 @@ class RouteReplay:
     records: dict[int, LayerRecord] = field(default_factory=dict)  # layer -> what it saw in the last forward
     keep_probs: bool = False  # record the softmax with its graph (only when the load-balancing loss is wanted)
     force: bool = True  # False: compare the given routes with the trainer's own, and route as trained
+    ring: object = None  # --ring_attn_size: the RingMember whose forwards each see one block of every row
 
     @classmethod
     def install(cls, model) -> RouteReplay:
@@ -171,7 +173,9 @@ class RouteReplay:
         """The load-balancing loss of the last forward (Switch Transformer, Fedus et al. 2021, eq. 4-6), as HF's
         `load_balancing_loss_func` computes it over every layer and OpenRLHF's --aux_loss_coef weighs it: experts x
         the sum over experts of (its top-k slots per token) x (its mean router probability), over the real tokens;
-        k when routing is uniform. The slots counted are those the layers computed with, replayed or not."""
+        k when routing is uniform. The slots counted are those the layers computed with, replayed or not. On a
+        ring every rank saw one block of the rows: the counts and sums are the whole ring's, and each rank's
+        gradient is that of its own tokens' probabilities (the ring's gradients add up to one process's)."""
         slots = prob_sum = None
         rows = 0
         for i in range(self.layers):
@@ -184,7 +188,17 @@ class RouteReplay:
             slots = counts if slots is None else slots + counts
             prob_sum = probs.sum(0) if prob_sum is None else prob_sum + probs.sum(0)
             rows += used.size(0)
-        rows = max(rows, 1)
+        rows = torch.tensor([float(rows)], device=slots.device)
+        if self.ring is not None:
+            import torch.distributed as dist
+
+            from reinforce_pro.models.ring_attention import sum_over_ring
+
+            counted = torch.cat([slots, rows])
+            dist.all_reduce(counted, group=self.ring.group)
+            slots, rows = counted[:-1], counted[-1:]
+            prob_sum = sum_over_ring(prob_sum, self.ring.group)
+        rows = rows.clamp(min=1.0)
         return self.experts * torch.sum((slots / rows) * (prob_sum / rows))
 
 
@@ -223,6 +237,45 @@ class PackedLayout:
         return self.pack(torch.ones(self.index.shape, dtype=torch.bool), False)
 
 
+@dataclass(frozen=True)
+class RingLayout(PackedLayout):
+    """Where the padded rows' tokens sit in this rank's share of a ring forward (--ring_attn_size,
+    models/ring_attention.py: ring_response_log_probs): every rank of the ring packs the whole batch, widens
+    its bins to a multiple of the ring and forwards one block of their columns, so its routers see only the
+    tokens of that block. What a rank unpacks comes from the whole ring (each real token lies in one block)."""
+
+    covered: torch.Tensor  # (b, w) bool, the real tokens of the rows (each in some rank's block)
+    group: object  # the ring's process group (None: the default group)
+
+    @classmethod
+    def of_ring(cls, attention_mask: torch.Tensor, ring) -> RingLayout:
+        """This rank's layout; `ring`: its RingMember (rank in the ring, the ring's ranks and group)."""
+        from reinforce_pro.models.packing import pack
+
+        packed = pack(attention_mask, attention_mask)
+        width = packed.input_ids.size(1)
+        block = (width + (-width % len(ring.ranks))) // len(ring.ranks)
+        index, start = packed.index.cpu(), ring.rank * block
+        column = index % width
+        mine = (index >= 0) & (column >= start) & (column < start + block)
+        local = torch.where(mine, (index // width) * block + column - start, -1)
+        return cls(local, packed.input_ids.size(0) * block, attention_mask.bool().cpu(), ring.group)
+
+    def unpack(self, values: torch.Tensor, fill) -> torch.Tensor:
+        """(size, ...) per token of this rank's block -> (b, w, ...) per padded position, every rank's blocks
+        gathered; `fill` at padding. Every rank of the ring must call it."""
+        import torch.distributed as dist
+
+        mine = super().unpack(values, fill)
+        placed, covered = (self.index >= 0).to(mine.device), self.covered.to(mine.device)
+        shifted = torch.zeros(mine.shape, dtype=torch.long, device=mine.device)  # 0: another rank's token
+        shifted[placed] = mine[placed].long() + 1
+        dist.all_reduce(shifted, group=self.group)
+        out = torch.full_like(mine, fill)
+        out[covered] = (shifted[covered] - 1).to(mine.dtype)
+        return out
+
+
 def replay_routes(replay: RouteReplay, routes: torch.Tensor | None, mask: torch.Tensor, force: bool = True,
                   layout: PackedLayout | None = None) -> None:  # fmt: skip
     """Before a forward over rows whose (b, w) attention mask is `mask`: replay `routes` (b, w, L, K) or route
@@ -247,6 +300,13 @@ class RoutingPass:
     force: bool = True
     flips: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, T, L) float, NaN: not compared
     own: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, S, L, K) int16, -1 on trimmed columns
+
+    def layout(self, model, mask: torch.Tensor) -> PackedLayout:
+        """Where a packed forward of rows with attention mask `mask` puts their tokens: the ring's share of them
+        when the replay runs on a ring (--ring_attn_size), else `model`'s packing."""
+        if self.replay.ring is not None:
+            return RingLayout.of_ring(mask, self.replay.ring)
+        return PackedLayout.of(model, mask)
 
     def before(self, rows: slice, columns: slice, mask: torch.Tensor, layout: PackedLayout | None = None) -> None:
         """Before the forward of `rows`, whose columns `columns` are kept; mask: their (b, w) attention mask;

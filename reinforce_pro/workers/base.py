@@ -17,7 +17,7 @@ import torch
 from reinforce_pro.algos.stats import Stat, merge_stats
 from reinforce_pro.experience import budget_chunks, consecutive_slices, pad_actions, padding_columns
 from reinforce_pro.models.logprobs import response_log_probs
-from reinforce_pro.models.routing import PackedLayout, RoutingPass
+from reinforce_pro.models.routing import RoutingPass
 from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.procs import use_host_threads
 from reinforce_pro.workers.configs import DistInfo, OptimConfig
@@ -173,7 +173,7 @@ def batched_log_probs(
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
         extra = {"outside": flags} if outside is not None else {}
         if routing is not None:
-            routing.before(rows, columns, mask, PackedLayout.of(model, mask) if packed else None)
+            routing.before(rows, columns, mask, routing.layout(model, mask) if packed else None)
         lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter,
                              **extra)  # fmt: skip
         if routing is not None:

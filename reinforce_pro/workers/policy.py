@@ -28,7 +28,14 @@ from reinforce_pro.models.lora import (
     trainable_summary,
 )
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
-from reinforce_pro.models.routing import PackedLayout, RouteReplay, RoutingPass, moe_shape, replay_routes
+from reinforce_pro.models.routing import (
+    PackedLayout,
+    RingLayout,
+    RouteReplay,
+    RoutingPass,
+    moe_shape,
+    replay_routes,
+)  # fmt: skip
 from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
 from reinforce_pro.procs import capture_output, use_host_threads
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
@@ -95,6 +102,8 @@ class PolicyWorker:
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = PolicyLoss(loss.surrogate)
         self.ring = join_rings(dist.rank, dist.world_size, forward.ring_size) if forward.ring_size > 1 else None
+        if self.replay is not None:
+            self.replay.ring = self.ring  # a ring forward's routers see one block of each row (RingLayout)
 
     def response_log_probs(self, model, sequences, attention_mask, num_actions, temperature, with_entropy=False,
                            packed=False, sampling_filter=None, outside=None):  # fmt: skip
@@ -133,7 +142,7 @@ class PolicyWorker:
         self.engine.eval()
         fwd, outside = self.forward, []
         routing = None
-        if self.replay is not None and self.ring is None:
+        if self.replay is not None:
             routing = RoutingPass(self.replay, routes, force=fwd.routing_replay == "r3" if force is None else force)
         lp = batched_log_probs(
             self.engine, sequences, attention_mask, num_actions, self.loss_cfg.temperature, fwd.micro_batch_size,
@@ -222,10 +231,10 @@ class PolicyWorker:
         under --routing_replay r3, the old forward's under r2), or let it route itself."""
         if self.replay is None:
             return
-        if self.ring is not None:  # ring forwards split the rows' tokens: routing as trained, nothing measured
-            self.replay.use(None)
-            return
-        layout = PackedLayout.of(self.engine, mask) if self.forward.packing_samples else None
+        if self.ring is not None:
+            layout = RingLayout.of_ring(mask, self.ring)
+        else:
+            layout = PackedLayout.of(self.engine, mask) if self.forward.packing_samples else None
         replay_routes(self.replay, exp.routes, mask, True, layout)
 
     def save_checkpoint(self, path: str) -> None:
