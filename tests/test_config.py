@@ -111,7 +111,7 @@ def test_derived_values_are_derived_once():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        pytest.param(["--kl_target", "-1"], "--kl_target and kl_horizon must be > 0", id="kl-target"),
+        pytest.param(["--kl_target", "-1"], "--kl_target and --kl_horizon must be > 0", id="kl-target"),
         pytest.param(["--init_kl_coef", "-0.1"], "--init_kl_coef must be >= 0, got -0.1", id="kl-coef"),
         pytest.param(["--dual_clip", "0.5"], "--dual_clip must be > 1.0", id="dual-clip"),
         pytest.param(["--vllm_num_engines", "0"], "--vllm_num_engines must be >= 1, got 0", id="engines"),

@@ -6,6 +6,8 @@ A flag is one dataclass field: its name is the flat flag and the argparse dest, 
 flag is refused or has no effect. One section per --help group, in --help's order. `build_parser` makes the
 argparse parser from the fields (like transformers' HfArgumentParser); cli/spellings.py derives the dotted
 table, cli/flags_doc.py renders docs/flags.md, and cli/flags_to_config.py's section builders name the flags they read.
+Every check of a command line is here too, worded with the flags: the bounds declared on each field
+(`out_of_bounds`) and the rules between flags (`RULES`), run by `first_problem` before any section is built.
 
 Every flag of OpenRLHF v0.9.10 (tests/data/openrlhf/flat-0.9.10-train_ppo_ray-flags.tsv) is recognised. One that
 reinforce_pro does not implement is `refused=`: giving it a non-default value stops with "`--X` is recognised but
@@ -20,13 +22,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
+import inspect
+import math
 import types
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
 from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
-from reinforce_pro.algos.is_correction import IS_CORRECTIONS, OPENRLHF_LEVELS
+from reinforce_pro.algos.is_correction import DIVERGENCE_BANDS, IS_CORRECTIONS, OPENRLHF_LEVELS, openrlhf_correction
 from reinforce_pro.algos.kl import KL_ESTIMATORS
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, IS_ANCHORS, POLICY_LOSSES
 from reinforce_pro.data import EMBEDDED_TASKS
@@ -123,7 +128,8 @@ class PlacementFlags:
 class EngineFlags:
     """rollout engines (vLLM)"""
 
-    vllm_num_engines: int | None = flag(None, "number of vLLM engines (unset: 1)", dotted="vllm.num_engines")
+    vllm_num_engines: int | None = flag(None, "number of vLLM engines (unset: 1)", dotted="vllm.num_engines",
+        at_least=1)
     vllm_tensor_parallel_size: int = flag(1, "tensor-parallel size of each engine", dotted="vllm.tensor_parallel_size",
         at_least=1)
     vllm_sync_backend: str = flag("nccl",
@@ -131,7 +137,7 @@ class EngineFlags:
         "every engine worker, or object_store (safetensors bytes through Ray). Where nccl cannot run it is replaced,"
         " with a notice: by gloo without GPUs, by object_store with --colocate_all_models or --rollout_staleness",
         dotted="vllm.sync_backend")
-    vllm_sync_bucket_mb: float = flag(256.0, "gloo / nccl: megabytes per broadcast bucket")
+    vllm_sync_bucket_mb: float = flag(256.0, "gloo / nccl: megabytes per broadcast bucket", above=0)
     vllm_sync_with_ray: bool = flag(False, "sync through Ray's object store (object_store)",
         dotted="vllm.sync_with_ray")
     enable_prefix_caching: bool = flag(False, "vLLM prefix caching (reset at every sync)",
@@ -370,7 +376,7 @@ class TrainingFlags:
     eps_clip: float = flag(0.2, "PPO clip range", dotted="actor.eps_clip")
     eps_clip_low_high: tuple[float, float] | None = flag(None, "asymmetric PPO clip (low, high)",
         dotted="actor.eps_clip_low_high")
-    dual_clip: float | None = flag(None, "dual-clip constant (> 1)", dotted="actor.dual_clip")
+    dual_clip: float | None = flag(None, "dual-clip constant (> 1)", dotted="actor.dual_clip", above=1.0)
     value_clip: float = flag(0.5, "value clipping range for the critic", dotted="critic.value_clip")
     lambd: float = flag(1, "GAE lambda", dotted="algo.advantage.lambd")
     gamma: float = flag(1, "discount", dotted="algo.advantage.gamma")
@@ -398,7 +404,8 @@ class TrainingFlags:
     lr_scheduler: str = flag("cosine_with_min_lr", "transformers scheduler name", dotted="actor.lr_scheduler")
     kl_target: float | None = flag(None, "adaptive KL target (unset: fixed coefficient)", dotted="algo.kl.target")
     kl_horizon: int = flag(10000, "adaptive KL horizon", dotted="algo.kl.horizon")
-    init_kl_coef: float = flag(0.01, "KL coefficient (0: no reference model)", dotted="algo.kl.init_coef")
+    init_kl_coef: float = flag(0.01, "KL coefficient (0: no reference model)", dotted="algo.kl.init_coef",
+        at_least=0)
     policy_loss_type: str = flag("ppo", "policy loss", dotted="actor.policy_loss_type", choices=POLICY_LOSSES)
     kl_estimator: str = flag("k1", "KL estimator", dotted="algo.kl.estimator", choices=KL_ESTIMATORS)
     kl_unbiased_gradient: bool = flag(False,
@@ -692,4 +699,278 @@ def out_of_bounds(args: argparse.Namespace) -> str | None:
             return f"--{f.name} must be {finite}>= {spec.at_least}, got {value}"
         if spec.above is not None and not value > spec.above:
             return f"--{f.name} must be {finite}> {spec.above}, got {value}"
+    return None
+
+
+# ------------------------------------------------------------------------------------ checks across flags
+# Every check of the command line lives here and speaks in flags: a flag's own bounds are declared on its field
+# (out_of_bounds, above), and a rule between flags is one entry of RULES whose parameters are the flags it reads
+# (their dests): (ok, message), where `ok` False stops with `message` filled with the flags' values, or a
+# function that returns what is wrong, or None. A command line stops at its first problem, in RULES' order.
+
+GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")  # they compare a prompt's samples
+
+
+def _input_template(input_template) -> str | None:
+    """An --input_template is filled with str.format, as in OpenRLHF: exactly one {} placeholder."""
+    if input_template is None:
+        return None
+    try:
+        filled = input_template.format("\0")
+    except (IndexError, KeyError, ValueError) as e:
+        problem = f"needs exactly one {{}} placeholder (write literal braces as {{{{ }}}}): {type(e).__name__}: {e}"
+    else:
+        problem = None if filled.count("\0") == 1 else "needs exactly one {} placeholder, where the prompt text goes"
+    return problem and f"--input_template {input_template!r}: {problem}"
+
+
+def _async_lag(async_lag_target, async_train, async_lag_metric, enable_vllm_is_correction) -> str | None:
+    if async_lag_target is None:
+        return None
+    if not async_train:
+        return "--async_lag_target moves the lead of --async_train's producer: add --async_train"
+    if not (math.isfinite(async_lag_target) and async_lag_target > 0):
+        return f"--async_lag_target must be a finite number > 0, got {async_lag_target}"
+    if async_lag_metric == "is/token_masked_frac" and not enable_vllm_is_correction:
+        return "--async_lag_metric is/token_masked_frac is logged by IS correction: add --enable_vllm_is_correction"
+    return None
+
+
+def _ranks(actor_num_nodes, actor_num_gpus_per_node, ring_attn_size, packing_samples, train_batch_size,
+           micro_train_batch_size) -> str | None:  # fmt: skip
+    world = actor_num_nodes * actor_num_gpus_per_node
+    if not (ring_attn_size >= 1 and world % ring_attn_size == 0):
+        return f"--ring_attn_size {ring_attn_size} must divide the {world} policy ranks"
+    if ring_attn_size > 1 and not packing_samples:
+        return "--ring_attn_size splits packed rows along the sequence: add --packing_samples"
+    if train_batch_size % (micro_train_batch_size * world):
+        return (f"--train_batch_size {train_batch_size} must be a multiple of --micro_train_batch_size "
+                f"{micro_train_batch_size} x {world} policy ranks")  # fmt: skip
+    return None
+
+
+DEFAULT_MAX_NEW_TOKENS = 1024  # --max_new_tokens unset (OpenRLHF's default)
+
+
+def response_budget(max_new_tokens, max_len) -> int:
+    """The new tokens a response may take: --max_new_tokens (unset: OpenRLHF's 1024) within --max_len."""
+    return min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1)
+
+
+def threshold_band(values) -> tuple[float, float]:
+    """--vllm_is_truncated_threshold LOW HIGH, or HIGH alone (LOW 0: an upper bound, as OpenRLHF 0.11.2 reads it)."""
+    values = [float(v) for v in values]
+    if len(values) not in (1, 2):
+        raise ValueError(f"--vllm_is_truncated_threshold takes HIGH or LOW HIGH, got {len(values)} values")
+    return (0.0, values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _is_band(vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, is_correction_level,
+             is_correction_mode, is_correction_gating) -> str | None:  # fmt: skip
+    try:  # both raise in flag words: a band of three values, OpenRLHF 0.11.2's spelling of no correction
+        low, high = threshold_band(vllm_is_truncated_threshold)
+        chosen = openrlhf_correction(is_correction_level, is_correction_mode, is_correction_gating)
+    except ValueError as e:
+        return str(e)
+    if chosen is not None and (vllm_is_correction_path or vllm_is_correction_type not in ("tis", chosen)):
+        return (f"--algo.advantage.is_correction_level {is_correction_level} selects {chosen}, and "
+                f"--vllm_is_correction_type / _path {vllm_is_correction_path or vllm_is_correction_type}: give one "
+                "of them")  # fmt: skip
+    if not 0 <= low < high:
+        return f"--vllm_is_truncated_threshold must satisfy 0 <= low < high, got [{low}, {high}]"
+    correction = chosen or vllm_is_correction_type
+    if correction in DIVERGENCE_BANDS and low > 0:
+        return (f"--vllm_is_correction_type {correction} gates a divergence, which takes an upper bound only: give "
+                f"--vllm_is_truncated_threshold (--algo.advantage.is_correction_threshold) HIGH, e.g. "
+                f"{DIVERGENCE_BANDS[correction][1]}, got [{low}, {high}]")  # fmt: skip
+    return None
+
+
+def _engine_dtype(vllm_quantization, vllm_dtype, param_dtype) -> str | None:
+    from reinforce_pro.run.config import VLLM_DTYPES
+
+    dtype = VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
+    if vllm_quantization is not None and dtype not in ("bfloat16", "float16"):
+        return f"--vllm_quantization {vllm_quantization} needs --vllm_dtype bfloat16 or float16, got {dtype}"
+    return None
+
+
+def _min_length(min_new_tokens, max_new_tokens, max_len) -> str | None:
+    if min_new_tokens > (budget := response_budget(max_new_tokens, max_len)):
+        return f"--min_new_tokens {min_new_tokens} exceeds the response budget of {budget} tokens"
+    return None
+
+
+def _samples_per_step(absolute_zero, rollout_batch_size, n_samples_per_prompt, train_batch_size) -> str | None:
+    samples = rollout_batch_size * n_samples_per_prompt
+    if absolute_zero or samples % train_batch_size == 0:  # self-play batches vary in size: cut near-equal
+        return None
+    return (f"--rollout_batch_size x --n_samples_per_prompt = {samples} samples per step must be a multiple of "
+            f"--train_batch_size {train_batch_size}")  # fmt: skip
+
+
+def _colocate_all(colocate_all_models, vllm_num_engines, vllm_tensor_parallel_size, actor_num_nodes,
+                  actor_num_gpus_per_node) -> bool:  # fmt: skip
+    tp, world = vllm_tensor_parallel_size, actor_num_nodes * actor_num_gpus_per_node
+    return not colocate_all_models or ((vllm_num_engines or 1) * tp <= world and actor_num_gpus_per_node % tp == 0)
+
+
+def _proposer_group(absolute_zero, proposer_train_scope, rollout_batch_size, n_questions_per_prompt,
+                    advantage_estimator) -> str | None:  # fmt: skip
+    """Proposer rows form one group per step (sampled scope) or one per prompt (group scope)."""
+    sampled = proposer_train_scope == "sampled"
+    group, flag = (rollout_batch_size, "--rollout_batch_size") if sampled else (n_questions_per_prompt,
+                                                                                "--n_questions_per_prompt")  # fmt: skip
+    if absolute_zero and advantage_estimator in GROUP_ESTIMATORS and group < 2:
+        return (f"--advantage_estimator {advantage_estimator} compares proposer rows within a group of {group} "
+                f"({flag}): it must be >= 2")  # fmt: skip
+    return None
+
+
+def _prompt_mixture(prompt_data, prompt_data_probs) -> str | None:
+    if prompt_data_probs is None:
+        return None
+    if not prompt_data:
+        return "--prompt_data_probs mixes the datasets of --prompt_data: give them (comma-separated)"
+    from reinforce_pro.data.prompts import DataError, parse_mixture
+
+    try:
+        parse_mixture(prompt_data, prompt_data_probs)
+    except DataError as e:
+        return str(e)
+    return None
+
+
+def _best_metric(best_metric_key, eval_dataset, eval_n_samples_per_prompt) -> str | None:
+    if not best_metric_key:
+        return None
+    from pathlib import Path
+
+    from reinforce_pro.trainer.evaluation import eval_metric_names
+
+    names = eval_metric_names(Path(eval_dataset).stem, eval_n_samples_per_prompt)
+    if best_metric_key not in names + [n.rsplit("/", 1)[1] for n in names]:
+        return f"--best_metric_key {best_metric_key}: not an eval metric of this run ({', '.join(names)})"
+    return None
+
+
+# fmt: off
+RULES = [
+    # ranges and texts
+    (lambda reward_clip_range: reward_clip_range[0] < reward_clip_range[1],
+     "--reward_clip_range must satisfy LOW < HIGH, got {reward_clip_range[0]} {reward_clip_range[1]}"),
+    _input_template,
+    _is_band,
+    (lambda kl_target, kl_horizon: kl_target is None or (kl_target > 0 and kl_horizon > 0),
+     "--kl_target and --kl_horizon must be > 0 for the adaptive KL, got {kl_target}, {kl_horizon}"),
+    _engine_dtype,
+    (lambda experts_implementation: experts_implementation != "deepgemm" or importlib.util.find_spec("deep_gemm"),
+     "--ds.experts_implementation deepgemm needs DeepGEMM (CUDA), which is not installed here; eager, batched_mm "
+     "and grouped_mm run anywhere"),
+    _min_length,
+    (lambda overlong_buffer_len, max_new_tokens: overlong_buffer_len is None
+     or 0 < overlong_buffer_len <= (max_new_tokens if max_new_tokens is not None else float("inf")),
+     "--overlong_buffer_len must be in (0, --max_new_tokens {max_new_tokens}], got {overlong_buffer_len}"),
+    (lambda stop_properly_penalty_coef: stop_properly_penalty_coef is None or stop_properly_penalty_coef <= 1,
+     "--stop_properly_penalty_coef must be <= 1 (in [0, 1] scales, < 0 replaces), got {stop_properly_penalty_coef}"),
+    (lambda lora_rank, lora_alpha, lora_dropout: lora_rank >= 0 and lora_alpha > 0 and 0 <= lora_dropout < 1,
+     "--lora_rank must be >= 0, --lora_alpha > 0 and --lora_dropout in [0, 1), got {lora_rank} / {lora_alpha} / "
+     "{lora_dropout}"),
+    (lambda lora_save_merged, lora_rank: not lora_save_merged or lora_rank,
+     "--lora_save_merged merges a LoRA adapter: add --lora_rank"),
+    # staleness, asynchronous training, partial rollouts and the weight-sync backend that serves them
+    (lambda partial_rollout, async_train, rollout_staleness: not partial_rollout or async_train or rollout_staleness,
+     "--partial_rollout continues rollouts across weight syncs of --async_train: add --async_train, or "
+     "--rollout_staleness K to sample each response's first chunk K + 1 versions back and the rest K back"),
+    (lambda partial_rollout, async_train, agent_func_path: async_train or not (partial_rollout and agent_func_path),
+     "--partial_rollout with --rollout_staleness applies to prompt rollouts: agents need --async_train"),
+    (lambda partial_rollout, absolute_zero: not (partial_rollout and absolute_zero),
+     "--partial_rollout applies to prompt and agent rollouts, not to --absolute_zero"),
+    (lambda vllm_sync_backend: vllm_sync_backend in SYNC_BACKENDS,
+     f"--vllm_sync_backend must be one of {', '.join(SYNC_BACKENDS)}, got {{vllm_sync_backend}}"),
+    (lambda vllm_sync_backend, vllm_sync_with_ray, rollout_staleness:
+     not (vllm_sync_backend == "gloo" and not vllm_sync_with_ray and rollout_staleness > 0),
+     "--rollout_staleness serves older weights, which only --vllm_sync_backend object_store keeps"),
+    _async_lag,
+    (lambda async_train, rollout_staleness: not (async_train and rollout_staleness > 0),
+     "--rollout_staleness imitates the lag of asynchronous training: use it or --async_train, not both"),
+    # sampling, batch arithmetic over the ranks, the reward source and colocation
+    (lambda top_p: 0 < top_p <= 1, "--top_p must be in (0, 1], got {top_p}"),
+    (lambda advantage_estimator, n_samples_per_prompt:
+     advantage_estimator not in GROUP_ESTIMATORS or n_samples_per_prompt >= 2,
+     "--advantage_estimator {advantage_estimator} compares samples of a prompt: --n_samples_per_prompt must be "
+     ">= 2, got {n_samples_per_prompt}"),
+    (lambda advantage_estimator, gamma: advantage_estimator not in GROUP_ESTIMATORS or gamma == 1,
+     "--advantage_estimator {advantage_estimator} needs --gamma 1, got {gamma}"),
+    _samples_per_step,
+    _ranks,
+    (lambda prompt_data, remote_rm_url, reward_pretrain, absolute_zero, agent_func_path:
+     prompt_data is None or remote_rm_url or reward_pretrain or absolute_zero or agent_func_path,
+     "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR"),
+    (lambda remote_rm_url, reward_pretrain: not (remote_rm_url and reward_pretrain),
+     "give --remote_rm_url or --reward_pretrain, not both"),
+    (_colocate_all,
+     "--colocate_all_models puts each engine's --vllm_tensor_parallel_size workers on as many policy ranks of one "
+     "node: --vllm_num_engines x --vllm_tensor_parallel_size must be at most the policy ranks, and "
+     "--vllm_tensor_parallel_size must divide --actor_num_gpus_per_node"),
+    (lambda colocate_critic_reward, advantage_estimator, reward_pretrain:
+     not colocate_critic_reward or (advantage_estimator == "gae" and reward_pretrain),
+     "--colocate_critic_reward shares the critic's slots with the reward model: it needs both "
+     "(--advantage_estimator gae and --reward_pretrain)"),
+    (lambda min_new_tokens, partial_rollout, agent_func_path, absolute_zero:  # they cut a response's budget
+     not min_new_tokens or not (partial_rollout or agent_func_path or absolute_zero),
+     "--min_new_tokens applies to whole prompt rollouts: drop --partial_rollout / --agent_func_path / "
+     "--absolute_zero, or --min_new_tokens"),
+    # self-play
+    (lambda absolute_zero, n_samples_per_prompt: not absolute_zero or n_samples_per_prompt >= 2,
+     "--absolute_zero judges learnability from several solver responses: --n_samples_per_prompt must be >= 2, got "
+     "{n_samples_per_prompt}"),
+    (lambda absolute_zero, remote_rm_url, reward_pretrain: not (absolute_zero and (remote_rm_url or reward_pretrain)),
+     "--absolute_zero scores with its task: drop --remote_rm_url / --reward_pretrain"),
+    _proposer_group,
+    # checkpoints, evaluation, logging and filtering
+    (lambda eval_dataset, absolute_zero, eval_steps, eval_before_training:
+     eval_dataset or absolute_zero or (eval_steps <= 0 and not eval_before_training),
+     "--eval_steps / --eval_before_training need --eval_dataset (self-play: its task's ladder)"),
+    (lambda best_metric_key, eval_dataset, eval_steps, eval_before_training:
+     not best_metric_key or (eval_dataset and (eval_steps > 0 or eval_before_training)),
+     "--best_metric_key picks by an eval metric: add --eval_dataset and --eval_steps"),
+    (lambda dynamic_filtering_reward_range: dynamic_filtering_reward_range[0] < dynamic_filtering_reward_range[1],
+     "--dynamic_filtering_reward_range must satisfy LOW < HIGH, got {dynamic_filtering_reward_range[0]} "
+     "{dynamic_filtering_reward_range[1]}"),
+    (lambda absolute_zero, dynamic_filtering, eval_dataset: not (absolute_zero and (dynamic_filtering or eval_dataset)),
+     "--absolute_zero has its own filter (learnability): drop --dynamic_filtering / --eval_dataset"),
+    (lambda save_hf_ckpt, disable_ds_ckpt, save_steps: not (save_hf_ckpt and disable_ds_ckpt and save_steps <= 0),
+     "--save_hf_ckpt needs --save_steps"),
+    _prompt_mixture,
+    _best_metric,
+    # multi-turn agents
+    (lambda agent_func_path, remote_rm_url, reward_pretrain:
+     not (agent_func_path and (remote_rm_url or reward_pretrain)),
+     "--agent_func_path: the environment gives the rewards; drop --remote_rm_url / --reward_pretrain"),
+    (lambda agent_func_path, agent_reward_mode, advantage_estimator:
+     not agent_func_path or agent_reward_mode != "per_turn" or advantage_estimator in ("reinforce", "gae"),
+     "--agent_reward_mode per_turn puts rewards on several tokens: --advantage_estimator must be reinforce or "
+     "gae, got {advantage_estimator}"),
+]
+# fmt: on
+
+
+def first_problem(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """The first thing wrong with a parsed command line: a refused flag given, a value out of its flag's bounds,
+    or a rule of RULES broken; None if nothing is."""
+    for dest, why in UNSUPPORTED.items():
+        if getattr(args, dest) != parser.get_default(dest):
+            spelling = " / ".join(o for a in parser._actions if a.dest == dest for o in a.option_strings)
+            return f"{spelling} is recognised but not supported by reinforce_pro: {why}"
+    if problem := out_of_bounds(args):
+        return problem
+    for rule in RULES:
+        check, message = rule if isinstance(rule, tuple) else (rule, None)
+        values = {name: getattr(args, name) for name in inspect.signature(check).parameters}
+        outcome = check(**values)
+        if message is None and outcome:
+            return outcome
+        if message is not None and not outcome:
+            return message.format(**values)
     return None

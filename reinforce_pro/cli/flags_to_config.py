@@ -6,9 +6,11 @@ Each RunConfig section is built by one function of `SECTIONS` whose parameters a
 reads (their argparse dests). The table "flag -> section" is therefore the builders' signatures:
 `flag_sections()` derives it, docs/flags.md prints it, and tests/test_config.py checks that every flag is read
 by some section, refused (args.UNSUPPORTED) or listed with why it has no effect (args.NO_EFFECT); nothing is
-accepted and silently ignored. parse_args builds the config once, so a section's own checks end a bad command
-line in one line. Checks across sections (batch sizes against ranks, flags that need each other) stay in
-train_ppo_ray.py, which words them in flags.
+accepted and silently ignored. A builder whose section's fields carry the flags' own names takes them with
+`named(Section, locals(), ...)` and computes only the rest. The flags are checked before any builder runs (cli/
+args.py: bounds on each flag's field, RULES between flags), so a builder only converts; what it still refuses
+(KEY=VALUE settings that do not parse, a section's guard for callers without a command line) ends the command
+line in one line too.
 
 Values only known once the run starts are filled in by run/start.start_config with dataclasses.replace:
 the policy's starting weights (after the warm start: `Engines.config.model_path`), the optimizer's step
@@ -19,7 +21,7 @@ are taken from the engines section there, so each is set in one place.
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import inspect
 from argparse import Namespace
 from datetime import datetime
@@ -28,7 +30,7 @@ from pathlib import Path
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
-from reinforce_pro.cli.args import replay_mode
+from reinforce_pro.cli.args import DEFAULT_MAX_NEW_TOKENS, replay_mode, response_budget, threshold_band
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.rollout.sampler import RolloutConfig
@@ -42,7 +44,12 @@ from reinforce_pro.workers.configs import ForwardConfig, OptimConfig
 from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
-DEFAULT_MAX_NEW_TOKENS = 1024  # --max_new_tokens unset (OpenRLHF's default)
+
+def named(cls, flags: dict, **computed):
+    """`cls` from `computed` and, for each of its other fields, the flag of the same name in `flags` (a builder's
+    parameters, `locals()`); a field with neither keeps its default."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(computed)
+    return cls(**{name: value for name, value in flags.items() if name in names}, **computed)
 
 
 # ------------------------------------------------------------------------------------------------ sections
@@ -76,18 +83,11 @@ def engines(
     enforce_eager, enable_prefix_caching, max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray,
     vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep, vllm_quantization,
 ) -> sections.Engines:  # fmt: skip
-    config = EngineConfig(
-        model_path="",
-        dtype=engine_dtype(vllm_dtype, param_dtype),
-        seed=seed,
-        tensor_parallel_size=vllm_tensor_parallel_size,
-        gpu_memory_utilization=vllm_gpu_memory_utilization,
-        enforce_eager=enforce_eager,
-        enable_prefix_caching=enable_prefix_caching,
-        max_model_len=max_len,
-        cpu_kv_cache_gib=vllm_cpu_kvcache_gib,
-        quantization=vllm_quantization,
-    )
+    config = named(
+        EngineConfig, locals(), model_path="", dtype=engine_dtype(vllm_dtype, param_dtype),
+        tensor_parallel_size=vllm_tensor_parallel_size, gpu_memory_utilization=vllm_gpu_memory_utilization,
+        max_model_len=max_len, cpu_kv_cache_gib=vllm_cpu_kvcache_gib, quantization=vllm_quantization,
+    )  # fmt: skip
     sleep = {"vllm_enable_sleep": vllm_enable_sleep, "deepspeed_enable_sleep": deepspeed_enable_sleep}
     return sections.Engines(
         count=1 if vllm_num_engines is None else vllm_num_engines,  # unset: one engine
@@ -104,18 +104,17 @@ def forward(
 ) -> ForwardConfig:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
-    if experts_implementation == "deepgemm" and importlib.util.find_spec("deep_gemm") is None:
-        raise ValueError("--ds.experts_implementation deepgemm needs DeepGEMM (CUDA), which is not installed here; "
-                         "eager, batched_mm and grouped_mm run anywhere")  # fmt: skip
     return ForwardConfig(
         attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size,
         replay_mode(routing_replay), experts_implementation,
     )  # fmt: skip
 
 
-def _optim(world: int, train_batch_size: int, **settings) -> OptimConfig:
-    """`settings` plus the micro-batches each of `world` ranks accumulates per optimizer step."""
-    return OptimConfig(**settings, grad_accum_steps=train_batch_size // (settings["micro_batch_size"] * world))
+def _optim(world: int, flags: dict, **computed) -> OptimConfig:
+    """An optimizer's settings: `computed`, else the flags of the same names; its ranks accumulate micro-batches
+    of --micro_train_batch_size up to --train_batch_size."""
+    micro, batch = flags["micro_train_batch_size"], flags["train_batch_size"]
+    return named(OptimConfig, flags, **computed, micro_batch_size=micro, grad_accum_steps=batch // (micro * world))
 
 
 def actor_optim(
@@ -124,14 +123,8 @@ def actor_optim(
     gradient_checkpointing_use_reentrant, micro_train_batch_size, train_batch_size, actor_num_nodes,
     actor_num_gpus_per_node,
 ) -> OptimConfig:  # fmt: skip
-    return _optim(
-        actor_num_nodes * actor_num_gpus_per_node, learning_rate=actor_learning_rate, adam_betas=tuple(adam_betas),
-        adam_eps=adam_eps, l2=l2, lr_scheduler=lr_scheduler, lr_warmup_ratio=lr_warmup_ratio,
-        min_lr_ratio=min_lr_ratio, max_norm=max_norm, zero_stage=zero_stage, param_dtype=param_dtype,
-        adam_offload=adam_offload, overlap_comm=overlap_comm, gradient_checkpointing=gradient_checkpointing,
-        gradient_checkpointing_use_reentrant=gradient_checkpointing_use_reentrant,
-        micro_batch_size=micro_train_batch_size, train_batch_size=train_batch_size,
-    )  # fmt: skip
+    world = actor_num_nodes * actor_num_gpus_per_node
+    return _optim(world, locals(), learning_rate=actor_learning_rate, adam_betas=tuple(adam_betas))
 
 
 def critic_optim(
@@ -143,21 +136,11 @@ def critic_optim(
 ) -> OptimConfig:  # fmt: skip
     """The critic's dotted-only settings (--critic.adam.betas, ...) left unset follow the policy's, as
     v0.9.10's shared flags did."""
-
-    def own(critic_value, policy_value):
-        return policy_value if critic_value is None else critic_value
-
-    return _optim(
-        critic_num_nodes * critic_num_gpus_per_node, learning_rate=critic_learning_rate,
-        adam_betas=tuple(own(critic_adam_betas, adam_betas)), adam_eps=own(critic_adam_eps, adam_eps),
-        l2=own(critic_l2, l2), lr_scheduler=own(critic_lr_scheduler, lr_scheduler),
-        lr_warmup_ratio=own(critic_lr_warmup_ratio, lr_warmup_ratio),
-        min_lr_ratio=own(critic_min_lr_ratio, min_lr_ratio), max_norm=own(critic_max_norm, max_norm),
-        zero_stage=zero_stage, param_dtype=param_dtype, adam_offload=adam_offload, overlap_comm=overlap_comm,
-        gradient_checkpointing=gradient_checkpointing,
-        gradient_checkpointing_use_reentrant=gradient_checkpointing_use_reentrant,
-        micro_batch_size=micro_train_batch_size, train_batch_size=train_batch_size,
-    )  # fmt: skip
+    flags = locals()
+    shared = ("adam_betas", "adam_eps", "l2", "lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm")
+    own = {n: flags[n] if flags[f"critic_{n}"] is None else flags[f"critic_{n}"] for n in shared}
+    own["adam_betas"] = tuple(own["adam_betas"])
+    return _optim(critic_num_nodes * critic_num_gpus_per_node, flags, learning_rate=critic_learning_rate, **own)
 
 
 def loss(
@@ -168,28 +151,15 @@ def loss(
     aux_loss_coef,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
-    enable, correction = enable_vllm_is_correction, vllm_is_correction_type
+    # OpenRLHF 0.11.2's spelling of the same choice (--algo.advantage.is_correction_level) enables it
     chosen = openrlhf_correction(is_correction_level, is_correction_mode, is_correction_gating)
-    if chosen is not None:  # OpenRLHF 0.11.2's spelling of the same choice
-        if vllm_is_correction_path or correction not in ("tis", chosen):
-            given = vllm_is_correction_path or correction
-            raise ValueError(f"--algo.advantage.is_correction_level {is_correction_level} selects {chosen}, and "
-                             f"--vllm_is_correction_type / _path {given}: give one of them")  # fmt: skip
-        enable, correction = True, chosen
-    surrogate = SurrogateConfig(
-        clip_eps_low=low,
-        clip_eps_high=high,
-        dual_clip=dual_clip,
-        token_level_loss=loss_agg_mode == "token-mean",
-        policy_loss_type=policy_loss_type,
-        enable_vllm_is_correction=enable,
-        vllm_is_truncated_threshold=_threshold_band(vllm_is_truncated_threshold),
-        vllm_is_correction_type=correction,
-        vllm_is_correction_path=vllm_is_correction_path,
+    surrogate = named(
+        SurrogateConfig, locals(), clip_eps_low=low, clip_eps_high=high, token_level_loss=loss_agg_mode == "token-mean",
+        enable_vllm_is_correction=enable_vllm_is_correction or chosen is not None,
+        vllm_is_truncated_threshold=threshold_band(vllm_is_truncated_threshold),
+        vllm_is_correction_type=chosen or vllm_is_correction_type, position_metrics=is_position_metrics,
         vllm_is_correction_args=_key_values("--vllm_is_correction_args", vllm_is_correction_args),
-        vllm_is_anchor=vllm_is_anchor,
-        position_metrics=is_position_metrics,
-    )
+    )  # fmt: skip
     # the trainer scores the distribution the engine samples from: its filters, replayed (models/sampling_filter.py);
     # a minimum length acts once the workers add the model's stop ids (with_engine_stop_ids)
     replay = SamplingFilter(top_k=top_k, top_p=top_p, min_tokens=min_new_tokens)
@@ -197,14 +167,6 @@ def loss(
         surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient,
         replay if replay.active or min_new_tokens else None, aux_loss_coef,
     )  # fmt: skip
-
-
-def _threshold_band(values) -> tuple[float, float]:
-    """--vllm_is_truncated_threshold LOW HIGH, or HIGH alone (LOW 0: an upper bound, as OpenRLHF 0.11.2 reads it)."""
-    values = [float(v) for v in values]
-    if len(values) not in (1, 2):
-        raise ValueError(f"--vllm_is_truncated_threshold takes HIGH or LOW HIGH, got {len(values)} values")
-    return (0.0, values[0]) if len(values) == 1 else (values[0], values[1])
 
 
 def _key_values(flag: str, items: list[str] | None) -> dict[str, float]:
@@ -226,27 +188,11 @@ def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLPenalty:
     return sections.KLPenalty(init_kl_coef, kl_target, kl_horizon)
 
 
-def response_budget(max_new_tokens, max_len) -> int:
-    return min(max_new_tokens or DEFAULT_MAX_NEW_TOKENS, max_len - 1)
-
-
 def rollout(
     n_samples_per_prompt, prompt_max_len, max_new_tokens, min_new_tokens, max_len, temperature, top_p, top_k,
     engine_timeout_s,
 ) -> RolloutConfig:  # fmt: skip
-    budget = response_budget(max_new_tokens, max_len)
-    if min_new_tokens > budget:
-        raise ValueError(f"--min_new_tokens {min_new_tokens} exceeds the response budget of {budget} tokens")
-    return RolloutConfig(
-        n_samples_per_prompt=n_samples_per_prompt,
-        prompt_max_len=prompt_max_len,
-        max_new_tokens=budget,
-        min_new_tokens=min_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        engine_timeout_s=engine_timeout_s,
-    )
+    return named(RolloutConfig, locals(), max_new_tokens=response_budget(max_new_tokens, max_len))
 
 
 def experience(
@@ -254,23 +200,11 @@ def experience(
     reward_clip_range, reward_nan_policy, overlong_buffer_len, overlong_penalty_factor, stop_properly_penalty_coef,
     normalize_reward, kl_estimator, use_kl_loss, routing_replay,
 ) -> ExperienceConfig:  # fmt: skip
-    return ExperienceConfig(
-        n_samples_per_prompt=n_samples_per_prompt,
-        max_new_tokens=response_budget(max_new_tokens, max_len),
-        advantage_estimator=advantage_estimator,
-        gamma=gamma,
-        lambd=lambd,
-        std_norm=not no_advantage_std_norm,
-        reward_clip_range=tuple(reward_clip_range),
-        reward_nan_policy=reward_nan_policy,
-        overlong_buffer_len=overlong_buffer_len,
-        overlong_penalty_factor=overlong_penalty_factor,
-        stop_properly_penalty_coef=stop_properly_penalty_coef,
-        normalize_reward=normalize_reward,
-        kl_estimator=kl_estimator,
-        use_kl_loss=use_kl_loss,
+    return named(
+        ExperienceConfig, locals(), max_new_tokens=response_budget(max_new_tokens, max_len),
+        std_norm=not no_advantage_std_norm, reward_clip_range=tuple(reward_clip_range),
         routing_replay=replay_mode(routing_replay),
-    )
+    )  # fmt: skip
 
 
 def loop(
@@ -285,51 +219,19 @@ def loop(
 ) -> LoopConfig:  # fmt: skip
     checkpoints = None
     every_s = auto_checkpoint_minutes * 60 if save_steps <= 0 else 0.0  # the default, by the clock
-    if save_steps > 0 or load_checkpoint:
-        checkpoints = CheckpointConfig(
-            Path(ckpt_path).resolve(),
-            save_steps,
-            max_ckpt_num,
-            max_ckpt_mem,
-            save_hf_ckpt,
-            disable_ds_ckpt,
-            resume=load_checkpoint,
-            every_s=every_s,
-        )
-    elif every_s > 0:  # under the run directory, once the driver knows it (run/driver.py: run_checkpoints)
-        checkpoints = CheckpointConfig(None, save_steps, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
-                                       every_s=every_s)  # fmt: skip
+    if save_steps > 0 or load_checkpoint or every_s > 0:
+        # by the clock alone: under the run directory, once the driver knows it (run/driver.py: run_checkpoints)
+        path = Path(ckpt_path).resolve() if save_steps > 0 or load_checkpoint else None
+        checkpoints = named(CheckpointConfig, locals(), ckpt_path=path, resume=load_checkpoint)
     chunk = None
     if partial_rollout:  # default chunk: a quarter of the response budget
         chunk = partial_rollout_chunk or max(1, (max_new_tokens or DEFAULT_MAX_NEW_TOKENS) // 4)
-    return LoopConfig(
-        num_episodes=num_episodes,
-        rollout_batch_size=rollout_batch_size,
-        train_batch_size=train_batch_size,
-        micro_train_batch_size=micro_train_batch_size,
-        train_max_tokens=train_max_tokens_per_gpu if use_dynamic_batch else None,
-        packing_samples=packing_samples,
-        max_epochs=max_epochs,
-        freezing_actor_steps=freezing_actor_steps,
-        logging_steps=logging_steps,
-        seed=seed,
-        rollout_staleness=rollout_staleness,
+    # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
+    return named(
+        LoopConfig, locals(), train_max_tokens=train_max_tokens_per_gpu if use_dynamic_batch else None,
         dynamic_filtering_reward_range=tuple(dynamic_filtering_reward_range) if dynamic_filtering else None,
-        eval_steps=eval_steps,
-        eval_before_training=eval_before_training,
-        samples_log_steps=samples_log_steps,
-        recompute_old_log_probs=recompute_old_log_probs,
-        async_train=async_train,
-        async_queue_size=async_queue_size,
-        async_lag_target=async_lag_target,
-        async_lag_metric=async_lag_metric,
-        partial_rollout_chunk=chunk,
-        best_metric_key=best_metric_key or None,
-        # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
-        checkpoints=checkpoints,
-        max_failures=max_failures,
-        engine_timeout_s=engine_timeout_s,
-    )
+        partial_rollout_chunk=chunk, best_metric_key=best_metric_key or None,
+    )  # fmt: skip
 
 
 def models(
@@ -337,12 +239,8 @@ def models(
     disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
     save_value_network, sft_warmup_target, embedded_model,
 ) -> sections.Models:  # fmt: skip
-    lora_settings = LoraAdapterConfig(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
-    return sections.Models(
-        pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
-        disable_fast_tokenizer, lora_settings, lora_save_merged, save_value_network, sft_warmup_target,
-        embedded_model,
-    )  # fmt: skip
+    lora = LoraAdapterConfig(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
+    return named(sections.Models, locals(), lora=lora)
 
 
 def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) -> sections.Evaluation | None:
@@ -360,18 +258,9 @@ def selfplay(
 ) -> sections.SelfPlay | None:  # fmt: skip
     if not absolute_zero:
         return None
-    config = SelfPlayConfig(
-        n_questions_per_prompt=n_questions_per_prompt,
-        n_samples_per_prompt=n_samples_per_prompt,
-        max_repropose_attempts=max_repropose_attempts,
-        proposer_train_scope=proposer_train_scope,
-        weights={"safety": safety_reward_weight, "completion": task_completion_weight},
-        format_reward_coef=format_reward_coef,
-        proposer_reward_coef=proposer_reward_coef,
-        reference_buffer=selfplay_reference_buffer,
-        repetition_penalty=proposer_repetition_penalty,
-        proposer_reward=proposer_reward,
-    )
+    weights = {"safety": safety_reward_weight, "completion": task_completion_weight}
+    config = named(SelfPlayConfig, locals(), weights=weights, reference_buffer=selfplay_reference_buffer,
+                   repetition_penalty=proposer_repetition_penalty)  # fmt: skip
     return sections.SelfPlay(
         selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config, selfplay_kb, selfplay_retriever_url
     )
@@ -429,7 +318,7 @@ def flag_sections() -> dict[str, list[str]]:
 
 
 def run_config(args: Namespace) -> sections.RunConfig:
-    """The one place that reads the namespace for the run. Raises ValueError from a section's own checks."""
+    """The one place that reads the namespace for the run. Raises ValueError for what a section refuses."""
     return sections.RunConfig(**{name: build(**flag_values(args, build)) for name, build in SECTIONS.items()})
 
 

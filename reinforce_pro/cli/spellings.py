@@ -32,12 +32,6 @@ def dotted_names(flat: str) -> tuple[str, ...]:
     return tuple(f"--{d}" for d in ((dotted,) if isinstance(dotted, str) else dotted))
 
 
-def spelling(parser: argparse.ArgumentParser, dest: str) -> str:
-    """Every spelling of a setting, for messages: `--lora_rank / --ds.lora.rank`."""
-    options = [o for a in parser._actions if a.dest == dest for o in a.option_strings]
-    return " / ".join(options)
-
-
 def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[tuple[str, str, object]]:
     """(dest, option string, value) for each option string that appears in argv, parsed by argparse itself
     (so `--x=1`, nargs and types are handled as in the real parse); the last occurrence of a spelling wins."""
