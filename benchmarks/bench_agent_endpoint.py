@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,21 +157,22 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=16, help="prompts per rollout")
     p.add_argument("--n", type=int, default=4, help="episodes per prompt")
     p.add_argument("--max_new_tokens", type=int, default=8, help="tokens per model turn, at most")
     p.add_argument("--max_len", type=int, default=128, help="tokens per episode, at most")
     p.add_argument("--repeats", type=int, default=8, help="rollouts of each shape (the first is left out)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES, help="one shape alone: to profile")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     config = {k: getattr(args, k) for k in ("prompts", "n", "max_new_tokens", "max_len", "repeats", "shapes")}
-    return save_and_render(NAME, config, measure(args), args.output, render)
+    return config, measure(args)
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,12 @@ import sys
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure, scratch_dir
+from benchmarks.common import (
+    bench_main,
+    new_figure,
+    save_figure,
+    scratch_dir,
+)
 
 CONDITIONS = {
     "sync": [],
@@ -149,22 +154,22 @@ def plot(payload: dict, path: Path, window: int = 20) -> None:
     save_figure(fig, ax, path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=300, help="RL steps per run")
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
     p.add_argument("--warmup_steps", type=int, default=5, help="leading steps left out of the timing statistics")
     p.add_argument("--final_window", type=int, default=50, help="steps averaged for the final reward")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     config = {k: getattr(args, k) for k in ("steps", "seeds", "conditions", "warmup_steps", "final_window")}
     results = measure(args.conditions, args.seeds, args.steps, args.warmup_steps, args.final_window)
-    config["job"] = "embedded default of train_ppo_ray"
-    return save_and_render("bench_async", config, results, args.output, render)
+    return {**config, "job": "embedded default of train_ppo_ray"}, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_async", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_study_generate import batches, count_engine_steps, study_model
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 NAME = "bench_cpu_fp8"
 ENGINES = {  # name -> (EngineConfig.quantization, whether rollout/cpu_fp8.py may register its kernel)
@@ -167,16 +167,16 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=int, default=16, help="tokens every response decodes")
+    p.add_argument("--repeats", type=int, default=2, help="batches before and after the reload, per engine")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=16, help="tokens every response decodes")
-    parser.add_argument("--repeats", type=int, default=2, help="batches before and after the reload, per engine")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    return save_and_render(NAME, {"tokens": args.tokens, "repeats": args.repeats}, measure(args), args.output, render)
+    def measured(args):
+        return {"tokens": args.tokens, "repeats": args.repeats}, measure(args)
+
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, write_result
+from benchmarks.common import PACKAGED_MODELS, bench_main
 from reinforce_pro.rollout.vllm_engine import CPU_MAX_BATCHED_TOKENS
 
 NAME = "bench_engine_start"
@@ -99,22 +99,19 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=PACKAGED_MODELS / "smollm2-135m-instruct")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
-    results = run(str(args.model), args.modes)
+
+
+def measured(args) -> tuple[dict, dict]:
     config = {"model_name": args.model.name, "dtype": "bfloat16", "max_model_len": 512, "modes": args.modes,
               "decode": "32 prompts x 64 tokens, temperature 1"}  # fmt: skip
-    path = write_result(NAME, config, results, args.output)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+    return config, run(str(args.model), args.modes)
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 NAME = "bench_generate_ceiling"
 
@@ -105,17 +105,16 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", type=int, default=7, help="batches per engine")
+    p.add_argument("--warmup", type=int, default=2, help="leading batches left out (as bench_peers' steps)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=7, help="batches per engine")
-    parser.add_argument("--warmup", type=int, default=2, help="leading batches left out (as bench_peers' steps)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    results = measure(args)
-    return save_and_render(NAME, {"batches": args.batches, "warmup": args.warmup}, results, args.output, render)
+    def measured(args):
+        return {"batches": args.batches, "warmup": args.warmup}, measure(args)
+
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ alike; the median of the repeats is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, write_result
+from benchmarks.common import bench_main
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS, default_band
 from reinforce_pro.algos.losses import PolicyLoss
 from reinforce_pro.procs import KEEP_FREED_MEMORY  # what the CPU trainer ranks get too
@@ -107,13 +106,18 @@ def measure(sizes, repeats: int, warmup: int) -> list[dict]:
     return rows
 
 
+def measured_variants(rows: list[dict]) -> list[str]:
+    """The variants a result holds, in VARIANTS' order (a result from before a correction was added lacks it)."""
+    return [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+
+
 def render(payload: dict, out_dir: Path) -> str:
     """Markdown table (and a PNG bar chart when matplotlib is installed) from the JSON payload."""
     rows = payload["results"]
     sizes = sorted({(r["B"], r["T"]) for r in rows})
     header = "| variant | " + " | ".join(f"B={b}, T={t}" for b, t in sizes) + " |"
     lines = [header, "|---|" + "---|" * len(sizes)]
-    for v in VARIANTS:
+    for v in measured_variants(rows):
         cells = []
         for b, t in sizes:
             r = next(r for r in rows if r["variant"] == v and (r["B"], r["T"]) == (b, t))
@@ -139,8 +143,9 @@ def render(payload: dict, out_dir: Path) -> str:
     except ImportError:
         return table
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(VARIANTS)
-    for i, v in enumerate(VARIANTS):
+    variants = measured_variants(rows)
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
         ys = [next(r["ratio_to_tis"] for r in rows if r["variant"] == v and (r["B"], r["T"]) == s) for s in sizes]
         ax.bar([j + i * width for j in range(len(sizes))], ys, width, label=v)
     ax.axhline(TARGET["reinforce_pro"], color="k", ls="--", lw=0.8, label="reinforce_pro target")
@@ -154,39 +159,30 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES), help="comma-separated BxT list")
     p.add_argument("--repeats", type=int, default=15, help="timed repeats per variant and size")
     p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / PNG")
-    p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
     p.add_argument(
         "--system-malloc", action="store_true", help="do not set the keep-freed-memory malloc variables (see above)"
     )
-    args = p.parse_args(argv)
 
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
+
+def measured(args) -> tuple[dict, list]:
     if not args.system_malloc and any(os.environ.get(k) != v for k, v in KEEP_FREED_MEMORY.items()):
         # glibc reads these at process start: re-execute with them set.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_FREED_MEMORY})
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-    config = {
-        "sizes": sizes,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "dtype": "float32",
-        "threshold": [0.5, 5.0],
-    }
+    config = {"sizes": sizes, "repeats": args.repeats, "warmup": args.warmup, "dtype": "float32",
+              "threshold": [0.5, 5.0]}  # fmt: skip
     rows = measure(sizes, args.repeats, args.warmup)
-    path = write_result("bench_is_correction", config, rows, args.output)
-    print(render(json.loads(path.read_text()), args.output))
     worst = max(r["ratio_to_tis"] for r in rows if r["variant"] == "reinforce_pro")
-    print(f"\nreinforce_pro worst ratio to tis: {worst:.3f} (target <= {TARGET['reinforce_pro']})")
-    print(f"wrote {path}")
-    return 0
+    print(f"reinforce_pro worst ratio to tis: {worst:.3f} (target <= {TARGET['reinforce_pro']})")
+    return config, rows
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_is_correction", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

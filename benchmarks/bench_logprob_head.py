@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import PACKAGED_MODELS, bench_main
 
 NAME = "bench_logprob_head"
 MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"
@@ -94,20 +94,20 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=8, help="rows per micro-batch (the SmolLM2 recipe's 8)")
     p.add_argument("--prompt", type=int, default=96, help="prompt columns (--prompt_max_len of the recipe)")
     p.add_argument("--response", type=int, default=16, help="response columns (--max_new_tokens)")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the table from this JSON")
-    args = p.parse_args()
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     config = {"rows": args.rows, "prompt": args.prompt, "response": args.response, "reps": args.reps}
-    results = measure(args.rows, args.prompt, args.response, args.reps)
-    return save_and_render(NAME, config, results, args.output, render)
+    return config, measure(args.rows, args.prompt, args.response, args.reps)
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

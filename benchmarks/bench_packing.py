@@ -30,7 +30,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, attention_kernel, new_figure, render_saved, save_and_render, save_figure
+from benchmarks.common import (
+    attention_kernel,
+    bench_main,
+    new_figure,
+    save_figure,
+)
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.packing import pack
 from reinforce_pro.models.tiny import build_tiny_model
@@ -135,8 +140,7 @@ def _plot(payload: dict, path: Path) -> None:
     save_figure(fig, ax, path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=16, help="rows per micro-batch")
     p.add_argument("--prompt_len", type=int, default=32, help="longest prompt (shortest: half of it)")
     p.add_argument("--response_len", type=int, default=96, help="longest response")
@@ -144,11 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="tiny,small", help="comma-separated model sizes: " + ", ".join(SIZES))
     p.add_argument("--attn", default="sdpa", choices=["sdpa"], help="attn_implementation (loaded as sdpa_varlen)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
-    p.add_argument("--render", type=Path, default=None, help="only re-render table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, list]:
     from transformers import AutoModelForCausalLM
 
     results = []
@@ -167,7 +169,11 @@ def main(argv=None) -> int:
                       f"bins {r['bins_ms']:.1f} ms", flush=True)  # fmt: skip
     config = {k: v for k, v in vars(args).items() if k not in ("output", "render")}
     config.update(threads=torch.get_num_threads(), model_sizes={s: SIZES[s] for s in args.sizes.split(",")})
-    return save_and_render("bench_packing", config, results, args.output, render)
+    return config, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_packing", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

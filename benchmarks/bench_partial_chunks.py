@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_study_generate import ONE_STEP_BUDGET, batches, study_model
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 NAME = "bench_partial_chunks"
 VARIANTS = {  # name -> PartialRollout.settled (None: a call per chunk); "no chunks" samples with Sampler.sample
@@ -110,19 +110,19 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", type=int, default=6, help="batches per variant")
+    p.add_argument("--warmup", type=int, default=1, help="leading batches left out")
+    p.add_argument("--tokens", type=int, default=64, help="tokens every response decodes (the study's 64 max)")
+    p.add_argument("--chunk", type=int, default=16, help="tokens per chunk (the study's 16)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=6, help="batches per variant")
-    parser.add_argument("--warmup", type=int, default=1, help="leading batches left out")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens every response decodes (the study's 64 max)")
-    parser.add_argument("--chunk", type=int, default=16, help="tokens per chunk (the study's 16)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    config = {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens, "chunk": args.chunk}
-    return save_and_render(NAME, config, measure(args), args.output, render)
+    def measured(args):
+        config = {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens, "chunk": args.chunk}
+        return config, measure(args)
+
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,8 @@ from pathlib import Path
 
 from benchmarks.common import (
     PACKAGED_MODELS,
-    RESULTS_DIR,
+    bench_main,
     new_figure,
-    render_saved,
-    save_and_render,
     save_figure,
     scratch_dir,
 )
@@ -359,22 +357,24 @@ def _plot(results: dict, path: Path) -> None:
     save_figure(fig, ax, path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--warmup_steps", type=int, default=2, help="leading steps of each side left out")
     p.add_argument("--trl_python", default=str(ROOT / ".venv-trl" / "bin" / "python"),
                    help="python of the TRL virtualenv (benchmarks/peers/setup_trl.sh)")  # fmt: skip
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     if not Path(args.trl_python).exists():
-        p.error(f"--trl_python {args.trl_python}: not found; create it with bash benchmarks/peers/setup_trl.sh")
+        raise SystemExit(
+            f"--trl_python {args.trl_python}: not found; create it with bash benchmarks/peers/setup_trl.sh"
+        )
     results = measure(args.workloads, args.warmup_steps, args.trl_python)
-    config = {"warmup_steps": args.warmup_steps, "workloads": args.workloads}
-    return save_and_render("bench_peers", config, results, args.output, render)
+    return {"warmup_steps": args.warmup_steps, "workloads": args.workloads}, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_peers", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 NAME = "bench_ring_attention"
 
@@ -140,18 +140,15 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=2, help="sequences in the micro-batch")
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the table from this JSON")
-    args = p.parse_args()
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     config = {k: getattr(args, k) for k in ("rows", "seq", "layers", "hidden", "reps")}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp) / "model", args.layers, args.hidden, 8, 2048, args.seq)
@@ -161,7 +158,11 @@ def main() -> int:
             "ring 1": measure_ring(1, model_dir, args.rows, args.seq, args.reps),
             "ring 2": measure_ring(2, model_dir, args.rows, args.seq, args.reps),
         }
-    return save_and_render(NAME, config, results, args.output, render)
+    return config, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

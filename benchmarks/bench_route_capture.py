@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_study_generate import PROMPTS, SAMPLES, batches, count_engine_steps
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render, scratch_dir
+from benchmarks.common import bench_main, scratch_dir
 
 NAME = "bench_route_capture"
 ENGINES = {  # name -> EngineConfig fields
@@ -93,17 +93,16 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=int, default=64, help="tokens every response decodes")
+    p.add_argument("--batches", type=int, default=4, help="timed batches per engine")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=64, help="tokens every response decodes")
-    parser.add_argument("--batches", type=int, default=4, help="timed batches per engine")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    config = {"tokens": args.tokens, "batches": args.batches}
-    return save_and_render(NAME, config, measure(args), args.output, render)
+    def measured(args):
+        return {"tokens": args.tokens, "batches": args.batches}, measure(args)
+
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

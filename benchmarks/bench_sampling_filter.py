@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import PACKAGED_MODELS, bench_main
 
 NAME = "bench_sampling_filter"
 SMOLLM2 = PACKAGED_MODELS / "smollm2-135m-instruct"
@@ -176,8 +176,7 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", choices=["tiny", "smollm2"], default=None,
                    help="which models (default: tiny, and smollm2 when the models extra is installed)")  # fmt: skip
     p.add_argument("--responses", type=int, default=64, help="responses sampled per setting")
@@ -186,11 +185,9 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=96)
     p.add_argument("--response", type=int, default=16)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the table from this JSON")
-    args = p.parse_args()
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     names = args.models
     if names is None:
         import importlib.util
@@ -205,7 +202,11 @@ def main() -> int:
         for name, path in dirs.items():
             results["cost"][name] = cost(path, args.rows, args.prompt, args.response, args.reps)
             results["agreement"][name] = agreement(path, args.responses, args.max_new_tokens)
-    return save_and_render(NAME, config, results, args.output, render)
+    return config, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 from reinforce_pro.selfplay import sandbox as current
 from reinforce_pro.selfplay.code_task import CODE_SEEDS
 
@@ -85,23 +85,23 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", default="633e66a", help="git revision of the sandbox to compare against")
     p.add_argument("--calls", type=int, default=60, help="calls of run_once and of run_deterministic per sandbox")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         baseline = load_baseline(args.baseline, Path(tmp))
         results = {"baseline": {"label": f"{args.baseline} (Python checks only)", "layers": "rlimits",
                                 **time_calls(baseline, args.calls)}}  # fmt: skip
     layers = ", ".join(current.require_isolation().layers)
     results["current"] = {"label": "current", "layers": layers, **time_calls(current, args.calls)}
-    config = {"baseline": args.baseline, "calls": args.calls, "programs": len(PROGRAMS)}
-    return save_and_render("bench_sandbox", config, results, args.output, render)
+    return {"baseline": args.baseline, "calls": args.calls, "programs": len(PROGRAMS)}, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_sandbox", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

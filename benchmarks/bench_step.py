@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render, scratch_dir
+from benchmarks.common import bench_main, scratch_dir
 
 PHASES = ["generate", "make_experience", "train", "weight_sync", "step"]
 TARGETS = {"rollout_efficiency": 0.8, "weight_sync_share": 0.10}
@@ -139,18 +139,18 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=40, help="RL steps to run")
     p.add_argument("--warmup_steps", type=int, default=5, help="leading steps left out of the statistics")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     results = measure(args.steps, args.warmup_steps)
-    config = {"steps": args.steps, "warmup_steps": args.warmup_steps, "job": "embedded default of train_ppo_ray"}
-    return save_and_render("bench_step", config, results, args.output, render)
+    return {"steps": args.steps, "warmup_steps": args.warmup_steps, "job": "embedded default of train_ppo_ray"}, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_step", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

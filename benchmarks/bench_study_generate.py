@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 
 NAME = "bench_study_generate"
 MODES = {"detokenized": True, "ids only": False}  # SamplingParams.detokenize
@@ -168,18 +168,17 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", type=int, default=6, help="batches per variant")
+    p.add_argument("--warmup", type=int, default=1, help="leading batches left out")
+    p.add_argument("--tokens", type=int, default=62, help="tokens every response decodes (the study's ~62)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=6, help="batches per variant")
-    parser.add_argument("--warmup", type=int, default=1, help="leading batches left out")
-    parser.add_argument("--tokens", type=int, default=62, help="tokens every response decodes (the study's ~62)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    config = {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens}
-    return save_and_render(NAME, config, measure(args), args.output, render)
+    def measured(args):
+        return {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens}, measure(args)
+
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, attention_kernel, render_saved, save_and_render
+from benchmarks.common import PACKAGED_MODELS, attention_kernel, bench_main
 
 NAME = "bench_train_phase"
 MODEL = PACKAGED_MODELS / "smollm2-135m-instruct"  # where the recipes keep it
@@ -414,24 +414,25 @@ def render(payload: dict, out_dir: Path) -> str:
     return text
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="an HF model directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--rows", type=int, default=32, help="rows per optimizer step (W3: 4 prompts x 8)")
-    parser.add_argument("--micro", type=int, default=16, help="rows per micro-batch")
-    parser.add_argument("--prompt_tokens", type=int, default=36, help="longest prompt (W3's chat template: ~36)")
-    parser.add_argument("--max_response_tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps after one warm-up")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--render", type=Path, default=None, help="re-render this JSON instead of measuring")
-    args = parser.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="an HF model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--rows", type=int, default=32, help="rows per optimizer step (W3: 4 prompts x 8)")
+    p.add_argument("--micro", type=int, default=16, help="rows per micro-batch")
+    p.add_argument("--prompt_tokens", type=int, default=36, help="longest prompt (W3's chat template: ~36)")
+    p.add_argument("--max_response_tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps after one warm-up")
+
+
+def measured(args) -> tuple[dict, dict]:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     results = measure(args)
     config = {k: getattr(args, k) for k in ("rows", "micro", "prompt_tokens", "max_response_tokens", "steps")}
     config["model_name"] = Path(args.model).name if args.model else MODEL.name
-    return save_and_render(NAME, config, results, args.output, render)
+    return config, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

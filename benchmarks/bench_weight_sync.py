@@ -24,7 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import PACKAGED_MODELS, RESULTS_DIR, new_figure, render_saved, save_and_render, save_figure
+from benchmarks.common import (
+    PACKAGED_MODELS,
+    bench_main,
+    new_figure,
+    save_figure,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,24 +173,24 @@ def _plot(payload: dict, path: Path) -> None:
     save_figure(fig, ax, path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="toy,100m", help="comma-separated: " + ", ".join(SIZES))
     p.add_argument("--reps", type=int, default=5, help="timed pushes per backend")
     p.add_argument("--bucket_mb", type=float, default=256.0, help="gloo bucket size (--vllm_sync_bucket_mb)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for JSON / markdown / plot")
-    p.add_argument("--render", type=Path, default=None, help="only re-render table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, list]:
     from reinforce_pro.workers.launcher import start_ray
 
     start_ray(logical_cpus=4)
     sizes = [s for s in args.sizes.split(",") if s]
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(size, args.reps, args.bucket_mb, Path(tmp)) for size in sizes]
-    config = {"sizes": sizes, "reps": args.reps, "bucket_mb": args.bucket_mb, "engine_dtype": "float32"}
-    return save_and_render("bench_weight_sync", config, results, args.output, render)
+    return {"sizes": sizes, "reps": args.reps, "bucket_mb": args.bucket_mb, "engine_dtype": "float32"}, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_weight_sync", __doc__, options, measured, render)
 
 
 if __name__ == "__main__":

@@ -147,22 +147,37 @@ def run_cli(argv: list[str], run_dir: Path, timeout_s: float = 1800) -> tuple[li
     return rows, done.stdout + done.stderr
 
 
-def arms_main(argv, name: str, doc: str, arms: dict, run_arm, render, steps: int, config: dict) -> int:
-    """The command line of a benchmark that runs the trainer once per arm, one after the other in one invocation:
-    --steps / --seed / --output, or --render FILE. `run_arm(arm, steps, seed, workdir)` is one arm's result;
-    `config` joins the steps, the seed and `arms` in the JSON."""
+def bench_main(argv, name, doc: str, options, measure, render) -> int:
+    """The command line every benchmark shares: its own options (`options(parser)` adds them), --output DIR (the
+    JSON, the table and any plot go there) and --render FILE (only re-render the table and plot from a saved
+    JSON). `measure(args)` runs the benchmark and returns (configuration, results) for the JSON, which
+    write_result completes with the machine and the commit; `name`: the JSON's name, or a function of the args."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=steps, help="RL steps per run")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON and the table")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
+    options(p)
+    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON, the table and the plot")
+    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
     args = p.parse_args(argv)
-    if args.render:
+    if args.render is not None:
         return render_saved(args.render, render)
-    with tempfile.TemporaryDirectory(prefix=f"{name}_") as tmp:
-        results = [run_arm(arm, args.steps, args.seed, Path(tmp)) for arm in arms]
-    config = {"steps": args.steps, "seed": args.seed, "arms": arms, **config}
-    return save_and_render(name, config, {"arms": results}, args.output, render)
+    config, results = measure(args)
+    return save_and_render(name(args) if callable(name) else name, config, results, args.output, render)
+
+
+def arms_main(argv, name: str, doc: str, arms: dict, run_arm, render, steps: int, config: dict) -> int:
+    """bench_main for a benchmark that runs the trainer once per arm, one after the other in one invocation:
+    --steps / --seed. `run_arm(arm, steps, seed, workdir)` is one arm's result; `config` joins the steps, the
+    seed and `arms` in the JSON."""
+
+    def options(p):
+        p.add_argument("--steps", type=int, default=steps, help="RL steps per run")
+        p.add_argument("--seed", type=int, default=42)
+
+    def measure(args):
+        with tempfile.TemporaryDirectory(prefix=f"{name}_") as tmp:
+            results = [run_arm(arm, args.steps, args.seed, Path(tmp)) for arm in arms]
+        return {"steps": args.steps, "seed": args.seed, "arms": arms, **config}, {"arms": results}
+
+    return bench_main(argv, name, doc, options, measure, render)
 
 
 def render_saved(path: Path, render) -> int:

@@ -44,7 +44,7 @@ import torch
 
 from benchmarks.bench_peers import layer_matmul_params
 from benchmarks.bench_train_phase import padded_batch
-from benchmarks.common import RESULTS_DIR, render_saved, save_and_render
+from benchmarks.common import bench_main
 from reinforce_pro.algos import (  # noqa: I001
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -575,8 +575,7 @@ def _model_lines(model: dict, peaks: dict, cfg: dict) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="small shapes: checks the script on a CPU")
     p.add_argument("--steps", type=int, default=5, help="timed train steps per configuration")
@@ -586,11 +585,9 @@ def main(argv=None) -> int:
     p.add_argument("--paths", default="padded,packed", help="forwards of part 3: padded, packed")
     p.add_argument("--dtypes", default="fp32,autocast", help="part 3: fp32, autocast (bf16), bf16 (weights)")
     p.add_argument("--suffix", default="", help="appended to the result's name (gpu_check<suffix>.json)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the tables from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     small = args.small
     cfg = {"device": args.device, "small": small, "steps": args.steps, "parts": args.parts, "micros": args.micros,
            "dtypes": args.dtypes,
@@ -616,7 +613,11 @@ def main(argv=None) -> int:
         results["moe"] = check_moe(
             args.device, SMALL_MOE if small else MOE_MODEL, 4 if small else 16, 64 if small else 512
         )
-    return save_and_render(NAME + args.suffix, cfg, results, args.output, render)
+    return cfg, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, lambda args: NAME + args.suffix, __doc__, options, measured, render)
 
 
 def _model_part(args, cfg: dict) -> dict:

@@ -36,3 +36,15 @@ def test_the_docs_run_studies_and_benchmarks_with_python_m():
             if (ROOT / m[1] / f"{m[2]}.py").exists():
                 stale.append(f"{page.relative_to(ROOT)}: {m[0]}")
     assert not stale, stale
+
+
+def test_every_benchmark_runs_through_the_shared_command_line():
+    """One runner for --output, --render and the result's provenance (benchmarks/common.py: bench_main, arms_main):
+    a benchmark adds its options and its measurement, and builds no parser of its own."""
+    scripts = [
+        p for p in MODULES if p.parent.name == "benchmarks" and p.stem != "common" and "def main" in p.read_text()
+    ]
+    assert len(scripts) >= 20
+    own = [p.stem for p in scripts if "ArgumentParser(" in p.read_text()]
+    shared = [p.stem for p in scripts if re.search(r"return (bench_main|arms_main)\(", p.read_text())]
+    assert own == [] and len(shared) == len(scripts), (own, sorted({p.stem for p in scripts} - set(shared)))
