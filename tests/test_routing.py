@@ -155,7 +155,7 @@ def test_the_balance_loss_is_transformers_load_balancing_loss(moe_dir, padded):
 )
 def test_routes_the_model_cannot_replay_are_refused_in_one_line(routes, message):
     with pytest.raises(RoutingDataError) as e:
-        check_routes(routes, layers=2, experts=8, top_k=2)
+        check_routes(routes, layers=2, experts=8, experts_per_token=2)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 

@@ -65,10 +65,10 @@ def is_moe_dir(path: str) -> bool:
     return bool(getattr(config, "num_experts_per_tok", 0))
 
 
-def check_routes(routes: torch.Tensor, layers: int, experts: int, top_k: int) -> None:
+def check_routes(routes: torch.Tensor, layers: int, experts: int, experts_per_token: int) -> None:
     """Refuse, in one line, routes this model cannot replay (the hook checks their count against its forward's)."""
-    want = f"(tokens, {layers} MoE layers, top-{top_k})"
-    if routes.dim() != 3 or tuple(routes.shape[1:]) != (layers, top_k):
+    want = f"(tokens, {layers} MoE layers, top-{experts_per_token})"
+    if routes.dim() != 3 or tuple(routes.shape[1:]) != (layers, experts_per_token):
         raise RoutingDataError(f"routes of shape {tuple(routes.shape)} cannot be replayed: this model takes {want}")
     if routes.is_floating_point():
         raise RoutingDataError(f"routes must be integer expert ids, got {routes.dtype}")
@@ -99,7 +99,7 @@ class RouteReplay:
 
     routers: list[torch.nn.Module]
     experts: int
-    top_k: int
+    experts_per_token: int  # the router's top-k (HF: num_experts_per_tok)
     routes: torch.Tensor | None = None  # (N, L, K) for the next forwards, or None: the trainer's own routing
     real: torch.Tensor | None = None  # (N,) bool, the tokens that are not padding (the load-balancing loss)
     records: dict[int, LayerRecord] = field(default_factory=dict)  # layer -> what it saw in the last forward
@@ -127,7 +127,7 @@ class RouteReplay:
         with `force` False the routes are only compared (flips) and the trainer routes itself. `real`: (N,)
         which tokens are not padding. Clears what earlier forwards recorded."""
         if routes is not None:
-            check_routes(routes, self.layers, self.experts, self.top_k)
+            check_routes(routes, self.layers, self.experts, self.experts_per_token)
         self.routes, self.real, self.force, self.records = routes, real, force, {}
 
     def _hook(self, layer: int):
@@ -281,7 +281,7 @@ def replay_routes(replay: RouteReplay, routes: torch.Tensor | None, mask: torch.
     """Before a forward over rows whose (b, w) attention mask is `mask`: replay `routes` (b, w, L, K) or route
     itself (None), in the padded grid or, under --packing_samples, in `layout`'s packed order."""
     if layout is None:
-        given = None if routes is None else routes.reshape(-1, replay.layers, replay.top_k)
+        given = None if routes is None else routes.reshape(-1, replay.layers, replay.experts_per_token)
         replay.use(given, mask.flatten().bool(), force)
         return
     given = None if routes is None else layout.pack(routes, -1)
@@ -318,7 +318,7 @@ class RoutingPass:
     def after(self, keep: int, num_actions: int, width: int) -> None:
         """After that forward: `keep` response columns were scored out of `num_actions`; `width` = S."""
         columns, (b, w), given, layout = self._chunk
-        layers, k = self.replay.layers, self.replay.top_k
+        layers, k = self.replay.layers, self.replay.experts_per_token
         flips = torch.full((b, num_actions, layers), float("nan"))
         compared, own_routes = self.replay.flips(), self.replay.own_routes()
         if layout is not None:  # back from the packed order to the rows' grid

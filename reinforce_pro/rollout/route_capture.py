@@ -31,12 +31,12 @@ class _Step:
 class RouteRecorder:
     """Files each forward's per-layer top-k experts under (request, position)."""
 
-    def __init__(self, runner, top_k: int):
+    def __init__(self, runner, experts_per_token: int):
         model = runner.get_model()
         self.routers = [m.gate for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")]
         if not self.routers:
             raise ValueError("route capture needs a mixture-of-experts model; this engine's model has no router")
-        self.runner, self.top_k = runner, top_k
+        self.runner, self.experts_per_token = runner, experts_per_token
         self.step: _Step | None = None
         self.layer_routes: list = [None] * len(self.routers)
         self.store: dict[str, list] = {}  # request id -> [(start, (n, L, K) int16)]
@@ -66,7 +66,7 @@ class RouteRecorder:
             if step is None:  # a warm-up or profiling forward: no request's tokens
                 return
             logits = output[0] if isinstance(output, tuple) else output
-            top = torch.topk(logits[: step.tokens].float(), self.top_k, dim=-1).indices
+            top = torch.topk(logits[: step.tokens].float(), self.experts_per_token, dim=-1).indices
             self.layer_routes[layer] = top.to(torch.int16).cpu()
             if layer == len(self.routers) - 1:
                 self._file(step, torch.stack(self.layer_routes, dim=1))
@@ -92,7 +92,7 @@ class RouteRecorder:
         for rid in request_ids:
             parts = self.store.get(by_id.get(rid, ""), [])
             length = max((start + len(r) for start, r in parts), default=0)
-            routes = torch.full((length, len(self.routers), self.top_k), -1, dtype=torch.int16)
+            routes = torch.full((length, len(self.routers), self.experts_per_token), -1, dtype=torch.int16)
             for start, r in parts:  # in order: a recomputed position keeps its latest routes
                 routes[start : start + len(r)] = r
             result[rid] = routes

@@ -210,8 +210,8 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         self.capture_routes = cfg.capture_routes
         if cfg.capture_routes:
-            top_k = self.llm.llm_engine.model_config.hf_text_config.num_experts_per_tok
-            self.llm.collective_rpc("start_route_capture", args=(int(top_k),))
+            experts_per_token = self.llm.llm_engine.model_config.hf_text_config.num_experts_per_tok
+            self.llm.collective_rpc("start_route_capture", args=(int(experts_per_token),))
         tied_head = getattr(self.llm.llm_engine.model_config.hf_text_config, "tie_word_embeddings", False)
         for handler in logging.getLogger("vllm").handlers:  # configured by now
             handler.addFilter(_DropBenignReloadWarning(tied_head))

@@ -82,12 +82,12 @@ class WeightSyncExtension:
                 )
             experts.process_weights_after_loading(module)
 
-    def start_route_capture(self, top_k: int) -> int:
+    def start_route_capture(self, experts_per_token: int) -> int:
         """Record each MoE layer's top-k experts of every token this worker's forwards see
         (rollout/route_capture.py); returns the number of MoE layers."""
         from reinforce_pro.rollout.route_capture import RouteRecorder
 
-        self._route_recorder = RouteRecorder(self.model_runner, top_k)
+        self._route_recorder = RouteRecorder(self.model_runner, experts_per_token)
         return len(self._route_recorder.routers)
 
     def take_routes(self, request_ids: list[str]) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.data.prompts import PromptConfig
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
@@ -113,6 +114,15 @@ class Data:
     def __post_init__(self) -> None:
         if self.prompt_data is not None and self.builtin_task != "arithmetic":
             raise ValueError("--builtin_task chooses the built-in prompts: give it without --prompt_data")
+
+    @property
+    def built_in(self) -> bool:
+        """No --prompt_data: the built-in prompts (a built-in task's, or the self-play task's seeds)."""
+        return self.prompt_data is None
+
+    def prompt_spec(self, input_key: str, label_key: str | None) -> PromptConfig:
+        """How records with these keys become prompts: --input_template, then --apply_chat_template."""
+        return PromptConfig(input_key, label_key, self.input_template, self.apply_chat_template)
 
 
 @dataclass(frozen=True)

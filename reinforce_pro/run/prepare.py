@@ -11,7 +11,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from reinforce_pro.data.prompts import DataError, PromptConfig, build_prompts, load_prompt_records
+from reinforce_pro.data.prompts import DataError, build_prompts, load_prompt_records
 from reinforce_pro.models.routing import is_moe_dir
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
 from reinforce_pro.run.config import Data, RunConfig, RunPlan
@@ -178,7 +178,7 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
         source = str(Path(cfg.models.remote_rm_url).resolve())
     elif cfg.models.reward_pretrain:
         source = f"model:{cfg.models.reward_pretrain}"
-    elif cfg.data.prompt_data is None:
+    elif cfg.data.built_in:
         source = f"builtin:{cfg.data.builtin_task}"
     else:
         source = "builtin:exact_match"
@@ -212,12 +212,12 @@ def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[
 
     data = cfg.data
     tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
-    if data.prompt_data is None:
+    if data.built_in:
         records = EMBEDDED_TASKS[data.builtin_task]().records(min(data.max_samples, 100_000), cfg.seed)
-        spec = PromptConfig("input", "label", data.input_template, data.apply_chat_template)
+        spec = data.prompt_spec("input", "label")
         source = f"built-in {data.builtin_task}"
     else:
-        spec = PromptConfig(data.input_key, data.label_key, data.input_template, data.apply_chat_template)
+        spec = data.prompt_spec(data.input_key, data.label_key)
         source = data.prompt_data
     prompts = build_prompts(records, spec, tokenizer, source)
     _check_prompts_fit(prompts, tokenizer, data)
@@ -243,7 +243,7 @@ def _check_prompts_fit(prompts: list[dict], tokenizer, data: Data) -> None:
 
 def _seed_records(cfg: RunConfig, task, records: list[dict] | None) -> list[dict]:
     """Self-play seeds: --prompt_data records as they are (the task reads them), or the task's own."""
-    if cfg.data.prompt_data is None:
+    if cfg.data.built_in:
         return task.seed_records(min(cfg.data.max_samples, 100_000), seed=cfg.seed)
     return records
 

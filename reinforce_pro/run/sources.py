@@ -9,7 +9,7 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.data import embedded_reward
-from reinforce_pro.data.prompts import PromptConfig, build_prompts, load_records
+from reinforce_pro.data.prompts import build_prompts, load_records
 from reinforce_pro.rewards.builtin import exact_match_reward
 from reinforce_pro.rewards.loader import load_reward_func
 from reinforce_pro.rollout.sampler import PromptSource, Sampler
@@ -84,8 +84,8 @@ def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer, source=None) -> EvalSet |
     if ev is None:
         return None
     records = load_records(ev.dataset, ev.split)
-    label_key = data.label_key or ("label" if data.prompt_data is None else None)  # built-in data has labels
-    spec = PromptConfig(data.input_key, label_key, data.input_template, data.apply_chat_template)
+    label_key = data.label_key or ("label" if data.built_in else None)  # built-in data has labels
+    spec = data.prompt_spec(data.input_key, label_key)
     prompts = build_prompts(records, spec, tokenizer, ev.dataset)
     agent = source if plan.agent_cls is not None else None
     if agent is not None and any(isinstance(p["prompt"], list) for p in prompts):

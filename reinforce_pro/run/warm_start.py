@@ -24,7 +24,7 @@ def built_in_model(cfg: RunConfig, run_dir: Path, summary: dict, task=None) -> s
     build = build_tiny_moe_model if cfg.models.embedded_model == "moe" else build_tiny_model
     base = build(run_dir / "base_model", seed=cfg.seed, num_layers=layers, max_positions=positions)
     steps, out = cfg.models.sft_warmup_steps, run_dir / "warmstart"
-    if cfg.data.prompt_data is not None or steps <= 0:
+    if not cfg.data.built_in or steps <= 0:
         return str(base)
     if task:
         stats = selfplay_warm_start(task, base, out, steps, cfg.seed, cfg.models.sft_warmup_target)
