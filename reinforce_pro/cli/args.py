@@ -786,10 +786,15 @@ def _is_band(vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_corre
     return None
 
 
-def _engine_dtype(vllm_quantization, vllm_dtype, param_dtype) -> str | None:
+def engine_dtype(vllm_dtype: str, param_dtype: str) -> str:
+    """--vllm_dtype, where auto means the trainer's --param_dtype."""
     from reinforce_pro.run.config import VLLM_DTYPES
 
-    dtype = VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
+    return VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
+
+
+def _engine_dtype(vllm_quantization, vllm_dtype, param_dtype) -> str | None:
+    dtype = engine_dtype(vllm_dtype, param_dtype)
     if vllm_quantization is not None and dtype not in ("bfloat16", "float16"):
         return f"--vllm_quantization {vllm_quantization} needs --vllm_dtype bfloat16 or float16, got {dtype}"
     return None

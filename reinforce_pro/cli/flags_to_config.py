@@ -30,7 +30,7 @@ from pathlib import Path
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
-from reinforce_pro.cli.args import DEFAULT_MAX_NEW_TOKENS, replay_mode, response_budget, threshold_band
+from reinforce_pro.cli.args import DEFAULT_MAX_NEW_TOKENS, engine_dtype, replay_mode, response_budget, threshold_band
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.rollout.sampler import RolloutConfig
@@ -71,11 +71,6 @@ def placement(
         GroupSpec("critic", critic_num_nodes, critic_num_gpus_per_node),
         colocate_actor_ref, colocate_critic_reward, colocate_all_models,
     )  # fmt: skip
-
-
-def engine_dtype(vllm_dtype: str, param_dtype: str) -> str:
-    """--vllm_dtype, where auto means the trainer's --param_dtype."""
-    return sections.VLLM_DTYPES[param_dtype] if vllm_dtype == "auto" else vllm_dtype
 
 
 def engines(
