@@ -78,7 +78,7 @@ def measure_in(run_dir: Path, steps: int, warmup_steps: int) -> dict:
     # The baseline: the same (final) model, dtype, prompts and sampling, no pipeline around it.
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(plan.pretrain)
+    tok = AutoTokenizer.from_pretrained(plan.model_path)
     rollout = run_cfg.rollout
     n = args.n_samples_per_prompt
     batches = [

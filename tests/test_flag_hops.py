@@ -6,7 +6,7 @@ own and not on the trainer's path. The tests list each flag's hops exactly: a ne
 welcome only while the count stays within MAX_HOPS.
 
 Every flag the README shows is walked too, by the files whose code names it: at most MAX_FILES, except the
-flags in WIDER_TODAY, which reach further today (a setting many components read, such as the model path); none
+flags in WIDER_TODAY, which reach further today (a setting many components read, such as the group size); none
 of them may spread to more files, and each leaves the list once it is within the limit. A name two settings
 share counts for both (the MoE router's top-k is named experts_per_token here so that it does not pass for
 the sampling flag --top_k)."""
@@ -53,7 +53,7 @@ def hops(name: str, root: Path = PACKAGE) -> list[str]:
 
 MAX_FILES = 5
 # files naming each README flag that reaches further than MAX_FILES today: the house's open work, never to grow
-WIDER_TODAY = {"pretrain": 12, "n_samples_per_prompt": 11, "routing_replay": 6}
+WIDER_TODAY = {"n_samples_per_prompt": 11, "routing_replay": 6}
 
 
 def readme_flags() -> list[str]:

@@ -62,7 +62,7 @@ PROBE = textwrap.dedent(
             if hasattr(module, worker):
                 setattr(module, worker, Probe)
     cfg = run_config(parse_args(["--pretrain", "m", "--advantage_estimator", "reinforce", *argv]))
-    plan = SimpleNamespace(pretrain="m", log_dir=None, reward_source="model:rm")
+    plan = SimpleNamespace(model_path="m", log_dir=None, reward_source="model:rm")
     run = actors.build_groups(cfg, plan, use_gpu=True)
     if cfg.needs_critic:
         sources.reward_function(cfg, plan, True, run)

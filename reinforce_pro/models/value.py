@@ -21,7 +21,7 @@ HEAD_FILE = "value_head.safetensors"
 
 
 class ValueModel(nn.Module):
-    def __init__(self, pretrain: str, head_name: str = "score", attn_implementation: str = "sdpa", packed=False):
+    def __init__(self, model_path: str, head_name: str = "score", attn_implementation: str = "sdpa", packed=False):
         """packed: padding-free forwards (--packing_samples)."""
         super().__init__()
         from safetensors.torch import load_file
@@ -29,13 +29,13 @@ class ValueModel(nn.Module):
 
         self.packed = packed
         self.backbone = AutoModel.from_pretrained(
-            pretrain, dtype=torch.float32, attn_implementation=load_name(attn_implementation, packed)
+            model_path, dtype=torch.float32, attn_implementation=load_name(attn_implementation, packed)
         )
         self.head_name = head_name
         head = nn.Linear(self.backbone.config.hidden_size, 1, bias=False)
         nn.init.zeros_(head.weight)
         self.add_module(head_name, head)
-        head_file = Path(pretrain) / HEAD_FILE
+        head_file = Path(model_path) / HEAD_FILE
         if head_file.exists():
             head.load_state_dict({"weight": load_file(head_file)["weight"]})
 

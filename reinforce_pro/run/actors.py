@@ -137,7 +137,7 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         actor_pg,
         use_gpu,
         share,
-        lambda d: (plan.pretrain, cfg.actor_optim, cfg.loss, d, cfg.seed, fwd, cfg.models.lora),
+        lambda d: (plan.model_path, cfg.actor_optim, cfg.loss, d, cfg.seed, fwd, cfg.models.lora),
         trainer_env,
         ring=cfg.forward.ring_size,
     )
@@ -145,7 +145,7 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         ref_spec = where.actor if colocate_ref else where.ref
         ref_pg = actor_pg if colocate_ref else new_pg(ref_spec)
         ref_args = (
-            plan.pretrain, cfg.rollout.temperature, cfg.actor_optim.param_dtype, unsplit, cfg.loss.sampling_filter
+            plan.model_path, cfg.rollout.temperature, cfg.actor_optim.param_dtype, unsplit, cfg.loss.sampling_filter
         )  # fmt: skip
         ref_share = SHARES.all_reference if colocate_all else share
         run.reference = create_group(
@@ -153,15 +153,15 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         )
     if cfg.needs_critic:
         models = cfg.models
-        pretrain = models.critic_pretrain or plan.pretrain
+        start = models.critic_pretrain or plan.model_path  # the critic's backbone: the policy's unless given
         run.critic_pg = new_pg(where.critic)
         critic_share = SHARES.pair if where.colocate_critic_reward else SHARES.alone  # other half: the reward model
         run.critic = create_group(
             CriticWorker, where.critic, run.critic_pg, use_gpu, critic_share,
-            lambda d: (pretrain, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, unsplit),
+            lambda d: (start, cfg.critic_optim, d, cfg.seed, models.value_clip, models.value_head_prefix, unsplit),
             trainer_env,
         )  # fmt: skip
-    engine_cfg = replace(cfg.engines.config, model_path=plan.pretrain)
+    engine_cfg = replace(cfg.engines.config, model_path=plan.model_path)
     devices = policy_devices(run.policy) if use_gpu and colocate_all else None
     engine_cls = ray.remote(VLLMEngine)
     if engines is None:

@@ -199,7 +199,7 @@ class RunPlan:
     starting weights, the prompts, where rewards come from, and the loaded task or agent."""
 
     run_dir: Path
-    pretrain: str  # the policy's starting weights (after the warm start for the embedded default)
+    model_path: str  # the policy's starting weights (after the warm start for the embedded default)
     prompts: list[dict]  # [{"prompt", "label"}]; with --absolute_zero the seed records
     # "builtin:exact_match" (prompt data, no reward given) | "builtin:<embedded task>" | path of a reward file |
     # "model:<dir>" | "selfplay:<task>"

@@ -85,7 +85,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
         print(f"[logs] engine and worker output: {plan.log_dir}/ (--verbose: on the console)", flush=True)
     if engines is None:
         start.announce_engines(cfg, use_gpu)
-    tokenizer = AutoTokenizer.from_pretrained(plan.pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(plan.model_path, use_fast=not cfg.models.disable_fast_tokenizer)
     budget = faults.FailureBudget(cfg.loop.max_failures)  # whole-run restarts and engine restarts alike
     restarted = False
     while True:

@@ -162,8 +162,8 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
             records = load_prompt_records(
                 data.prompt_data, data.prompt_data_probs, data.prompt_split, data.max_samples, cfg.seed
             )
-        pretrain = cfg.models.pretrain or built_in_model(cfg, run_dir, summary, task)
-        prompts = _seed_records(cfg, task, records) if task else _prompts(cfg, pretrain, records)
+        model_path = cfg.models.pretrain or built_in_model(cfg, run_dir, summary, task)
+        prompts = _seed_records(cfg, task, records) if task else _prompts(cfg, model_path, records)
     except DataError as e:
         raise UserInputError(str(e)) from None
     if not prompts:
@@ -182,22 +182,22 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
         source = f"builtin:{cfg.data.builtin_task}"
     else:
         source = "builtin:exact_match"
-    _check_max_len(data.max_len, pretrain)
-    _check_moe_flags(cfg, pretrain)
+    _check_max_len(data.max_len, model_path)
+    _check_moe_flags(cfg, model_path)
     log_dir = None if cfg.output.verbose else run_dir / "logs"
-    return RunPlan(run_dir, pretrain, prompts, source, summary, task, agent_cls, log_dir)
+    return RunPlan(run_dir, model_path, prompts, source, summary, task, agent_cls, log_dir)
 
 
-def _check_moe_flags(cfg: RunConfig, pretrain: str) -> None:
+def _check_moe_flags(cfg: RunConfig, model_path: str) -> None:
     """The MoE flags need an MoE model, and an MoE engine records routes only without prefix caching."""
-    moe = is_moe_dir(pretrain)
+    moe = is_moe_dir(model_path)
     if not moe and (cfg.forward.routing_replay != "none" or cfg.loss.aux_loss_coef > 0):
         flag = (
             f"--routing_replay {cfg.forward.routing_replay}"
             if cfg.forward.routing_replay != "none"
             else "--aux_loss_coef"
         )
-        raise UserInputError(f"{flag} needs a mixture-of-experts model; {pretrain} has no experts")
+        raise UserInputError(f"{flag} needs a mixture-of-experts model; {model_path} has no experts")
     if moe and cfg.engines.config.enable_prefix_caching:
         raise UserInputError(
             "--enable_prefix_caching with a mixture-of-experts model: its engine records every token's experts "
@@ -205,13 +205,13 @@ def _check_moe_flags(cfg: RunConfig, pretrain: str) -> None:
         )
 
 
-def _prompts(cfg: RunConfig, pretrain: str, records: list[dict] | None) -> list[dict]:
+def _prompts(cfg: RunConfig, model_path: str, records: list[dict] | None) -> list[dict]:
     from transformers import AutoTokenizer
 
     from reinforce_pro.data import EMBEDDED_TASKS
 
     data = cfg.data
-    tokenizer = AutoTokenizer.from_pretrained(pretrain, use_fast=not cfg.models.disable_fast_tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, use_fast=not cfg.models.disable_fast_tokenizer)
     if data.built_in:
         records = EMBEDDED_TASKS[data.builtin_task]().records(min(data.max_samples, 100_000), cfg.seed)
         spec = data.prompt_spec("input", "label")

@@ -107,10 +107,10 @@ def engine_config(engine: EngineConfig, plan: RunPlan) -> EngineConfig:
     later run from it loads vLLM's ahead-of-time compiled model (keyed by the path, so its warm-up skips the
     trace); one the run made itself (the built-in model, a warm start, under the run directory) is new every
     run and keeps Inductor's graph cache, which any directory of an architecture compiled before hits."""
-    made_by_run = Path(plan.pretrain).resolve().is_relative_to(Path(plan.run_dir).resolve())
+    made_by_run = Path(plan.model_path).resolve().is_relative_to(Path(plan.run_dir).resolve())
     # an MoE engine records every token's experts: routing/* and --routing_replay r3 (rollout/route_capture.py)
     return replace(
-        engine, model_path=plan.pretrain, aot_compile=not made_by_run, capture_routes=is_moe_dir(plan.pretrain)
+        engine, model_path=plan.model_path, aot_compile=not made_by_run, capture_routes=is_moe_dir(plan.model_path)
     )
 
 

@@ -26,7 +26,7 @@ class CriticWorker:
 
     def __init__(
         self,
-        pretrain: str,
+        model_path: str,
         opt: OptimConfig,
         dist: DistInfo,
         seed: int,
@@ -39,7 +39,7 @@ class CriticWorker:
         torch.manual_seed(seed + 1000 + dist.rank)
         self.opt, self.dist = opt, dist
         self.forward = forward
-        model = ValueModel(pretrain, head_name, forward.attn_implementation, forward.packing_samples)
+        model = ValueModel(model_path, head_name, forward.attn_implementation, forward.packing_samples)
         self.engine = initialize_deepspeed(model, opt, dist.world_size)
         self.loss_fn = ValueLoss(clip_eps=value_clip)
 

@@ -71,7 +71,7 @@ class PolicyWorker:
     """One data-parallel rank of the policy. Wrapped with ray.remote by the launcher."""
 
     def __init__(
-        self, pretrain: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int,
+        self, model_path: str, opt: OptimConfig, loss: PolicyLossConfig, dist: DistInfo, seed: int,
         forward: ForwardConfig, lora: LoraAdapterConfig | None = None,
     ):  # fmt: skip
         """forward: the attention kernel and how the forwards that score a rollout are cut; lora: train LoRA
@@ -81,15 +81,15 @@ class PolicyWorker:
         capture_output(f"policy_rank{dist.rank}")
         setup_distributed(dist)
         torch.manual_seed(seed + dist.rank)
-        loss = replace(loss, sampling_filter=with_engine_stop_ids(loss.sampling_filter, pretrain))
-        self.pretrain, self.opt, self.loss_cfg, self.dist = pretrain, opt, loss, dist
+        loss = replace(loss, sampling_filter=with_engine_stop_ids(loss.sampling_filter, model_path))
+        self.model_path, self.opt, self.loss_cfg, self.dist = model_path, opt, loss, dist
         self.forward = forward
         attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
         if forward.ring_size > 1:  # --ring_attn_size: attention over rows split along the sequence (ring_attention.py)
             register()
             attn = "ring"
         model = AutoModelForCausalLM.from_pretrained(
-            pretrain, dtype=torch.float32, attn_implementation=attn, **forward.model_kwargs()
+            model_path, dtype=torch.float32, attn_implementation=attn, **forward.model_kwargs()
         )
         # MoE: every forward's routing is measured, replayed under --routing_replay, and feeds the balance loss
         self.replay = RouteReplay.install(model) if moe_shape(model) else None
@@ -323,7 +323,7 @@ class PolicyWorker:
             else:
                 base = module.get_base_model() if is_lora(module) else module
                 base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        for f in Path(self.pretrain).iterdir():  # tokenizer files travel with the weights
+        for f in Path(self.model_path).iterdir():  # tokenizer files travel with the weights
             if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
                 shutil.copy2(f, tmp / f.name)
         shutil.rmtree(out, ignore_errors=True)
@@ -339,7 +339,7 @@ class ReferenceWorker:
     """The frozen reference policy for the KL term: an HF model in eval mode, no optimizer."""
 
     def __init__(
-        self, pretrain: str, temperature: float, param_dtype: str, forward: ForwardConfig,
+        self, model_path: str, temperature: float, param_dtype: str, forward: ForwardConfig,
         sampling_filter: SamplingFilter | None = None,
     ):  # fmt: skip
         """sampling_filter: the engine's filters, replayed as the policy replays them, so that the KL to the
@@ -351,11 +351,11 @@ class ReferenceWorker:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
         attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
         model = AutoModelForCausalLM.from_pretrained(
-            pretrain, dtype=dtype, attn_implementation=attn, **forward.model_kwargs()
+            model_path, dtype=dtype, attn_implementation=attn, **forward.model_kwargs()
         )
         self.model = model.to(device()).eval()
         self.forward, self.temperature = forward, temperature
-        self.sampling_filter = with_engine_stop_ids(sampling_filter, pretrain)
+        self.sampling_filter = with_engine_stop_ids(sampling_filter, model_path)
         self.replay = RouteReplay.install(model) if moe_shape(model) else None
 
     def log_probs(

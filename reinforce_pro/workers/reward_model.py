@@ -10,12 +10,12 @@ from reinforce_pro.workers.base import device
 
 
 class RewardModelWorker:
-    def __init__(self, pretrain: str, micro_batch_size: int):
+    def __init__(self, model_path: str, micro_batch_size: int):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         capture_output("reward_model")
-        self.tokenizer = AutoTokenizer.from_pretrained(pretrain)
-        self.model = AutoModelForSequenceClassification.from_pretrained(pretrain, num_labels=1, dtype=torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
         self.model.to(device()).eval()
         self.micro = micro_batch_size
 
