@@ -949,6 +949,12 @@ RULES = [
      "--save_hf_ckpt needs --save_steps"),
     _prompt_mixture,
     _best_metric,
+    (lambda sft_warmup_target: 0 <= sft_warmup_target <= 1,
+     "--sft_warmup_target is an accuracy in [0, 1], got {sft_warmup_target}"),
+    (lambda embedded_model, pretrain: not pretrain or embedded_model == "dense",
+     "--embedded_model {embedded_model} picks the built-in model: give it without --pretrain"),
+    (lambda builtin_task, prompt_data: prompt_data is None or builtin_task == "arithmetic",
+     "--builtin_task chooses the built-in prompts: give it without --prompt_data"),
     # multi-turn agents
     (lambda agent_func_path, remote_rm_url, reward_pretrain:
      not (agent_func_path and (remote_rm_url or reward_pretrain)),
