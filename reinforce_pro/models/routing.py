@@ -158,6 +158,13 @@ class RouteReplay:
 
         return hook
 
+    def layout(self, model, mask: torch.Tensor) -> PackedLayout:
+        """Where a packed forward (--packing_samples) of rows with attention mask `mask` puts their tokens for these
+        routers: this rank's block of them on a ring (--ring_attn_size), else `model`'s packing."""
+        if self.ring is not None:
+            return RingLayout.of_ring(mask, self.ring)
+        return PackedLayout.of(model, mask)
+
     def own_routes(self) -> torch.Tensor:
         """(N, L, K) int16: the trainer's own top-k of the last forward (what R2 replays later)."""
         return torch.stack([self.records[i].own for i in range(self.layers)], dim=1).to(torch.int16)
@@ -300,13 +307,6 @@ class RoutingPass:
     force: bool = True
     flips: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, T, L) float, NaN: not compared
     own: list[torch.Tensor] = field(default_factory=list)  # per chunk (b, S, L, K) int16, -1 on trimmed columns
-
-    def layout(self, model, mask: torch.Tensor) -> PackedLayout:
-        """Where a packed forward of rows with attention mask `mask` puts their tokens: the ring's share of them
-        when the replay runs on a ring (--ring_attn_size), else `model`'s packing."""
-        if self.replay.ring is not None:
-            return RingLayout.of_ring(mask, self.replay.ring)
-        return PackedLayout.of(model, mask)
 
     def before(self, rows: slice, columns: slice, mask: torch.Tensor, layout: PackedLayout | None = None) -> None:
         """Before the forward of `rows`, whose columns `columns` are kept; mask: their (b, w) attention mask;

@@ -173,7 +173,7 @@ def batched_log_probs(
         seq, mask = sequences[rows, columns].to(dev), attention_mask[rows, columns].to(dev)
         extra = {"outside": flags} if outside is not None else {}
         if routing is not None:
-            routing.before(rows, columns, mask, routing.layout(model, mask) if packed else None)
+            routing.before(rows, columns, mask, routing.replay.layout(model, mask) if packed else None)
         lp, _ = log_probs_fn(model, seq, mask, keep, temperature, packed=packed, sampling_filter=sampling_filter,
                              **extra)  # fmt: skip
         if routing is not None:

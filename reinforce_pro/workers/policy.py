@@ -28,14 +28,7 @@ from reinforce_pro.models.lora import (
     trainable_summary,
 )
 from reinforce_pro.models.ring_attention import join_rings, register, ring_response_log_probs
-from reinforce_pro.models.routing import (
-    PackedLayout,
-    RingLayout,
-    RouteReplay,
-    RoutingPass,
-    moe_shape,
-    replay_routes,
-)  # fmt: skip
+from reinforce_pro.models.routing import RouteReplay, RoutingPass, moe_shape, replay_routes
 from reinforce_pro.models.sampling_filter import SamplingFilter, with_engine_stop_ids
 from reinforce_pro.procs import capture_output, use_host_threads
 from reinforce_pro.rollout.collective import TensorInfo, WeightGroupSpec, device_for, open_group, send
@@ -231,10 +224,7 @@ class PolicyWorker:
         under --routing_replay r3, the old forward's under r2), or let it route itself."""
         if self.replay is None:
             return
-        if self.ring is not None:
-            layout = RingLayout.of_ring(mask, self.ring)
-        else:
-            layout = PackedLayout.of(self.engine, mask) if self.forward.packing_samples else None
+        layout = self.replay.layout(self.engine, mask) if self.forward.packing_samples else None
         replay_routes(self.replay, exp.routes, mask, True, layout)
 
     def save_checkpoint(self, path: str) -> None:
