@@ -709,6 +709,7 @@ def out_of_bounds(args: argparse.Namespace) -> str | None:
 # function that returns what is wrong, or None. A command line stops at its first problem, in RULES' order.
 
 GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")  # they compare a prompt's samples
+assert set(GROUP_ESTIMATORS) <= set(ADVANTAGE_ESTIMATORS)
 
 
 def _input_template(input_template) -> str | None:
