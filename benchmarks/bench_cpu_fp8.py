@@ -172,10 +172,11 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=2, help="batches before and after the reload, per engine")
 
 
-def main(argv=None) -> int:
-    def measured(args):
-        return {"tokens": args.tokens, "repeats": args.repeats}, measure(args)
+def measured(args) -> tuple[dict, dict]:
+    return {"tokens": args.tokens, "repeats": args.repeats}, measure(args)
 
+
+def main(argv=None) -> int:
     return bench_main(argv, NAME, __doc__, options, measured, render)
 
 

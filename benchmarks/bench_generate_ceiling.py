@@ -110,10 +110,11 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="leading batches left out (as bench_peers' steps)")
 
 
-def main(argv=None) -> int:
-    def measured(args):
-        return {"batches": args.batches, "warmup": args.warmup}, measure(args)
+def measured(args) -> tuple[dict, dict]:
+    return {"batches": args.batches, "warmup": args.warmup}, measure(args)
 
+
+def main(argv=None) -> int:
     return bench_main(argv, NAME, __doc__, options, measured, render)
 
 

@@ -117,11 +117,12 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=16, help="tokens per chunk (the study's 16)")
 
 
-def main(argv=None) -> int:
-    def measured(args):
-        config = {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens, "chunk": args.chunk}
-        return config, measure(args)
+def measured(args) -> tuple[dict, dict]:
+    config = {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens, "chunk": args.chunk}
+    return config, measure(args)
 
+
+def main(argv=None) -> int:
     return bench_main(argv, NAME, __doc__, options, measured, render)
 
 

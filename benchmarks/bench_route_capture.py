@@ -98,10 +98,11 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, default=4, help="timed batches per engine")
 
 
-def main(argv=None) -> int:
-    def measured(args):
-        return {"tokens": args.tokens, "batches": args.batches}, measure(args)
+def measured(args) -> tuple[dict, dict]:
+    return {"tokens": args.tokens, "batches": args.batches}, measure(args)
 
+
+def main(argv=None) -> int:
     return bench_main(argv, NAME, __doc__, options, measured, render)
 
 

@@ -174,10 +174,11 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=62, help="tokens every response decodes (the study's ~62)")
 
 
-def main(argv=None) -> int:
-    def measured(args):
-        return {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens}, measure(args)
+def measured(args) -> tuple[dict, dict]:
+    return {"batches": args.batches, "warmup": args.warmup, "tokens": args.tokens}, measure(args)
 
+
+def main(argv=None) -> int:
     return bench_main(argv, NAME, __doc__, options, measured, render)
 
 
