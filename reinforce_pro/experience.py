@@ -31,8 +31,10 @@ class Samples:
     # Set by rollout sources that score rows while generating (self-play, agents); None: the reward function
     # scores them.
     rewards: RewardOutput | None = None
+    # rows of each prompt, consecutive: the group of a group-relative estimator (the source sampled this many)
+    group_size: int = 1
     # (start, end, group_size) row ranges whose advantages are computed separately, each with its own
-    # group size; None: the whole batch with --n_samples_per_prompt.
+    # group size; None: the whole batch in groups of group_size.
     advantage_segments: list[tuple[int, int, int]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # produced while generating, logged with the step
     # (B, T) extra token rewards (multi-turn agents, --agent_reward_mode per_turn); None: none
@@ -134,7 +136,7 @@ def concat_samples(parts: list[Samples]) -> Samples:
     """One Samples from several (dynamic filtering keeps groups from several rounds): prompts re-padded on
     the left to the longest prompt, responses (and per-token fields) on the right to the longest response;
     prompt_index renumbered so that groups stay distinct. An optional field is kept when every part has it;
-    batch-level fields (metrics, advantage_segments) are dropped."""
+    batch-level fields (metrics, advantage_segments) are dropped; the parts share one group size."""
     p_len = max(s.sequences.size(1) - s.num_actions for s in parts)
     t_len = max(s.num_actions for s in parts)
 
@@ -177,7 +179,7 @@ def concat_samples(parts: list[Samples]) -> Samples:
         torch.cat(seqs), torch.cat(attn), torch.cat(masks), torch.cat(lps),
         [p for s in parts for p in s.prompts], [r for s in parts for r in s.responses],
         [label for s in parts for label in s.labels], torch.cat(index), torch.cat([s.truncated for s in parts]),
-        **optional,
+        group_size=parts[0].group_size, **optional,
     )  # fmt: skip
 
 

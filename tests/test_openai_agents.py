@@ -314,7 +314,7 @@ def test_a_template_that_rewrites_history_starts_a_new_segment(tokenizer, tmp_pa
         ]
         assert prompt.tolist() == given
     assert "<think>" not in rewriting.decode(engine.given[2])  # the rewritten history the engine was given
-    builder = SimpleNamespace(cfg=SimpleNamespace(n_samples_per_prompt=2, advantage_estimator="reinforce_baseline",
+    builder = SimpleNamespace(cfg=SimpleNamespace(advantage_estimator="reinforce_baseline",
                               use_kl_loss=True, gamma=1.0, lambd=1.0, std_norm=False, reward_clip_range=None),
                               kl_ctl=SimpleNamespace(value=0.0))  # fmt: skip
     from reinforce_pro.trainer.experience_builder import ExperienceBuilder
@@ -875,7 +875,7 @@ def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer
     assert samples.metrics["agent/episodes"] == 2.0 and agent.answered == 0  # the two answered, then reset
     fork = solved[1].forks[0]
     assert samples.sequences[4, -samples.num_actions :][: len(fork.tokens)].tolist() == fork.tokens
-    builder = SimpleNamespace(cfg=SimpleNamespace(n_samples_per_prompt=2, advantage_estimator="reinforce_baseline",
+    builder = SimpleNamespace(cfg=SimpleNamespace(advantage_estimator="reinforce_baseline",
                               use_kl_loss=True, gamma=1.0, lambd=1.0, std_norm=False, reward_clip_range=None),
                               kl_ctl=SimpleNamespace(value=0.0))  # fmt: skip
     adv, _ = ExperienceBuilder.advantages(builder, samples, samples.rewards.rewards, None, None)

@@ -181,12 +181,12 @@ def test_dynamic_filtering_judges_agent_groups_on_their_lead_rows_and_keeps_a_ke
         values = torch.tensor(scores + [scores[lead] for lead in fork_of])  # a fork carries its episode's score
         s.rewards = RewardOutput(values, values, {})
         s.labels = [f"lead{i}" for i in range(len(scores))] + [f"fork-of-{lead}" for lead in fork_of]
-        s.fork_of = fork_of
+        s.fork_of, s.group_size = fork_of, 2
         return s
 
     rounds = [step([0.0, 1.0, 1.0, 1.0], [1, 2]), step([1.0, 0.0], [0])]
     out, consumed, metrics = generate_filtered(
-        lambda records: rounds.pop(0), lambda s: s.rewards, 2, [(0, {}), (1, {})],
+        lambda records: rounds.pop(0), lambda s: s.rewards, [(0, {}), (1, {})],
         lambda k: [(2, {})][:k], batch_size=2, reward_range=(0.0, 1.0),
     )  # fmt: skip
     assert consumed == [0, 1, 2] and metrics["dynamic_filtering/groups_kept"] == 2

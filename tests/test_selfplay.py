@@ -359,7 +359,7 @@ def test_advantages_are_computed_per_segment():
     from reinforce_pro.experience import Samples
     from reinforce_pro.trainer.experience_builder import ExperienceBuilder, ExperienceConfig
 
-    cfg = ExperienceConfig(n_samples_per_prompt=4, advantage_estimator="reinforce_baseline", reward_clip_range=None)
+    cfg = ExperienceConfig(advantage_estimator="reinforce_baseline", reward_clip_range=None)
     builder = ExperienceBuilder([], None, None, None, cfg, build_kl_controller(0.0, None, 1))
     gen = torch.Generator().manual_seed(0)
     b, t = 11, 5

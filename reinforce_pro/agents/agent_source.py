@@ -36,7 +36,7 @@ class AgentSource:
         episodes = self.runner.run_dialogues(batch, n) if dialogue else self.runner.run_episodes(batch, n)
         responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
         samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.agent_cfg.reward_mode)
-        samples.metrics = agent_metrics(episodes, dialogues=dialogue)
+        samples.metrics, samples.group_size = agent_metrics(episodes, dialogues=dialogue), n
         if self.partial is not None:
             samples.token_version = token_versions([e.versions for e in episodes], samples.num_actions)
         return samples

@@ -309,7 +309,7 @@ class OpenAIAgentSource:
         samples = episodes_to_samples(episodes, pad_token_id(tokenizer), responses, self.cfg.reward_mode)
         if rewards[0] is None:
             samples.rewards = None  # the run's reward function scores them (experience_builder.rewards)
-        samples.fork_of = fork_of if forks else None
+        samples.fork_of, samples.group_size = (fork_of if forks else None), n
         if self.partial is not None:
             samples.token_version = token_versions([e.versions for e in episodes], samples.num_actions)
         samples.metrics = {

@@ -223,6 +223,7 @@ class PromptSource:
         labels = [item["label"] for item in batch for _ in range(n)]
         index = torch.arange(len(batch)).repeat_interleave(n)
         samples = self.sampler.to_samples(prompt_ids, generations, prompts, labels, index)
+        samples.group_size = n
         if versions is not None:
             samples.token_version = token_versions(versions, samples.num_actions)
         return samples

@@ -129,7 +129,7 @@ class Data:
 class Evaluation:
     dataset: str
     split: str
-    n_samples_per_prompt: int
+    n_samples: int  # --eval_n_samples_per_prompt: responses to each held-out prompt
     temperature: float
 
 

@@ -93,7 +93,7 @@ def eval_set(cfg: RunConfig, plan: RunPlan, tokenizer, source=None) -> EvalSet |
             f"--eval_dataset {ev.dataset}: dialogue records (a list of turns) cannot be evaluated with "
             "--agent_func_path (a dialogue trains a row per target turn and has no one score)"
         )
-    return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples_per_prompt, ev.temperature, agent)
+    return EvalSet(Path(ev.dataset).stem, prompts, ev.n_samples, ev.temperature, agent)
 
 
 def rollout_source(cfg: RunConfig, plan: RunPlan, groups: RunActors, sampler: Sampler, use_gpu: bool):

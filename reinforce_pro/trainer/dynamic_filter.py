@@ -23,17 +23,17 @@ def group_pass_mask(scores: torch.Tensor, group_size: int, low: float, high: flo
 
 
 def generate_filtered(
-    generate: Callable[[list[dict]], Samples], rewards: Callable[[Samples], RewardOutput], group_size: int,
+    generate: Callable[[list[dict]], Samples], rewards: Callable[[Samples], RewardOutput],
     first: list[tuple[int, dict]], take: Callable[[int], list[tuple[int, dict]]], batch_size: int,
     reward_range: tuple[float, float],
 ) -> tuple[Samples | None, list[int], dict[str, float]]:  # fmt: skip
-    """Generate (a rollout source's `generate`), score (`rewards`: ExperienceBuilder.rewards) and filter
-    groups of `group_size` until `batch_size` pass (or the stream or MAX_ROUNDS run out).
+    """Generate (a rollout source's `generate`), score (`rewards`: ExperienceBuilder.rewards) and filter the
+    source's groups (samples.group_size rows of each prompt) until `batch_size` pass (or the stream or MAX_ROUNDS
+    run out).
 
     Returns the kept samples (None when no group passed), the dataset indices of every prompt consumed,
     and `dynamic_filtering/*` metrics. Agent episodes with extra segments (samples.fork_of, agents/trajectory.py):
     groups are judged on their lead rows; a kept episode keeps its forks, which stay last in the batch."""
-    n = group_size
     kept: list[Samples] = []
     forks: list[tuple[Samples, list[int]]] = []  # the kept forks of a round, and their leads' rows in `kept`
     consumed: list[int] = []
@@ -44,7 +44,7 @@ def generate_filtered(
         consumed += [i for i, _ in pending]
         samples = generate([record for _, record in pending])
         samples.rewards = rewards(samples)
-        fork_of = samples.fork_of or []
+        fork_of, n = samples.fork_of or [], samples.group_size
         leads = len(samples.rewards.scores) - len(fork_of)
         passed = group_pass_mask(samples.rewards.scores[:leads], n, *reward_range)
         tried += len(pending)

@@ -24,7 +24,6 @@ from reinforce_pro.workers.group import ActorGroup
 class ExperienceConfig:
     """What a batch of samples is turned into: rewards shaped and checked, KL, advantages."""
 
-    n_samples_per_prompt: int = 1  # the group of a group-relative estimator
     max_new_tokens: int = 1024  # the length the overlong and stop-properly penalties measure against
     advantage_estimator: str = "gae"
     gamma: float = 1.0
@@ -204,7 +203,7 @@ class ExperienceBuilder:
         of agent episodes (samples.fork_of) take their episode's advantage (the mean over its lead row's tokens)."""
         forks = len(samples.fork_of or [])
         leads = len(rewards) - forks
-        segments = samples.advantage_segments or [(0, leads, self.cfg.n_samples_per_prompt)]
+        segments = samples.advantage_segments or [(0, leads, samples.group_size)]
         advantages = torch.zeros(samples.action_mask.shape, dtype=torch.float32)
         returns = torch.zeros_like(advantages)
         for start, end, group_size in segments:

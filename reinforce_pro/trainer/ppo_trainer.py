@@ -258,8 +258,8 @@ class PPOTrainer:
         if self.cfg.dynamic_filtering_reward_range is None:
             return self.source.generate([r for _, r in batch]), [i for i, _ in batch], {}
         return generate_filtered(
-            self.source.generate, self.builder.rewards, self.builder.cfg.n_samples_per_prompt, batch,
-            self.loader.take, self.cfg.rollout_batch_size, self.cfg.dynamic_filtering_reward_range,
+            self.source.generate, self.builder.rewards, batch, self.loader.take, self.cfg.rollout_batch_size,
+            self.cfg.dynamic_filtering_reward_range,
         )  # fmt: skip
 
     def rollout_metrics(self, batch: RolloutBatch, stream, waited: float, busy_from: float, step_s: float) -> dict:
