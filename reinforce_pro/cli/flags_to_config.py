@@ -2,12 +2,13 @@
 
     flags (cli/args.py) -> run_config(args) -> RunConfig -> train (run/driver.py)
 
-Each RunConfig section is built by one function of `SECTIONS` whose parameters are named after the flags it
-reads (their argparse dests). The table "flag -> section" is therefore the builders' signatures:
-`flag_sections()` derives it, docs/flags.md prints it, and tests/test_config.py checks that every flag is read
-by some section, refused (args.UNSUPPORTED) or listed with why it has no effect (args.NO_EFFECT); nothing is
-accepted and silently ignored. A builder whose section's fields carry the flags' own names takes them with
-`named(Section, locals(), ...)` and computes only the rest. The flags are checked before any builder runs (cli/
+Each RunConfig section is built by one function of `SECTIONS`. A field named after a flag (its argparse dest)
+is filled from that flag: the builder says which dataclasses it fills so (`@fills(...)`, then `named(cls,
+flags, ...)`), and its parameters name only the flags it computes the other fields from. The table "flag ->
+section" is therefore the builders' signatures and the fields of what they fill: `flag_sections()` derives it,
+docs/flags.md prints it, and tests/test_config.py checks that every flag is read by some section, refused
+(args.UNSUPPORTED) or listed with why it has no effect (args.NO_EFFECT); nothing is accepted and silently
+ignored. The flags are checked before any builder runs (cli/
 args.py: bounds on each flag's field, RULES between flags), so a builder only converts; what it still refuses
 (KEY=VALUE settings that do not parse, a section's guard for callers without a command line) ends the command
 line in one line too.
@@ -45,16 +46,27 @@ from reinforce_pro.workers.launcher import GroupSpec
 from reinforce_pro.workers.policy import PolicyLossConfig
 
 
-def named(cls, flags: dict, **computed):
-    """`cls` from `computed` and, for each of its other fields, the flag of the same name in `flags` (a builder's
-    parameters, `locals()`); a field with neither keeps its default."""
+def fills(*classes):
+    """Marks a builder whose dataclasses `classes` take each field from the flag of the same name, unless the
+    builder computes it: run_config hands it the parsed flags as `flags`, for `named`."""
+
+    def mark(builder):
+        builder.fills = classes
+        return builder
+
+    return mark
+
+
+def named(cls, flags: Namespace, **computed):
+    """`cls` from `computed` and, for each of its other fields, the flag of the same name; a field with neither
+    keeps its default."""
     names = {f.name for f in dataclasses.fields(cls)} - set(computed)
-    return cls(**{name: value for name, value in flags.items() if name in names}, **computed)
+    return cls(**{name: getattr(flags, name) for name in names if name in vars(flags)}, **computed)
 
 
 # ------------------------------------------------------------------------------------------------ sections
-# Each builder's parameters are flag dests; run_config passes exactly those. A section whose fields are all
-# flags (Data) is its own builder.
+# Each builder's parameters are flag dests (and `flags`, for what it fills); run_config passes exactly those. A
+# section whose fields are all flags (Data) is its own builder.
 
 
 def seed(seed):
@@ -73,13 +85,14 @@ def placement(
     )  # fmt: skip
 
 
+@fills(EngineConfig)
 def engines(
-    vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, seed, vllm_gpu_memory_utilization,
-    enforce_eager, enable_prefix_caching, max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray,
-    vllm_sync_bucket_mb, vllm_enable_sleep, deepspeed_enable_sleep, vllm_quantization,
+    flags, vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, vllm_gpu_memory_utilization,
+    max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray, vllm_sync_bucket_mb, vllm_enable_sleep,
+    deepspeed_enable_sleep, vllm_quantization,
 ) -> sections.Engines:  # fmt: skip
     config = named(
-        EngineConfig, locals(), model_path="", dtype=engine_dtype(vllm_dtype, param_dtype),
+        EngineConfig, flags, model_path="", dtype=engine_dtype(vllm_dtype, param_dtype),
         tensor_parallel_size=vllm_tensor_parallel_size, gpu_memory_utilization=vllm_gpu_memory_utilization,
         max_model_len=max_len, cpu_kv_cache_gib=vllm_cpu_kvcache_gib, quantization=vllm_quantization,
     )  # fmt: skip
@@ -93,63 +106,60 @@ def engines(
     )
 
 
+@fills(ForwardConfig)
 def forward(
-    attn_implementation, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu,
-    train_max_tokens_per_gpu, packing_samples, ring_attn_size, routing_replay, experts_implementation,
+    flags, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu, train_max_tokens_per_gpu,
+    ring_attn_size, routing_replay,
 ) -> ForwardConfig:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
-    return ForwardConfig(
-        attn_implementation, micro_rollout_batch_size, budget, packing_samples, ring_attn_size,
-        replay_mode(routing_replay), experts_implementation,
-    )  # fmt: skip
+    return named(ForwardConfig, flags, micro_batch_size=micro_rollout_batch_size, max_tokens=budget,
+                 ring_size=ring_attn_size, routing_replay=replay_mode(routing_replay))  # fmt: skip
 
 
-def _optim(world: int, flags: dict, **computed) -> OptimConfig:
-    """An optimizer's settings: `computed`, else the flags of the same names; its ranks accumulate micro-batches
-    of --micro_train_batch_size up to --train_batch_size."""
-    micro, batch = flags["micro_train_batch_size"], flags["train_batch_size"]
+def _optim(flags: Namespace, world: int, micro: int, batch: int, **computed) -> OptimConfig:
+    """An optimizer's settings: `computed`, else the flags of the same names; its `world` ranks accumulate
+    micro-batches of `micro` (--micro_train_batch_size) up to `batch` (--train_batch_size)."""
     return named(OptimConfig, flags, **computed, micro_batch_size=micro, grad_accum_steps=batch // (micro * world))
 
 
+@fills(OptimConfig)
 def actor_optim(
-    actor_learning_rate, adam_betas, adam_eps, l2, lr_scheduler, lr_warmup_ratio, min_lr_ratio, max_norm,
-    zero_stage, param_dtype, adam_offload, overlap_comm, gradient_checkpointing,
-    gradient_checkpointing_use_reentrant, micro_train_batch_size, train_batch_size, actor_num_nodes,
-    actor_num_gpus_per_node,
+    flags, actor_learning_rate, adam_betas, actor_num_nodes, actor_num_gpus_per_node, micro_train_batch_size,
+    train_batch_size,
 ) -> OptimConfig:  # fmt: skip
     world = actor_num_nodes * actor_num_gpus_per_node
-    return _optim(world, locals(), learning_rate=actor_learning_rate, adam_betas=tuple(adam_betas))
+    return _optim(flags, world, micro_train_batch_size, train_batch_size, learning_rate=actor_learning_rate,
+                  adam_betas=tuple(adam_betas))  # fmt: skip
 
 
+@fills(OptimConfig)
 def critic_optim(
-    critic_learning_rate, adam_betas, critic_adam_betas, adam_eps, critic_adam_eps, l2, critic_l2, lr_scheduler,
-    critic_lr_scheduler, lr_warmup_ratio, critic_lr_warmup_ratio, min_lr_ratio, critic_min_lr_ratio, max_norm,
-    critic_max_norm, zero_stage, param_dtype, adam_offload, overlap_comm, gradient_checkpointing,
-    gradient_checkpointing_use_reentrant, micro_train_batch_size, train_batch_size, critic_num_nodes,
-    critic_num_gpus_per_node,
+    flags, critic_learning_rate, critic_adam_betas, critic_adam_eps, critic_l2, critic_lr_scheduler,
+    critic_lr_warmup_ratio, critic_min_lr_ratio, critic_max_norm, critic_num_nodes, critic_num_gpus_per_node,
+    micro_train_batch_size, train_batch_size,
 ) -> OptimConfig:  # fmt: skip
     """The critic's dotted-only settings (--critic.adam.betas, ...) left unset follow the policy's, as
     v0.9.10's shared flags did."""
-    flags = locals()
     shared = ("adam_betas", "adam_eps", "l2", "lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm")
-    own = {n: flags[n] if flags[f"critic_{n}"] is None else flags[f"critic_{n}"] for n in shared}
+    given = locals()
+    own = {n: getattr(flags, n) if given[f"critic_{n}"] is None else given[f"critic_{n}"] for n in shared}
     own["adam_betas"] = tuple(own["adam_betas"])
-    return _optim(critic_num_nodes * critic_num_gpus_per_node, flags, learning_rate=critic_learning_rate, **own)
+    world = critic_num_nodes * critic_num_gpus_per_node
+    return _optim(flags, world, micro_train_batch_size, train_batch_size, learning_rate=critic_learning_rate, **own)
 
 
+@fills(SurrogateConfig, PolicyLossConfig)
 def loss(
-    eps_clip, eps_clip_low_high, dual_clip, policy_loss_type, enable_vllm_is_correction,
-    vllm_is_truncated_threshold, vllm_is_correction_type, vllm_is_correction_path, vllm_is_correction_args,
-    vllm_is_anchor, is_correction_level, is_correction_mode, is_correction_gating, is_position_metrics, use_kl_loss,
-    kl_estimator, kl_unbiased_gradient, loss_agg_mode, entropy_loss_coef, temperature, top_p, top_k, min_new_tokens,
-    aux_loss_coef,
+    flags, eps_clip, eps_clip_low_high, enable_vllm_is_correction, vllm_is_truncated_threshold,
+    vllm_is_correction_type, vllm_is_correction_args, is_correction_level, is_correction_mode, is_correction_gating,
+    is_position_metrics, loss_agg_mode, top_p, top_k, min_new_tokens,
 ) -> PolicyLossConfig:  # fmt: skip
     low, high = eps_clip_low_high or (eps_clip, eps_clip)  # --eps_clip_low_high unset: symmetric --eps_clip
     # OpenRLHF 0.11.2's spelling of the same choice (--algo.advantage.is_correction_level) enables it
     chosen = openrlhf_correction(is_correction_level, is_correction_mode, is_correction_gating)
     surrogate = named(
-        SurrogateConfig, locals(), clip_eps_low=low, clip_eps_high=high, token_level_loss=loss_agg_mode == "token-mean",
+        SurrogateConfig, flags, clip_eps_low=low, clip_eps_high=high, token_level_loss=loss_agg_mode == "token-mean",
         enable_vllm_is_correction=enable_vllm_is_correction or chosen is not None,
         vllm_is_truncated_threshold=threshold_band(vllm_is_truncated_threshold),
         vllm_is_correction_type=chosen or vllm_is_correction_type, position_metrics=is_position_metrics,
@@ -158,10 +168,8 @@ def loss(
     # the trainer scores the distribution the engine samples from: its filters, replayed (models/sampling_filter.py);
     # a minimum length acts once the workers add the model's stop ids (with_engine_stop_ids)
     replay = SamplingFilter(top_k=top_k, top_p=top_p, min_tokens=min_new_tokens)
-    return PolicyLossConfig(
-        surrogate, use_kl_loss, kl_estimator, entropy_loss_coef, temperature, kl_unbiased_gradient,
-        replay if replay.active or min_new_tokens else None, aux_loss_coef,
-    )  # fmt: skip
+    return named(PolicyLossConfig, flags, surrogate=surrogate,
+                 sampling_filter=replay if replay.active or min_new_tokens else None)  # fmt: skip
 
 
 def _key_values(flag: str, items: list[str] | None) -> dict[str, float]:
@@ -183,59 +191,50 @@ def kl(init_kl_coef, kl_target, kl_horizon) -> sections.KLPenalty:
     return sections.KLPenalty(init_kl_coef, kl_target, kl_horizon)
 
 
-def rollout(
-    n_samples_per_prompt, prompt_max_len, max_new_tokens, min_new_tokens, max_len, temperature, top_p, top_k,
-    engine_timeout_s,
-) -> RolloutConfig:  # fmt: skip
-    return named(RolloutConfig, locals(), max_new_tokens=response_budget(max_new_tokens, max_len))
+@fills(RolloutConfig)
+def rollout(flags, max_new_tokens, max_len) -> RolloutConfig:
+    return named(RolloutConfig, flags, max_new_tokens=response_budget(max_new_tokens, max_len))
 
 
+@fills(ExperienceConfig)
 def experience(
-    n_samples_per_prompt, max_new_tokens, max_len, advantage_estimator, gamma, lambd, no_advantage_std_norm,
-    reward_clip_range, reward_nan_policy, overlong_buffer_len, overlong_penalty_factor, stop_properly_penalty_coef,
-    normalize_reward, kl_estimator, use_kl_loss, routing_replay,
-) -> ExperienceConfig:  # fmt: skip
+    flags, max_new_tokens, max_len, no_advantage_std_norm, reward_clip_range, routing_replay
+) -> ExperienceConfig:
     return named(
-        ExperienceConfig, locals(), max_new_tokens=response_budget(max_new_tokens, max_len),
+        ExperienceConfig, flags, max_new_tokens=response_budget(max_new_tokens, max_len),
         std_norm=not no_advantage_std_norm, reward_clip_range=tuple(reward_clip_range),
         routing_replay=replay_mode(routing_replay),
     )  # fmt: skip
 
 
+@fills(LoopConfig, CheckpointConfig)
 def loop(
-    num_episodes, rollout_batch_size, train_batch_size, micro_train_batch_size, use_dynamic_batch,
-    train_max_tokens_per_gpu, packing_samples, max_epochs, freezing_actor_steps, logging_steps, seed,
-    rollout_staleness, dynamic_filtering,
-    dynamic_filtering_reward_range, eval_steps, eval_before_training, samples_log_steps, recompute_old_log_probs,
-    async_train, async_queue_size, async_lag_target, async_lag_metric, partial_rollout, partial_rollout_chunk,
-    max_new_tokens, best_metric_key,
-    save_steps, load_checkpoint, ckpt_path, max_ckpt_num, max_ckpt_mem, save_hf_ckpt, disable_ds_ckpt,
-    auto_checkpoint_minutes, max_failures, engine_timeout_s,
+    flags, use_dynamic_batch, train_max_tokens_per_gpu, dynamic_filtering, dynamic_filtering_reward_range,
+    partial_rollout, partial_rollout_chunk, max_new_tokens, best_metric_key, save_steps, load_checkpoint, ckpt_path,
+    auto_checkpoint_minutes,
 ) -> LoopConfig:  # fmt: skip
     checkpoints = None
     every_s = auto_checkpoint_minutes * 60 if save_steps <= 0 else 0.0  # the default, by the clock
     if save_steps > 0 or load_checkpoint or every_s > 0:
         # by the clock alone: under the run directory, once the driver knows it (run/driver.py: run_checkpoints)
         path = Path(ckpt_path).resolve() if save_steps > 0 or load_checkpoint else None
-        checkpoints = named(CheckpointConfig, locals(), ckpt_path=path, resume=load_checkpoint)
+        checkpoints = named(CheckpointConfig, flags, ckpt_path=path, resume=load_checkpoint, every_s=every_s)
     chunk = None
     if partial_rollout:  # default chunk: a quarter of the response budget
         chunk = partial_rollout_chunk or max(1, (max_new_tokens or DEFAULT_MAX_NEW_TOKENS) // 4)
     # sync_*, engine_tp_size: the engines section's, best_model_dir: <run dir>/best_model (start_config)
     return named(
-        LoopConfig, locals(), train_max_tokens=train_max_tokens_per_gpu if use_dynamic_batch else None,
+        LoopConfig, flags, checkpoints=checkpoints,
+        train_max_tokens=train_max_tokens_per_gpu if use_dynamic_batch else None,
         dynamic_filtering_reward_range=tuple(dynamic_filtering_reward_range) if dynamic_filtering else None,
         partial_rollout_chunk=chunk, best_metric_key=best_metric_key or None,
     )  # fmt: skip
 
 
-def models(
-    pretrain, critic_pretrain, reward_pretrain, remote_rm_url, value_head_prefix, value_clip, sft_warmup_steps,
-    disable_fast_tokenizer, lora_rank, lora_alpha, target_modules, lora_dropout, lora_save_merged,
-    save_value_network, sft_warmup_target, embedded_model,
-) -> sections.Models:  # fmt: skip
+@fills(sections.Models)
+def models(flags, lora_rank, lora_alpha, target_modules, lora_dropout) -> sections.Models:
     lora = LoraAdapterConfig(lora_rank, lora_alpha, target_modules, lora_dropout) if lora_rank else None
-    return named(sections.Models, locals(), lora=lora)
+    return named(sections.Models, flags, lora=lora)
 
 
 def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature) -> sections.Evaluation | None:
@@ -244,17 +243,16 @@ def evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_tempera
     return sections.Evaluation(eval_dataset, eval_split, eval_n_samples_per_prompt, eval_temperature)
 
 
+@fills(SelfPlayConfig)
 def selfplay(
-    absolute_zero, selfplay_task, selfplay_task_path, selfplay_kb, selfplay_retriever_url, selfplay_judge_pretrain,
-    n_questions_per_prompt,
-    selfplay_reference_buffer, proposer_repetition_penalty, proposer_reward, n_samples_per_prompt,
-    max_repropose_attempts,
-    proposer_train_scope, safety_reward_weight, task_completion_weight, format_reward_coef, proposer_reward_coef,
+    flags, absolute_zero, selfplay_task, selfplay_task_path, selfplay_kb, selfplay_retriever_url,
+    selfplay_judge_pretrain, selfplay_reference_buffer, proposer_repetition_penalty, safety_reward_weight,
+    task_completion_weight,
 ) -> sections.SelfPlay | None:  # fmt: skip
     if not absolute_zero:
         return None
     weights = {"safety": safety_reward_weight, "completion": task_completion_weight}
-    config = named(SelfPlayConfig, locals(), weights=weights, reference_buffer=selfplay_reference_buffer,
+    config = named(SelfPlayConfig, flags, weights=weights, reference_buffer=selfplay_reference_buffer,
                    repetition_penalty=proposer_repetition_penalty)  # fmt: skip
     return sections.SelfPlay(
         selfplay_task, selfplay_task_path, selfplay_judge_pretrain, config, selfplay_kb, selfplay_retriever_url
@@ -300,7 +298,12 @@ SECTIONS = {
 
 
 def flags_of(builder) -> tuple[str, ...]:
-    return tuple(inspect.signature(builder).parameters)
+    """The flags a builder reads: its parameters, and the fields of the dataclasses it fills that are flags."""
+    from reinforce_pro.cli.args import flag_fields
+
+    dests = {f.name for _, f, _, _ in flag_fields()}
+    filled = [f.name for cls in getattr(builder, "fills", ()) for f in dataclasses.fields(cls) if f.name in dests]
+    return tuple(dict.fromkeys([p for p in inspect.signature(builder).parameters if p != "flags"] + filled))
 
 
 def flag_sections() -> dict[str, list[str]]:
@@ -318,4 +321,6 @@ def run_config(args: Namespace) -> sections.RunConfig:
 
 
 def flag_values(args: Namespace, builder) -> dict:
-    return {flag: getattr(args, flag) for flag in flags_of(builder)}
+    """A builder's arguments: the flags its parameters name, and the namespace itself as `flags`."""
+    names = inspect.signature(builder).parameters
+    return {name: args if name == "flags" else getattr(args, name) for name in names}
