@@ -147,14 +147,15 @@ def run_cli(argv: list[str], run_dir: Path, timeout_s: float = 1800) -> tuple[li
     return rows, done.stdout + done.stderr
 
 
-def bench_main(argv, name, doc: str, options, measure, render) -> int:
+def bench_main(argv, name, doc: str, options, measure, render, output: Path = RESULTS_DIR) -> int:
     """The command line every benchmark shares: its own options (`options(parser)` adds them), --output DIR (the
-    JSON, the table and any plot go there) and --render FILE (only re-render the table and plot from a saved
-    JSON). `measure(args)` runs the benchmark and returns (configuration, results) for the JSON, which
-    write_result completes with the machine and the commit; `name`: the JSON's name, or a function of the args."""
+    JSON, the table and any plot go there; default `output`) and --render FILE (only re-render the table and plot
+    from a saved JSON). `measure(args)` runs the benchmark and returns (configuration, results) for the JSON,
+    which write_result completes with the machine and the commit; `name`: the JSON's name, or a function of the
+    args. A study that measures once (no runs to resume) uses it too, with its results folder as `output`."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     options(p)
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory for the JSON, the table and the plot")
+    p.add_argument("--output", type=Path, default=output, help="directory for the JSON, the table and the plot")
     p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
     args = p.parse_args(argv)
     if args.render is not None:

@@ -23,7 +23,6 @@ other work: the endpoint's cost is measured alone by benchmarks/bench_agent_endp
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import render_saved, run_provenance, write_result
-from studies import RESULTS_DIR
-from studies.study_stats import direction, paired_test, parse_seeds, stored_runs, tost
+from benchmarks.common import run_provenance
+from studies.runner import study_main
+from studies.study_stats import direction, paired_test, tost
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,33 +129,30 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="1-4", help="paired seeds, e.g. 1-4 or 1,3,5")
-    p.add_argument("--steps", type=int, default=150, help="RL steps per run")
+def options(p) -> None:
     p.add_argument("--margin", type=float, default=0.05, help="equivalence margin on the held-out score")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
-    path = args.output / f"{NAME}.json"
-    runs = [r for r in stored_runs(path) if r["steps"] == args.steps] if path.is_file() else []
+
+
+def run(args, study) -> None:
+    runs = [r for r in study.stored() if r["steps"] == args.steps]
     done = {(r["arm"], r["seed"]) for r in runs}
     config = {"steps": args.steps, "margin": args.margin, "arms": {k: v[2:] for k, v in ARMS.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         eval_data = held_out(Path(tmp) / "held_out.jsonl")
-        for seed in parse_seeds(args.seeds):
+        for seed in args.seeds:
             for arm in ARMS:
                 if (arm, seed) in done:
                     continue
                 print(f"[{NAME}] seed {seed}, {arm} ...", flush=True)
-                runs.append(run_one(arm, seed, args.steps, Path(tmp), eval_data, (path, path.with_suffix(".md"))))
+                outputs = (study.path, study.path.with_suffix(".md"))
+                runs.append(run_one(arm, seed, args.steps, Path(tmp), eval_data, outputs))
                 print(f"[{NAME}] seed {seed}, {arm}: {runs[-1]['before']:.3f} -> {runs[-1]['after']:.3f} "
                       f"({runs[-1]['wall_s']:.0f} s)", flush=True)  # fmt: skip
-                write_result(NAME, config, {"runs": runs}, args.output)  # after every run: resumable
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+                study.save(runs, config)  # after every run: resumable
+
+
+def main(argv=None) -> int:
+    return study_main(argv, __doc__, NAME, run, render, options=options, seeds="1-4", steps=150)
 
 
 if __name__ == "__main__":

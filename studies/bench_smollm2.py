@@ -19,7 +19,6 @@ What it measures, in one invocation, one after the other:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, new_figure, render_saved, save_and_render, save_figure, scratch_dir
+from benchmarks.common import PACKAGED_MODELS, bench_main, new_figure, save_figure, scratch_dir
 from studies import RESULTS_DIR
 
 TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
@@ -189,8 +188,7 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p) -> None:
     p.add_argument("--steps", type=int, default=40, help="steps of the full fine-tune learning run")
     p.add_argument("--eval_steps", type=int, default=10, help="held-out evaluation every N steps")
     p.add_argument("--eval_prompts", type=int, default=50, help="held-out prompts (distinct, never trained on)")
@@ -198,11 +196,9 @@ def main() -> int:
     p.add_argument("--mismatch_prompts", type=int, default=32, help="held-out prompts for the mismatch measurement")
     p.add_argument("--model_dir", type=Path, default=PACKAGED_MODELS / "smollm2-135m-instruct")
     p.add_argument("--data_dir", type=Path, default=PACKAGED_MODELS / "tasks" / "chain_sum_2x1_v2")
-    p.add_argument("--output_dir", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the table and plot from this JSON")
-    args = p.parse_args()
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     prepare_s = prepare_inputs(args.model_dir, args.data_dir, n_train=2000, n_eval=args.eval_prompts)
     before = measure_mismatch(args.model_dir, args.data_dir, args.mismatch_prompts, 4)
     with scratch_dir("bench_smollm2_") as work:  # two runs' checkpoints of a 135M model: gone when it ends
@@ -221,7 +217,11 @@ def main() -> int:
         "mismatch_prompts": args.mismatch_prompts,
     }
     results = {"prepare_s": prepare_s, "mismatch_before": before, "full": full, "mismatch_after": after, "lora": lora}
-    return save_and_render("bench_smollm2", config, results, args.output_dir, render)
+    return config, results
+
+
+def main(argv=None) -> int:
+    return bench_main(argv, "bench_smollm2", __doc__, options, measured, render, output=RESULTS_DIR)
 
 
 if __name__ == "__main__":

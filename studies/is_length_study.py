@@ -31,14 +31,13 @@ Drift profiles (mu's logits = theta plus, at position t):
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import render_saved, save_and_render, save_figure
+from benchmarks.common import bench_main, save_figure
 from reinforce_pro.algos.is_correction import IS_CORRECTIONS, compute_is_weights, default_band
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD
 from studies import RESULTS_DIR
@@ -247,9 +246,11 @@ def _noise(r: dict) -> float:
 
 def _summary(rows: list[dict], profiles: list[str], strengths: list[float], length: int) -> list[str]:
     """At the longest response: per profile and strength, reinforce_pro's bias, how many corrections are less
-    biased by more than twice the two noises combined, and the three least biased."""
+    biased by more than twice the two noises combined, and the three least biased. The corrections are those
+    the result measured (a correction added after it was taken has no row)."""
+    measured = [c for c in IS_CORRECTIONS if any(r["correction"] == c for r in rows)]
     out = [f"Summary at {length} tokens: relative bias +- its Monte-Carlo standard error. \"clearly better\": the "
-           f"corrections (of the {len(IS_CORRECTIONS)} and none) whose bias is below reinforce_pro's by more than "
+           f"corrections (of the {len(measured)} and none) whose bias is below reinforce_pro's by more than "
            "twice the two standard errors combined.", "",
            "| profile | strength | mean abs log ratio | none | reinforce_pro | clearly better | least biased |",
            "|---" * 7 + "|"]  # fmt: skip
@@ -257,7 +258,7 @@ def _summary(rows: list[dict], profiles: list[str], strengths: list[float], leng
         for profile in profiles:
             at = _at(rows, profile, strength)
             pro = at[("reinforce_pro", length)]
-            others = [(at[(c, length)]["rel_bias"], c) for c in ["none", *IS_CORRECTIONS]]
+            others = [(at[(c, length)]["rel_bias"], c) for c in ["none", *measured]]
             better = [
                 c for b, c in others if pro["rel_bias"] - b > 2 * math.hypot(_noise(pro), _noise(at[(c, length)]))
             ]
@@ -277,7 +278,7 @@ def _profile_table(rows: list[dict], profile: str, strength: float, lengths: lis
     out = [f"#### {profile}, strength {strength:g}", "",
            f"| correction | {head} | kept at {lengths[-1]} | batch MSE at {lengths[-1]} |",
            "|---" * (len(lengths) + 3) + "|"]  # fmt: skip
-    for c in CORRECTIONS:
+    for c in (c for c in CORRECTIONS if (c, lengths[-1]) in at):  # those the result measured
         cells = []
         for n in lengths:
             r = at[(c, n)]
@@ -310,18 +311,15 @@ def _plot(rows: list[dict], cfg: dict, strength: float, path: Path) -> None:
     save_figure(fig, axes.flat[0], path)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def options(p) -> None:
     p.add_argument("--quick", action="store_true", help="lengths 8, 64, 256 and 64 batches: about a minute")
     p.add_argument("--batches", type=int, default=512)
     p.add_argument("--batch_size", type=int, default=32, help="responses per batch (CHUNK must be a multiple)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strengths", default="1,3", help="drift strengths (comma-separated): every noise scale times it")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, help="re-render the table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, dict]:
     from tqdm import tqdm
 
     lengths = (8, 64, 256) if args.quick else LENGTHS
@@ -334,7 +332,12 @@ def main(argv=None) -> int:
     cases = [(n, prof, st) for st in strengths for n in lengths for prof in PROFILES]
     for i, (n, profile, strength) in enumerate(tqdm(cases, desc="strength x length x profile")):
         rows += case(n, profile, batches, args.batch_size, args.seed + i % (len(lengths) * len(PROFILES)), strength)
-    return save_and_render(NAME + config["suffix"], config, {"rows": rows}, args.output, render)
+    return config, {"rows": rows}
+
+
+def main(argv=None) -> int:
+    name = lambda args: NAME + ("_quick" if args.quick else "")  # noqa: E731
+    return bench_main(argv, name, __doc__, options, measured, render, output=RESULTS_DIR)
 
 
 if __name__ == "__main__":

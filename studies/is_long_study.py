@@ -40,13 +40,15 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import run_provenance, scratch_dir, write_result
-from studies import RESULTS_DIR
+from benchmarks.common import run_provenance, scratch_dir
+from studies import RESULTS_DIR  # noqa: F401  (where its results are committed: the tests read them)
+from studies.runner import UsageError, study_main
 from studies.runs import held_out, summarise
 from studies.study_stats import (
     collapse_kinds,
@@ -814,8 +816,7 @@ def screening_or_plan(parser: argparse.ArgumentParser, args: argparse.Namespace)
                 steps=args.steps or 150, margin=MARGIN, model=args.model or "dense")  # fmt: skip
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", choices=list(PLANS), default=None,
                    help="run a registered confirmatory stage exactly as registered (its seeds, regimes, corrections, "
                    "steps, margin, model and file); refused beside any of the six flags it sets")  # fmt: skip
@@ -826,25 +827,28 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 150)")
     p.add_argument("--model", choices=("dense", "moe"), default=None,
                    help="the built-in model: dense (default) or moe, its mixture-of-experts twin")  # fmt: skip
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and its table")
     p.add_argument("--name", default=None, help=f"the JSON's name (default {NAME}; a plan's is its own)")
     p.add_argument("--warm-cache", type=Path, default=Path(tempfile.gettempdir()) / "is_long_study_warm",
                    help="where warm starts are kept between invocations on this host (one per seed)")  # fmt: skip
-    p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    study = screening_or_plan(p, args)
+
+
+def _refuse(message: str):
+    raise UsageError(message)
+
+
+def planned(args: argparse.Namespace) -> Plan:
+    """screening_or_plan for the study runner: a command line it refuses ends in one line."""
+    study = screening_or_plan(types.SimpleNamespace(error=_refuse), args)
     if study.model == "dense" and (moe_only := [g for g in study.regimes if g in MOE_ONLY]):
-        p.error(f"--regimes {' '.join(moe_only)}: replays a mixture-of-experts model's routes (--plan moe_screening)")
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
-    code = run_provenance()
-    if not code["clean"] and not args.allow_dirty:
-        p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
-    path = args.output / f"{study.name}.json"
+        raise UsageError(f"--regimes {' '.join(moe_only)}: replays a mixture-of-experts model's routes "
+                         "(--plan moe_screening)")  # fmt: skip
+    return study
+
+
+def run(args: argparse.Namespace, out) -> None:
+    study, code = planned(args), out.code
     seeds, regimes, corrections = list(study.seeds), list(study.regimes), list(study.corrections)
-    stored = stored_results(path)
+    stored = stored_results(out.path)
     with tempfile.TemporaryDirectory(prefix="is_long_study_") as scratch:  # where a missing warm start is built
         weights = functools.cache(
             lambda seed: warm_start(seed, Path(scratch), code, args.warm_cache, study.model)[1]["sha256"]
@@ -860,12 +864,15 @@ def main(argv=None) -> int:
         config = {"task": TASK, "regimes": REGIMES, "corrections": CORRECTIONS, "endpoints": ENDPOINTS,
                   "margin": study.margin, "held_out": HELD_OUT, "flags": STUDY_FLAGS,
                   "plan": asdict(study) if args.plan else None}  # fmt: skip
-        write_result(study.name, config, {"runs": current, "set_aside": aside}, args.output)
+        out.save(current, config, set_aside=aside)
 
     pictures = args.output / f"{study.name}_drift"  # each run's drift picture (trainer/drift_plot.py)
     run_study(seeds, regimes, corrections, study.steps, runs, save, code, args.warm_cache, pictures, study.model)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+
+
+def main(argv=None) -> int:
+    name = lambda args: planned(args).name  # noqa: E731
+    return study_main(argv, __doc__, name, run, render, options=options, clean=True)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ paired difference to `none` and to `tis` with a bootstrap 95% interval) and plot
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -28,16 +26,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
-from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir, write_result
-from studies import RESULTS_DIR
+from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir
 from studies import bench_smollm2 as smollm2
+from studies.runner import study_main
 from studies.runs import base_config, held_out, summarise, warm_start
 from studies.study_stats import (
     collapsed,
     detectable_difference,
     paired_bootstrap,
-    parse_seeds,
-    stored_runs,
     verdict,
 )
 
@@ -504,29 +500,20 @@ def _position_plot(runs: list[dict], path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ entry point
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-8"), help="e.g. 1-8 or 1,3,5")
+def run(args, study) -> None:
+    config = {"tasks": TASKS, "regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
+    # after each run, atomically: a stop mid-write never loses the runs already measured
+    save = lambda current: study.save(current, config)  # noqa: E731
+    run_study(args.seeds, args.regimes, args.corrections, args.steps, study.stored(), save)
+
+
+def options(p) -> None:
     p.add_argument("--regimes", nargs="+", choices=list(REGIMES), default=list(REGIMES))
     p.add_argument("--corrections", nargs="+", choices=CORRECTIONS, default=CORRECTIONS)
-    p.add_argument("--steps", type=int, default=200, help="RL steps per run")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of is_study.json and its renders")
-    p.add_argument("--name", default=NAME, help="the JSON's name: a calibration sitting keeps its own file")
-    p.add_argument("--render", type=Path, default=None, help="only re-render tables and plots from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
-    path = args.output / f"{args.name}.json"
-    runs = stored_runs(path)
 
-    def save(current: list[dict]) -> None:  # atomic: a stop mid-write never loses the runs already measured
-        config = {"tasks": TASKS, "regimes": {k: vars(v) for k, v in REGIMES.items()}, "corrections": CORRECTIONS}
-        write_result(args.name, config, {"runs": current}, args.output)
 
-    runs = run_study(args.seeds, args.regimes, args.corrections, args.steps, runs, save)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+def main(argv=None) -> int:
+    return study_main(argv, __doc__, NAME, run, render, options=options, seeds="1-8", steps=200)
 
 
 if __name__ == "__main__":

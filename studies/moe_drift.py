@@ -24,11 +24,11 @@ Per seed it records
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, render_saved, run_provenance, save_and_render, scratch_dir
+from benchmarks.common import bench_main, run_provenance, scratch_dir
+from studies import RESULTS_DIR as STUDY_RESULTS
 
 CORRECTIONS = ("tis", "icepop", "seq-mask-tis", "reinforce_pro", "cppo", "dppo-tv")
 RATIO_SWEEP = (4.0, 1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)  # d of the band [1/(1+d), 1+d]
@@ -269,23 +269,25 @@ def _mask_rows(runs) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p) -> None:
     p.add_argument("--task", default="running_sum", choices=("arithmetic", "running_sum"))
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--rows", type=int, default=256, help="responses per seed (8 per prompt)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR.parent.parent / "studies" / "results")
-    p.add_argument("--render", type=Path, help="re-render the page of a saved JSON")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+
+
+def measured(args) -> tuple[dict, list]:
     runs = []
     for seed in args.seeds:
         runs.append(measure_seed(args.task, seed, args.rows))
         print(f"[moe_drift] seed {seed}: flip frac {runs[-1]['flip_frac']:.4f}, gap off {runs[-1]['gap_off']:.2e}, "
               f"r3 {runs[-1]['gap_r3']:.2e}", flush=True)  # fmt: skip
     config = {"task": args.task, "seeds": args.seeds, "rows": args.rows, "engine": "bfloat16", "trainer": "float32"}
-    return save_and_render(f"moe_drift_{args.task}", config, runs, args.output, render)
+    return config, runs
+
+
+def main(argv=None) -> int:
+    name = lambda args: f"moe_drift_{args.task}"  # noqa: E731
+    return bench_main(argv, name, __doc__, options, measured, render, output=STUDY_RESULTS)
 
 
 if __name__ == "__main__":

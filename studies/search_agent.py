@@ -26,7 +26,6 @@ shapes' numbers measure the model each trained.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,8 +33,8 @@ import time
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, scratch_dir, write_result
-from studies import RESULTS_DIR
+from benchmarks.common import run_provenance, scratch_dir
+from studies.runner import study_main
 
 NAME = "search_agent"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "python"
@@ -134,7 +133,8 @@ def run_seed(seed: int, steps: int, workdir: Path, agent: Path = AGENT) -> dict:
             "searches_curve": [h.get("reward/searches") for h in history], **provenance}  # fmt: skip
 
 
-def render(result: dict) -> str:
+def render(result: dict, out_dir: Path | None = None) -> str:
+    """The table, seed by seed with the paired comparisons; written beside the JSON in `out_dir` when given."""
     runs = result["results"]["runs"]
     lines = ["| seed | held-out accuracy, search: warm start -> after RL | without search: warm start -> after | "
              "searches / episode (after) | hit rate (after) | RL steps | RL wall |",
@@ -152,6 +152,8 @@ def render(result: dict) -> str:
                      f"{mean(lambda r: r['before']['no_search']['accuracy']):.3f} -> "
                      f"{mean(lambda r: r['after']['no_search']['accuracy']):.3f} | | | | |")  # fmt: skip
         lines += ["", paired_line(runs)]
+    if out_dir is not None:
+        (out_dir / f"{result['benchmark']}.md").write_text("\n".join(lines) + "\n")
     return "\n".join(lines)
 
 
@@ -187,39 +189,31 @@ def study_name(steps: int, agent: str) -> str:
     return name + (f"_{agent}" if shape_key(agent) else "")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="1-3", help="e.g. 1-3 or 1,4")
-    p.add_argument("--steps", type=int, default=60, help="RL steps per seed (0: evaluate the warm start only)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--render", type=Path, default=None, help="only render the table of this JSON")
-    p.add_argument("--agent", choices=list(TRAINING_AGENTS), default="instance",
-                   help="the agent file RL trains with: the AgentInstance one, or the same agent written "
-                        "to the OpenAI SDK (its own JSON); the evaluation is the same")  # fmt: skip
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text())))
-        return 0
+def run(args, study) -> None:
     from reinforce_pro.workers.launcher import start_ray
-    from studies.study_stats import parse_seeds
 
-    seeds = parse_seeds(args.seeds)
     start_ray(logical_cpus=8)
-    name, config = study_name(args.steps, args.agent), {**SETTINGS, "steps": args.steps, **shape_key(args.agent)}
-    path = args.output / f"{name}.json"
-    runs = done_runs(path, config)
-    for seed in seeds:
+    config = {**SETTINGS, "steps": args.steps, **shape_key(args.agent)}
+    runs = done_runs(study.path, config)
+    for seed in args.seeds:
         if any(r["seed"] == seed for r in runs):
-            print(f"[search_agent] seed {seed}: already in {args.output / f'{name}.json'}, kept", flush=True)
+            print(f"[search_agent] seed {seed}: already in {study.path}, kept", flush=True)
             continue
         print(f"[search_agent] seed {seed}", flush=True)
         with scratch_dir(f"search_{seed}_") as workdir:
             runs.append(run_seed(seed, args.steps, workdir, TRAINING_AGENTS[args.agent]))
-        write_result(name, config, {"runs": runs}, args.output)
-    table = render(json.loads(path.read_text()))
-    (args.output / f"{name}.md").write_text(table + "\n")
-    print(table)
-    return 0
+        study.save(runs, config)
+
+
+def main(argv=None) -> int:
+    def options(p) -> None:
+        p.add_argument("--agent", choices=list(TRAINING_AGENTS), default="instance",
+                       help="the agent file RL trains with: the AgentInstance one, or the same agent written "
+                            "to the OpenAI SDK (its own JSON); the evaluation is the same")  # fmt: skip
+
+    name = lambda args: study_name(args.steps, args.agent)  # noqa: E731
+    return study_main(argv, __doc__, name, run, render, options=options, seeds="1-3", steps=60,
+                      steps_help="RL steps per seed (0: evaluate the warm start only)")  # fmt: skip
 
 
 if __name__ == "__main__":

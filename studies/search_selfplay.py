@@ -26,7 +26,6 @@ run's commit, host and wall time, then a table of per-seed numbers and paired t-
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -36,9 +35,8 @@ import time
 from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback)
-from benchmarks.common import run_provenance, scratch_dir, write_result
-from studies import RESULTS_DIR
-from studies.study_stats import parse_seeds, stored_runs
+from benchmarks.common import run_provenance, scratch_dir
+from studies.runner import study_main
 
 NAME = "search_selfplay"
 ARMS = ("warm", "rl", "rl_matched", "selfplay")
@@ -177,7 +175,8 @@ def curves(history: list[dict]) -> dict[str, list]:
 
 
 # ------------------------------------------------------------------------------------------ the table
-def render(result: dict) -> str:
+def render(result: dict, out_dir: Path | None = None) -> str:
+    """The table, seed by seed with the paired comparisons; written beside the JSON in `out_dir` when given."""
     runs = result["results"]["runs"]
     acc = lambda r, arm, key="accuracy": r[arm]["heldout"][key]  # noqa: E731
     lines = ["| seed | warm start (c) | RL, same steps (b) | RL, same episodes (d) | search self-play (a) | solver "
@@ -214,6 +213,8 @@ def render(result: dict) -> str:
             lines.append(f"- {label}: {t.mean:+.3f}, 95% t-interval [{t.low:+.3f}, {t.high:+.3f}] (paired over "
                          f"{t.n} seeds; t-test p = {_p(t.p_t)}, Holm over these {len(pairs)}: "
                          f"{_p(p_holm)})")  # fmt: skip
+    if out_dir is not None:
+        (out_dir / f"{result['benchmark']}.md").write_text("\n".join(lines) + "\n")
     return "\n".join(lines)
 
 
@@ -226,35 +227,21 @@ def _mean(values: list | None) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-5"), help="e.g. 1-5 or 1,4")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR)
-    p.add_argument("--name", default=NAME, help="the JSON's name (a pilot keeps its own file)")
-    p.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes (a pilot)")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text())))
-        return 0
-    code = run_provenance()
-    if not code["clean"] and not args.allow_dirty:
-        p.error("the tree has uncommitted changes: commit them (each run records its commit) or pass --allow-dirty")
-    path = args.output / f"{args.name}.json"
-    same = path.exists() and json.loads(path.read_text())["config"] == SETTINGS
-    runs = stored_runs(path) if same else []
+def run(args, study) -> None:
+    same = study.path.exists() and json.loads(study.path.read_text())["config"] == SETTINGS
+    runs = study.stored() if same else []
     from reinforce_pro.workers.launcher import start_ray
 
     start_ray(logical_cpus=8)
     with scratch_dir("search_selfplay_") as workdir:
         for seed in [s for s in args.seeds if s not in {r["seed"] for r in runs}]:
             print(f"[search_selfplay] seed {seed}", flush=True)
-            runs.append(run_seed(seed, workdir, code))
-            write_result(args.name, SETTINGS, {"runs": runs}, args.output)  # after each seed: a stop loses no seed
-    table = render(json.loads(path.read_text()))
-    (args.output / f"{args.name}.md").write_text(table + "\n")
-    print(table)
-    return 0
+            runs.append(run_seed(seed, workdir, study.code))
+            study.save(runs, SETTINGS)  # after each seed: a stop loses no seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    return study_main(argv, __doc__, NAME, run, render, seeds="1-5", clean=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ with the same step count is not run again, so the study can be stopped and conti
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_result
 from reinforce_pro.selfplay.code_task import CODE_LADDER
-from studies import RESULTS_DIR
+from studies.runner import study_main
 from studies.selfplay_study import thirds
-from studies.study_stats import paired_bootstrap, parse_seeds, stored_runs
+from studies.study_stats import paired_bootstrap
 
 NAME = "selfplay_code_study"
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "train_absolute_zero_code.sh"
@@ -149,25 +147,14 @@ def _plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def run(args, study) -> None:
+    config = {"recipe": str(RECIPE.relative_to(RECIPE.parents[2])), "model": "smollm2-135m-instruct"}
+    # after each run, atomically: a stop mid-study keeps every finished run
+    run_study(args.seeds, args.steps, study.stored(), lambda current: study.save(current, config))
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-2"), help="e.g. 1-2 or 1,3")
-    p.add_argument("--steps", type=int, default=30, help="RL steps per run")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of the JSON and renders")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
-    path = args.output / f"{NAME}.json"
-
-    def save(current: list[dict]) -> None:  # atomic: a stop mid-study keeps every finished run
-        config = {"recipe": str(RECIPE.relative_to(RECIPE.parents[2])), "model": "smollm2-135m-instruct"}
-        write_result(NAME, config, {"runs": current}, args.output)
-
-    run_study(args.seeds, args.steps, stored_runs(path), save)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+    return study_main(argv, __doc__, NAME, run, render, seeds="1-2", steps=30)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ stretch below 0.2), the ladder's accuracy before and after with a 95% bootstrap 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -27,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import git_commit, write_result
+from benchmarks.common import git_commit
 from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS
-from studies import RESULTS_DIR
-from studies.study_stats import longest_run, paired_bootstrap, parse_seeds, stored_runs
+from studies.runner import study_main
+from studies.study_stats import longest_run, paired_bootstrap
 
 NAME = "selfplay_study"
 TASK = "arithmetic"
@@ -270,30 +269,21 @@ def _plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def run(args, study) -> None:
     from reinforce_pro.selfplay.builtin_tasks import ArithmeticTask
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-5"), help="e.g. 1-5 or 1,3,5")
-    p.add_argument("--steps", type=int, default=300, help="RL steps per run (the README's 300)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="directory of selfplay_study.json and renders")
-    p.add_argument("--render", type=Path, default=None, help="only re-render the table and plot from this JSON")
-    p.add_argument("--arm", choices=list(ARMS), default="default", help="which variant of the command to run")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(json.loads(args.render.read_text()), args.render.parent))
-        return 0
-    path = args.output / f"{NAME}.json"
-    runs = stored_runs(path)
+    config = {"command": "train_ppo_ray --absolute_zero --seed S", "arms": ARMS,
+              "warm_start_levels": list(ArithmeticTask.warm_start_levels)}  # fmt: skip
+    # after each run, atomically: a stop mid-study keeps every finished run
+    run_study(args.seeds, args.steps, args.arm, study.stored(), lambda current: study.save(current, config))
 
-    def save(current: list[dict]) -> None:  # atomic: a stop mid-study keeps every finished run
-        config = {"command": "train_ppo_ray --absolute_zero --seed S", "arms": ARMS,
-                  "warm_start_levels": list(ArithmeticTask.warm_start_levels)}  # fmt: skip
-        write_result(NAME, config, {"runs": current}, args.output)
 
-    run_study(args.seeds, args.steps, args.arm, runs, save)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+def main(argv=None) -> int:
+    options = lambda p: p.add_argument(  # noqa: E731
+        "--arm", choices=list(ARMS), default="default", help="which variant of the command to run"
+    )
+    return study_main(argv, __doc__, NAME, run, render, options=options, seeds="1-5", steps=300,
+                      steps_help="RL steps per run (the README's 300)")  # fmt: skip
 
 
 if __name__ == "__main__":

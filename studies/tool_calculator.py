@@ -30,7 +30,6 @@ This is a screening at 3 seeds: it can show that an arm learns and how large the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -40,9 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import render_saved, run_provenance, scratch_dir, write_result
-from studies import RESULTS_DIR
-from studies.study_stats import direction, paired_test, parse_seeds, stored_runs
+from benchmarks.common import run_provenance, scratch_dir
+from studies.runner import study_main
+from studies.study_stats import direction, paired_test
 
 NAME = "tool_calculator"
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,32 +281,28 @@ def render(payload: dict, out_dir: Path) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="42,1,2", help="paired seeds, e.g. 42,1,2 or 1-4")
-    p.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    p.add_argument("--sft_steps", type=int, default=3000, help="warm-start steps per run at most")
-    p.add_argument("--arms", default=",".join(ARMS), help="arms to run (default: both)")
-    p.add_argument("--output", type=Path, default=RESULTS_DIR, help="where the JSON and table go")
-    p.add_argument("--render", type=Path, help="re-render the table from this JSON and exit")
-    args = p.parse_args(argv)
-    if args.render:
-        return render_saved(args.render, render)
+def run(args, study) -> None:
     config = {"steps": args.steps, "sft_steps": args.sft_steps, "max_operand": MAX_OPERAND, "tool_share": TOOL_SHARE,
               "warm_target": WARM_TARGET}  # fmt: skip
-    path = args.output / f"{NAME}.json"
-    runs = stored_runs(path)
-    outputs = (path, args.output / f"{NAME}.md")
+    runs = study.stored()
+    outputs = (study.path, study.path.with_suffix(".md"))
     with scratch_dir("tool_calculator_") as workdir:
-        for seed in parse_seeds(args.seeds):
+        for seed in args.seeds:
             for arm in args.arms.split(","):
                 if any(r["arm"] == arm and r["seed"] == seed for r in runs):
                     continue
                 print(f"[{NAME}] {arm} seed {seed}", flush=True)
                 runs.append(run_one(arm, seed, args.steps, args.sft_steps, workdir, outputs))
-                write_result(NAME, config, {"runs": runs}, args.output)
-    print(render(json.loads(path.read_text()), args.output))
-    return 0
+                study.save(runs, config)
+
+
+def options(p) -> None:
+    p.add_argument("--sft_steps", type=int, default=3000, help="warm-start steps per run at most")
+    p.add_argument("--arms", default=",".join(ARMS), help="arms to run (default: both)")
+
+
+def main(argv=None) -> int:
+    return study_main(argv, __doc__, NAME, run, render, options=options, seeds="42,1,2", steps=60)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A flag reaches the code that uses it in a few hops, so a reader can follow it: the flag's declaration
 (cli/args.py), its section builder (cli/flags_to_config.py) where the builder computes a field from it, the
-section that carries it (a field named after a flag is filled from it), the component that reads it. A hop is one class or top-level function of the package whose code names the setting; every wrapper
-that copies it under the same name adds one. The OpenRLHF integration and selfcheck are entry points of their
+section that carries it (a field named after a flag is filled from it), the component that reads it. A hop is
+one class or top-level function of the package whose code names the setting; every wrapper that copies it under
+the same name adds one. The OpenRLHF integration and selfcheck are entry points of their
 own and not on the trainer's path. The tests list each flag's hops exactly: a new one fails them, and is
 welcome only while the count stays within MAX_HOPS.
 

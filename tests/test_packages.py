@@ -48,3 +48,20 @@ def test_every_benchmark_runs_through_the_shared_command_line():
     own = [p.stem for p in scripts if "ArgumentParser(" in p.read_text()]
     shared = [p.stem for p in scripts if re.search(r"return (bench_main|arms_main)\(", p.read_text())]
     assert own == [] and len(shared) == len(scripts), (own, sorted({p.stem for p in scripts} - set(shared)))
+
+
+# studies that read saved JSON in a mode of their own (a positional study file, a rule and its verdicts, a
+# regression check against a baseline) and keep their own command line
+OWN_COMMAND_LINE = {"confirmation_rule", "drift_reading", "compare_is_correction"}
+
+
+def test_every_study_runs_through_a_shared_command_line():
+    """A study that resumes its runs goes through studies/runner.study_main (--seeds, --steps, --output, --name,
+    --render, --allow-dirty, provenance, resuming), one that measures once through bench_main: it adds its own
+    options and its runs, and builds no parser of its own."""
+    scripts = [p for p in MODULES if p.parent.name == "studies" and "def main" in p.read_text()]
+    assert len(scripts) >= 14
+    shared = [p.stem for p in scripts if re.search(r"return (study_main|bench_main)\(", p.read_text())]
+    own = [p.stem for p in scripts if "ArgumentParser(" in p.read_text()]
+    assert sorted(own) == sorted(OWN_COMMAND_LINE) and len(shared) == len(scripts) - len(OWN_COMMAND_LINE), (
+        own, sorted({p.stem for p in scripts} - set(shared)))  # fmt: skip
