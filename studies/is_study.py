@@ -27,9 +27,8 @@ from pathlib import Path
 
 import reinforce_pro  # noqa: F401  (before ray: keeps a local cluster on loopback, see ray_env.py)
 from benchmarks.common import PACKAGED_MODELS, run_provenance, scratch_dir
-from studies import bench_smollm2 as smollm2
 from studies.runner import study_main
-from studies.runs import base_config, held_out, summarise, warm_start
+from studies.runs import base_config, held_out, prepare_inputs, run_flags, summarise, warm_start
 from studies.study_stats import (
     collapsed,
     detectable_difference,
@@ -132,7 +131,7 @@ def start_model(task: str, seed: int, workdir: Path) -> str:
     or the prepared SmolLM2 (the same for every seed; seeds differ in prompt order and sampling)."""
     if task == "embedded":
         return warm_start(seed, workdir)
-    smollm2.prepare_inputs(SMOLLM2_MODEL, SMOLLM2_DATA, n_train=2000, n_eval=50)
+    prepare_inputs(SMOLLM2_MODEL, SMOLLM2_DATA, n_train=2000, n_eval=50)
     return str(SMOLLM2_MODEL)
 
 
@@ -143,7 +142,7 @@ def task_config(task: str, pretrain: str, seed: int, steps: int, flags: dict):
     from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
-    args = parse_args([*smollm2.run_flags(Path(pretrain), SMOLLM2_DATA), "--seed", str(seed), "--max_samples",
+    args = parse_args([*run_flags(Path(pretrain), SMOLLM2_DATA), "--seed", str(seed), "--max_samples",
                        str(4 * steps), "--eval_before_training", "--eval_steps", str(steps)])  # fmt: skip
     vars(args).update(flags)
     return run_config(args)

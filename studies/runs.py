@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 SERIES = ["rollout/reward_mean", "is/token_masked_frac", "is/ess", "is/vllm_kl", "rollout/logprob_abs_diff_mean",
@@ -95,3 +96,39 @@ def held_out(run_dir: Path) -> list[tuple[int, float]]:
     """(step, held-out exact match) of every evaluation the run logged, the one before training included."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r[EVAL_KEY]) for r in rows if EVAL_KEY in r]
+
+
+# ---------------------------------------------------------------------------------- SmolLM2 on chain_sum
+# The packaged SmolLM2-135M-Instruct learning reasoning-gym's chain_sum: bench_smollm2 measures it, is_study
+# trains on it.
+TASK, TASK_SETTINGS = "chain_sum", {"max_terms": 2, "max_digits": 1}  # a*b-digit sums: SmolLM2 starts at ~1/3
+BAND = (0.5, 5.0)
+REWARD = Path(__file__).resolve().parent.parent / "examples" / "python" / "reward_reasoning_gym.py"
+
+
+def run_flags(model: Path, data: Path) -> list[str]:
+    """The learning run's settings, sized for 2 cores: 4 prompts x 4 samples per step, responses <= 16 tokens."""
+    return [
+        "--pretrain", str(model), "--prompt_data", str(data / "train.jsonl"), "--input_key", "question",
+        "--label_key", "entry", "--apply_chat_template", "--remote_rm_url", str(REWARD),
+        "--advantage_estimator", "reinforce_baseline", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
+        "--train_batch_size", "16", "--micro_train_batch_size", "8", "--micro_rollout_batch_size", "16",
+        "--max_new_tokens", "16", "--prompt_max_len", "96", "--max_len", "128", "--temperature", "1.0",
+        "--actor_learning_rate", "5e-6", "--lr_scheduler", "constant_with_warmup", "--lr_warmup_ratio", "0",
+        "--init_kl_coef", "0", "--param_dtype", "fp32", "--vllm_dtype", "bfloat16", "--zero_stage", "2",
+        "--enable_vllm_is_correction", "--vllm_is_correction_type", "reinforce_pro",
+        "--vllm_is_truncated_threshold", str(BAND[0]), str(BAND[1]),
+        "--eval_dataset", str(data / "eval.jsonl"), "--eval_temperature", "0", "--eval_n_samples_per_prompt", "1",
+        "--vllm_cpu_kvcache_gib", "2", "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "1",
+    ]  # fmt: skip
+
+
+def prepare_inputs(model_dir: Path, data_dir: Path, n_train: int, n_eval: int) -> float:
+    from reinforce_pro.data.reasoning_tasks import write_task
+    from reinforce_pro.models.packaged import prepare
+
+    start = time.perf_counter()
+    prepare("smollm2-135m-instruct", model_dir)
+    if not (data_dir / "eval.jsonl").is_file():
+        write_task(TASK, data_dir, n_train, n_eval, seed=0, config=TASK_SETTINGS)
+    return time.perf_counter() - start

@@ -26,8 +26,7 @@ from pathlib import Path
 
 from reinforce_pro.selfplay.code_task import CODE_LADDER
 from studies.runner import study_main
-from studies.selfplay_study import thirds
-from studies.study_stats import paired_bootstrap
+from studies.study_stats import paired_bootstrap, thirds
 
 NAME = "selfplay_code_study"
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "train_absolute_zero_code.sh"

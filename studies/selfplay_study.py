@@ -29,7 +29,7 @@ from pathlib import Path
 from benchmarks.common import git_commit
 from reinforce_pro.selfplay.builtin_tasks import LADDER_LEVELS
 from studies.runner import study_main
-from studies.study_stats import longest_run, paired_bootstrap
+from studies.study_stats import longest_run, paired_bootstrap, thirds
 
 NAME = "selfplay_study"
 TASK = "arithmetic"
@@ -110,14 +110,6 @@ def run_study(seeds: list[int], steps: int, arm: str, runs: list[dict], save) ->
         print(f"[study] {arm} seed {seed}: {record['wall_s']:.0f} s, learnable ratio last third {s['last_third']:.3f}, "
               f"longest stretch below {LOW_RATIO}: {s['low_stretch']} steps", flush=True)  # fmt: skip
     return runs
-
-
-def thirds(values: list[float | None]) -> list[float]:
-    """Means of the first, second and last third of a run's series (steps without a value left out); [] when
-    it has fewer than 3 values."""
-    seq = [v for v in values if v is not None]
-    third = len(seq) // 3
-    return [statistics.fmean(seq[i * third : (i + 1) * third]) for i in range(3)] if third else []
 
 
 def summarise(run: dict) -> dict:

@@ -76,6 +76,14 @@ def longest_run(values: list[float], holds) -> int:
     return longest
 
 
+def thirds(values: list[float | None]) -> list[float]:
+    """Means of the first, second and last third of a run's series (steps without a value left out); [] when
+    it has fewer than 3 values."""
+    seq = [v for v in values if v is not None]
+    third = len(seq) // 3
+    return [statistics.fmean(seq[i * third : (i + 1) * third]) for i in range(3)] if third else []
+
+
 def parse_seeds(text: str) -> list[int]:
     """`--seeds` of a study: a range "1-8" or a list "1,3,5"."""
     if "-" in text:
