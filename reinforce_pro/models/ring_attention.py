@@ -72,6 +72,20 @@ def pad_to_ring(input_ids: torch.Tensor, position_ids: torch.Tensor, size: int):
     return torch.cat([input_ids, pad_ids], dim=1), torch.cat([position_ids, pad_pos], dim=1)
 
 
+def ring_block(width: int, size: int) -> int:
+    """Columns each rank of a ring of `size` forwards of packed rows `width` wide (pad_to_ring widens them to a
+    multiple of the ring)."""
+    return (width + -width % size) // size
+
+
+def block_places(flat: torch.Tensor, width: int, block: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For places `flat` (row * width + column) of packed rows `width` wide: whether each lies in the block of
+    columns [start, start + block) one ring rank forwards, and its place in that rank's (rows, block) input,
+    flattened (meaningful where it lies there)."""
+    column = flat % width
+    return (column >= start) & (column < start + block), (flat // width) * block + column - start
+
+
 def _exchange(ctx: RingContext, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Send `tensors` to the next rank of the ring and return the ones the previous rank sent."""
     nxt, prev = ctx.ranks[(ctx.rank + 1) % ctx.size], ctx.ranks[(ctx.rank - 1) % ctx.size]
@@ -236,12 +250,11 @@ def ring_response_log_probs(
     before, real = predicting_positions(packed, num_actions)
     width = packed.input_ids.size(1)
     ids, positions = pad_to_ring(packed.input_ids, packed.position_ids, len(ranks))
-    ring = RingContext(sequence_ids(positions), ids.size(1) // len(ranks), rank, ranks, group)
+    ring = RingContext(sequence_ids(positions), ring_block(width, len(ranks)), rank, ranks, group)
     cols = ring.columns(rank)
     logits = model(input_ids=ids[:, cols], position_ids=positions[:, cols], use_cache=False, ring=ring).logits
-    column = before % width
-    mine = real & (column >= cols.start) & (column < cols.stop)
-    local = (before // width) * ring.block + (column - cols.start)
+    in_block, local = block_places(before, width, ring.block, cols.start)
+    mine = real & in_block
     step_logits = logits.reshape(-1, logits.size(-1))[local[mine]]
     targets, positions = sequences[:, -num_actions:][mine], mine.nonzero(as_tuple=True)[1]
     log_probs, entropy = token_log_probs(step_logits, targets, temperature, with_entropy, sampling_filter, positions)

@@ -258,14 +258,15 @@ class RingLayout(PackedLayout):
     def of_ring(cls, attention_mask: torch.Tensor, ring) -> RingLayout:
         """This rank's layout; `ring`: its RingMember (rank in the ring, the ring's ranks and group)."""
         from reinforce_pro.models.packing import pack
+        from reinforce_pro.models.ring_attention import block_places, ring_block
 
         packed = pack(attention_mask, attention_mask)
         width = packed.input_ids.size(1)
-        block = (width + (-width % len(ring.ranks))) // len(ring.ranks)
-        index, start = packed.index.cpu(), ring.rank * block
-        column = index % width
-        mine = (index >= 0) & (column >= start) & (column < start + block)
-        local = torch.where(mine, (index // width) * block + column - start, -1)
+        block = ring_block(width, len(ring.ranks))
+        index = packed.index.cpu()
+        in_block, local = block_places(index, width, block, ring.rank * block)
+        mine = (index >= 0) & in_block
+        local = torch.where(mine, local, -1)
         return cls(local, packed.input_ids.size(0) * block, attention_mask.bool().cpu(), ring.group)
 
     def unpack(self, values: torch.Tensor, fill) -> torch.Tensor:
