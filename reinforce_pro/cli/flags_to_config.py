@@ -8,10 +8,9 @@ flags, ...)`), and its parameters name only the flags it computes the other fiel
 section" is therefore the builders' signatures and the fields of what they fill: `flag_sections()` derives it,
 docs/flags.md prints it, and tests/test_config.py checks that every flag is read by some section, refused
 (args.UNSUPPORTED) or listed with why it has no effect (args.NO_EFFECT); nothing is accepted and silently
-ignored. The flags are checked before any builder runs (cli/
-args.py: bounds on each flag's field, RULES between flags), so a builder only converts; what it still refuses
-(KEY=VALUE settings that do not parse, a section's guard for callers without a command line) ends the command
-line in one line too.
+ignored. The flags are checked before any builder runs (cli/args.py: bounds on each flag's field, RULES between
+flags), so a builder only converts; what it still refuses (KEY=VALUE settings that do not parse, a section's
+guard for callers without a command line) ends the command line in one line too.
 
 Values only known once the run starts are filled in by run/start.start_config with dataclasses.replace:
 the policy's starting weights (after the warm start: `Engines.config.model_path`), the optimizer's step
