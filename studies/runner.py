@@ -40,9 +40,10 @@ class Study:
     def path(self) -> Path:
         return self.output / f"{self.name}.json"
 
-    def stored(self) -> list[dict]:
-        """The runs the JSON already holds (none before the first): what a resumed study skips."""
-        return stored_runs(self.path)
+    def stored(self, config: dict | None = None) -> list[dict]:
+        """The runs the JSON already holds (none before the first): what a resumed study skips; with `config`,
+        only when the JSON was written with it."""
+        return stored_runs(self.path, config)
 
     def save(self, runs: list[dict], config: dict, **results) -> Path:
         """Write every run so far (and any other results) with the study's configuration."""

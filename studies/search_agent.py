@@ -26,7 +26,6 @@ shapes' numbers measure the model each trained.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -169,14 +168,6 @@ def paired_line(runs: list[dict]) -> str:
             f"{show(search)} (mean over {len(runs)} seeds, 95% paired bootstrap interval).")  # fmt: skip
 
 
-def done_runs(path: Path, config: dict) -> list[dict]:
-    """The seeds an earlier invocation with the same settings finished (a study resumes where it stopped)."""
-    from studies.study_stats import stored_runs
-
-    same = path.exists() and json.loads(path.read_text())["config"] == config
-    return stored_runs(path) if same else []
-
-
 def shape_key(agent: str) -> dict:
     """The config key of a training agent other than the AgentInstance file (whose JSON's config has none, so
     its resumed runs still match)."""
@@ -194,7 +185,7 @@ def run(args, study) -> None:
 
     start_ray(logical_cpus=8)
     config = {**SETTINGS, "steps": args.steps, **shape_key(args.agent)}
-    runs = done_runs(study.path, config)
+    runs = study.stored(config)  # the seeds an earlier invocation with these settings finished
     for seed in args.seeds:
         if any(r["seed"] == seed for r in runs):
             print(f"[search_agent] seed {seed}: already in {study.path}, kept", flush=True)

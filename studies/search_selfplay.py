@@ -26,7 +26,6 @@ run's commit, host and wall time, then a table of per-seed numbers and paired t-
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -228,8 +227,7 @@ def _mean(values: list | None) -> float:
 
 
 def run(args, study) -> None:
-    same = study.path.exists() and json.loads(study.path.read_text())["config"] == SETTINGS
-    runs = study.stored() if same else []
+    runs = study.stored(SETTINGS)
     from reinforce_pro.workers.launcher import start_ray
 
     start_ray(logical_cpus=8)

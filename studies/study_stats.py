@@ -97,9 +97,11 @@ def stored_results(path: Path) -> dict:
     return json.loads(path.read_text())["results"] if path.exists() else {}
 
 
-def stored_runs(path: Path) -> list[dict]:
-    """The runs a study's JSON already holds (none before its first run): what a resumed study skips."""
-    return stored_results(path)["runs"] if path.exists() else []
+def stored_runs(path: Path, config: dict | None = None) -> list[dict]:
+    """The runs a study's JSON already holds (none before its first run): what a resumed study skips. With
+    `config`, only when the JSON was written with that configuration: runs of other settings never join a table."""
+    same = path.exists() and (config is None or json.loads(path.read_text())["config"] == config)
+    return stored_results(path)["runs"] if same else []
 
 
 @dataclass(frozen=True)

@@ -306,16 +306,17 @@ def test_the_search_study_resumes_the_seeds_of_the_same_settings(tmp_path):
     but only when the settings match: runs of other settings are never mixed into one table."""
     from benchmarks.common import write_result
     from studies import search_agent
+    from studies.study_stats import stored_runs
 
     config = {**search_agent.SETTINGS, "steps": 60}
-    assert search_agent.done_runs(tmp_path / "search_agent.json", config) == []
+    assert stored_runs(tmp_path / "search_agent.json", config) == []
     path = write_result("search_agent", config, {"runs": [{"seed": 1}, {"seed": 2}]}, tmp_path)
-    assert [r["seed"] for r in search_agent.done_runs(path, config)] == [1, 2]
-    assert search_agent.done_runs(path, {**config, "steps": 30}) == []
-    assert search_agent.done_runs(path, {**config, "lr": 1e-4}) == []
+    assert [r["seed"] for r in stored_runs(path, config)] == [1, 2]
+    assert stored_runs(path, {**config, "steps": 30}) == []
+    assert stored_runs(path, {**config, "lr": 1e-4}) == []
     # the SDK shape's runs: a file and a config key of their own, so neither shape resumes the other's seeds
-    assert search_agent.done_runs(path, {**config, **search_agent.shape_key("openai")}) == []
-    assert search_agent.done_runs(path, {**config, **search_agent.shape_key("instance")}) != []
+    assert stored_runs(path, {**config, **search_agent.shape_key("openai")}) == []
+    assert stored_runs(path, {**config, **search_agent.shape_key("instance")}) != []
     assert (search_agent.study_name(60, "openai"), search_agent.study_name(60, "instance")) == (
         "search_agent_openai", "search_agent")  # fmt: skip
     assert search_agent.TRAINING_AGENTS["openai"].is_file() and search_agent.study_name(0, "instance").endswith("start")
