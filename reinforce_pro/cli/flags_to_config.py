@@ -30,7 +30,14 @@ from pathlib import Path
 from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
-from reinforce_pro.cli.args import DEFAULT_MAX_NEW_TOKENS, engine_dtype, replay_mode, response_budget, threshold_band
+from reinforce_pro.cli.args import (
+    DEFAULT_MAX_NEW_TOKENS,
+    engine_dtype,
+    flag_fields,
+    replay_mode,
+    response_budget,
+    threshold_band,
+)
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.models.sampling_filter import SamplingFilter
 from reinforce_pro.rollout.sampler import RolloutConfig
@@ -298,8 +305,6 @@ SECTIONS = {
 
 def flags_of(builder) -> tuple[str, ...]:
     """The flags a builder reads: its parameters, and the fields of the dataclasses it fills that are flags."""
-    from reinforce_pro.cli.args import flag_fields
-
     dests = {f.name for _, f, _, _ in flag_fields()}
     filled = [f.name for cls in getattr(builder, "fills", ()) for f in dataclasses.fields(cls) if f.name in dests]
     return tuple(dict.fromkeys([p for p in inspect.signature(builder).parameters if p != "flags"] + filled))
