@@ -58,7 +58,7 @@ def test_the_algorithm_core_imports_torch_only():
 # The package's rooms from the bottom up: a module may import from its own room or from a lower one, never from
 # a room beside or above its own (docs/architecture.md, "Layers").
 LAYERS = (
-    ("procs", "ray_env", "userfile", "serving", "models"),
+    ("flagspec", "procs", "ray_env", "userfile", "serving", "models"),
     ("rewards", "algos"),
     ("experience", "data"),
     ("rollout",),

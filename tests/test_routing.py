@@ -108,7 +108,8 @@ def test_a_replayed_route_that_differs_is_a_flip_at_that_token_and_layer_and_cha
     replayed = forward(model, ids, mask)
     flips = replay.flips()
     assert flips.nonzero().tolist() == [[3, 0]]
-    assert torch.equal(replayed[0, :3], plain[0, :3])  # causal: positions before the flip are untouched
+    # causal: positions before the flip are untouched, up to the rounding of expert matmuls over other row counts
+    torch.testing.assert_close(replayed[0, :3], plain[0, :3], rtol=0, atol=1e-6)
     assert (replayed[0, 3:] - plain[0, 3:]).abs().amax(-1).min() > 1e-4  # the flip and every later position move
 
 

@@ -28,6 +28,7 @@ from reinforce_pro.algos.is_correction import (
 )
 from reinforce_pro.algos.masked import aggregate_loss, masked_mean
 from reinforce_pro.algos.stats import Stat, loss_stat, mean_stat
+from reinforce_pro.flagspec import flag
 
 PPO_LOG_RATIO_BOUND = 20.0
 DEFAULT_IS_THRESHOLD = (0.5, 5.0)
@@ -65,15 +66,25 @@ class SurrogateConfig:
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    dual_clip: float | None = None
+    # fmt: off
+    dual_clip: float | None = flag(None, "dual-clip constant (> 1)", dotted="actor.dual_clip", above=1.0,
+        group="training")
     token_level_loss: bool = True
-    policy_loss_type: str = "ppo"
+    policy_loss_type: str = flag("ppo", "policy loss", dotted="actor.policy_loss_type", choices=POLICY_LOSSES,
+        group="training")
     enable_vllm_is_correction: bool = False
     vllm_is_truncated_threshold: tuple[float, float] = DEFAULT_IS_THRESHOLD
     vllm_is_correction_type: str = "tis"
-    vllm_is_correction_path: str | None = None  # a user's correction (a .py file); replaces the type
+    vllm_is_correction_path: str | None = flag(None,
+        "[reinforce_pro] with --enable_vllm_is_correction: a .py file defining correction(inp: ISInputs) -> (weights,"
+        " keep, metrics), used instead of --vllm_is_correction_type (docs/algorithms.md)", group="engines")
     vllm_is_correction_args: dict[str, float] = field(default_factory=dict)  # the correction's own settings
-    vllm_is_anchor: str = "old"  # IS_ANCHORS
+    vllm_is_anchor: str = flag("old",
+        "[reinforce_pro] what the correction gates against the rollout policy: old (the trainer's old policy; the "
+        "surrogate's ratio is pi / pi_old) or rollout (the current policy, as DPPO, CPPO and verl's bypass mode: the "
+        "surrogate's ratio is pi / pi_rollout and the correction adds only its mask)", choices=IS_ANCHORS,
+        group="engines")
+    # fmt: on
     position_metrics: bool = False  # with IS: also is_pos/* (is_correction.position_metrics), every correction
 
     def __post_init__(self) -> None:

@@ -1,13 +1,14 @@
-"""The flags of `train_ppo_ray`, each declared once: a field of a flag section, the parser built from the fields.
+"""The flags of `train_ppo_ray` and every check of a command line, worded with the flags.
 
-A flag is one dataclass field: its name is the flat flag and the argparse dest, its annotation the value type
-(`bool`: a switch; `tuple[float, float]`: two values; `X | None`: may be unset), its default the default, and
-`flag(...)` carries the rest: help, OpenRLHF v0.11's dotted name(s), other spellings, choices, bounds, and why a
-flag is refused or has no effect. One section per --help group, in --help's order. `build_parser` makes the
-argparse parser from the fields (like transformers' HfArgumentParser); cli/spellings.py derives the dotted
-table, cli/flags_doc.py renders docs/flags.md, and cli/flags_to_config.py's section builders name the flags they read.
-Every check of a command line is here too, worded with the flags: the bounds declared on each field
-(`out_of_bounds`) and the rules between flags (`RULES`), run by `first_problem` before any section is built.
+A flag is one dataclass field declared with `flag(...)` (reinforce_pro/flagspec.py: its name is the flat flag
+and the argparse dest, its annotation the value type, its default the default, the FlagSpec the rest). A setting
+a component takes as it is given is declared on that component's config (`CARRIED`: LoopConfig.async_queue_size,
+with `group=` naming its --help group); a flag a section builder turns into something else, or that is refused
+or has no effect, is declared here, in the section class of its --help group (`GROUPS`). `build_parser` makes
+the argparse parser from both, like transformers' HfArgumentParser; cli/spellings.py derives the dotted table,
+cli/flags_doc.py renders docs/flags.md, and cli/flags_to_config.py's section builders name the flags they read.
+The checks: the bounds declared on each field (`out_of_bounds`) and the rules between flags (`RULES`), run by
+`first_problem` before any section is built.
 
 Every flag of OpenRLHF v0.9.10 (tests/data/openrlhf/flat-0.9.10-train_ppo_ray-flags.tsv) is recognised. One that
 reinforce_pro does not implement is `refused=`: giving it a non-default value stops with "`--X` is recognised but
@@ -32,56 +33,18 @@ from typing import Any, get_args, get_origin, get_type_hints
 from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
 from reinforce_pro.algos.is_correction import DIVERGENCE_BANDS, IS_CORRECTIONS, OPENRLHF_LEVELS, openrlhf_correction
-from reinforce_pro.algos.kl import KL_ESTIMATORS
-from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, IS_ANCHORS, POLICY_LOSSES
-from reinforce_pro.data import EMBEDDED_TASKS
-from reinforce_pro.rewards.loader import NAN_POLICIES
+from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, SurrogateConfig
+from reinforce_pro.flagspec import FlagSpec, flag
 from reinforce_pro.rollout.collective import SYNC_BACKENDS
-from reinforce_pro.rollout.vllm_engine import ENGINE_QUANTIZATIONS
+from reinforce_pro.rollout.sampler import RolloutConfig
+from reinforce_pro.rollout.vllm_engine import ENGINE_QUANTIZATIONS, EngineConfig
+from reinforce_pro.run.config import Data, Models
 from reinforce_pro.selfplay.builtin_tasks import BUILTIN_TASKS
-from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS, PROPOSER_SCOPES
-from reinforce_pro.selfplay.learnability import PROPOSER_REWARDS
-from reinforce_pro.trainer.rollout_stream import LAG_METRICS
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """What a flag field carries besides its name, type and default."""
-
-    help: str
-    dotted: tuple[str, ...] = ()  # OpenRLHF v0.11's name(s), without the leading --
-    also: tuple[str, ...] = ()  # other flat spellings, e.g. --generate_max_len
-    flat: bool = True  # False: the flag exists only in dotted form (--actor.adam.eps)
-    choices: tuple | None = None
-    metavar: tuple[str, ...] | None = None
-    nargs: str | None = None  # for a list of values ("*"); fixed counts come from a tuple annotation
-    at_least: float | None = None  # bounds, checked by out_of_bounds (an unset None value passes)
-    above: float | None = None
-    finite: bool = False
-    refused: str | None = None  # why a non-default value stops the run
-    no_effect: str | None = None  # why any value changes nothing
-    shorthand: tuple[str, Any] | None = None  # (option, value): a switch that sets the flag (--bf16)
-    off: str | None = None  # the option that switches off a switch that is on by default
-
-
-def flag(default, help: str, *, dotted=(), also=(), choices=None, metavar=None, **spec) -> Any:
-    """A flag field: `name: type = flag(default, help, ...)`."""
-    as_tuple = lambda v: (v,) if isinstance(v, str) else tuple(v)  # noqa: E731
-    spec = FlagSpec(help, as_tuple(dotted), as_tuple(also), choices=choices and tuple(choices), metavar=metavar,
-                    **spec)  # fmt: skip
-    return dataclasses.field(default=default, metadata={"flag": spec})
-
-
-ROUTING_REPLAY = ("none", "r2", "r3")  # --routing_replay (models/routing.py)
-VERL_REPLAY_MODES = {"disabled": "none", "R2": "r2", "R3": "r3"}  # verl's router_replay.mode, accepted too
-
-
-def replay_mode(routing_replay: str) -> str:
-    """--routing_replay in reinforce_pro's spelling."""
-    return VERL_REPLAY_MODES.get(routing_replay, routing_replay)
-
-
-SELFPLAY = "[reinforce_pro] --absolute_zero:"  # how the self-play flags' help begins
+from reinforce_pro.selfplay.controller import DEFAULT_WEIGHTS, SELFPLAY, SelfPlayConfig
+from reinforce_pro.trainer.experience_builder import ExperienceConfig
+from reinforce_pro.trainer.ppo_trainer import CheckpointConfig, LoopConfig
+from reinforce_pro.workers.configs import ForwardConfig, OptimConfig
+from reinforce_pro.workers.policy import PolicyLossConfig
 
 
 def _muon(role: str, name: str, default) -> Any:
@@ -140,9 +103,6 @@ class EngineFlags:
     vllm_sync_bucket_mb: float = flag(256.0, "gloo / nccl: megabytes per broadcast bucket", above=0)
     vllm_sync_with_ray: bool = flag(False, "sync through Ray's object store (object_store)",
         dotted="vllm.sync_with_ray")
-    enable_prefix_caching: bool = flag(False, "vLLM prefix caching (reset at every sync)",
-        dotted="vllm.enable_prefix_caching")
-    enforce_eager: bool = flag(False, "disable CUDA graphs in vLLM", dotted="vllm.enforce_eager")
     vllm_enable_sleep: bool = flag(False,
         "sleep engines between phases (not implemented on GPU: refused; on CPU a notice, nothing to free)",
         dotted="vllm.enable_sleep")
@@ -172,10 +132,6 @@ class EngineFlags:
     vllm_is_correction_args: list[str] | None = flag(None,
         "[reinforce_pro] the correction's own settings as KEY=VALUE, e.g. cppo's delta=0.2 w_min=0.8 delta_b=0.02 "
         "(each correction's settings and defaults: docs/algorithms.md)", nargs="*", metavar="KEY=VALUE")
-    vllm_is_anchor: str = flag("old",
-        "[reinforce_pro] what the correction gates against the rollout policy: old (the trainer's old policy; the "
-        "surrogate's ratio is pi / pi_old) or rollout (the current policy, as DPPO, CPPO and verl's bypass mode: the "
-        "surrogate's ratio is pi / pi_rollout and the correction adds only its mask)", choices=IS_ANCHORS)
     is_correction_level: str = flag("off",
         "OpenRLHF 0.11.2: off, token or seq (prefix: reinforce_pro's); with _mode and _gating it selects a correction "
         "(token clip ratio: tis; token mask ratio: icepop; seq mask ratio: seq-mask-tis; tv / binary_kl: the "
@@ -188,31 +144,10 @@ class EngineFlags:
         "OpenRLHF 0.11.2: the statistic the gate reads: ratio, or the sampled token's binary_kl / tv divergence "
         "(an upper bound: give --algo.advantage.is_correction_threshold HIGH)",
         dotted="algo.advantage.is_correction_gating", choices=("ratio", "binary_kl", "tv"))
-    vllm_is_correction_path: str | None = flag(None,
-        "[reinforce_pro] with --enable_vllm_is_correction: a .py file defining correction(inp: ISInputs) -> (weights,"
-        " keep, metrics), used instead of --vllm_is_correction_type (docs/algorithms.md)")
     is_position_metrics: bool = flag(False,
         "[reinforce_pro] with --enable_vllm_is_correction: log where in the responses the mismatch is, per bucket of "
         "response positions: mean |log ratio| and the fraction every correction would mask (is_pos/*, "
         "docs/metrics.md)")
-    rollout_staleness: int = flag(0,
-        "[reinforce_pro] engines sample with the policy of K steps ago (K weight versions are kept in the object "
-        "store): the off-policy lag of asynchronous RL, reproduced for studying IS correction; evaluations measure the "
-        "newest policy", at_least=0)
-    async_train: bool = flag(False,
-        "generate the next rollout batches in a producer thread while the policy trains on this one; rollouts are "
-        "then up to --async_queue_size policy versions stale (logged as async/staleness_*)",
-        dotted="train.async_enable")
-    async_queue_size: int = flag(1,
-        "with --async_train: how many batches (= policy versions) the producer may run ahead of the trainer; the "
-        "bound on a trained sample's staleness (>= 1)", dotted="train.async_queue_size", at_least=1)
-    async_lag_target: float | None = flag(None,
-        "[reinforce_pro] with --async_train: adaptive staleness. After each step the producer's lead moves within [0,"
-        " --async_queue_size]: one version less while --async_lag_metric is above this target, one more while it is "
-        "below half of it (logged as async/max_lag)")
-    async_lag_metric: str = flag(LAG_METRICS[0],
-        "[reinforce_pro] the mismatch --async_lag_target holds: the IS correction's masked token fraction (needs "
-        "--enable_vllm_is_correction) or the mean |trainer - engine log-prob|", choices=LAG_METRICS)
     partial_rollout: bool = flag(False,
         "with --async_train: a weight sync goes in between chunks of a batch; unfinished responses continue under the"
         " new weights, each token keeping the log-prob of the weights that sampled it. [reinforce_pro] With "
@@ -227,10 +162,6 @@ class EngineFlags:
 class RunningFlags:
     """checkpoints, evaluation, logging"""
 
-    eval_steps: int = flag(-1,
-        "evaluate on --eval_dataset (self-play: the task's held-out ladder) every N steps (-1: never)",
-        dotted="eval.steps")
-    eval_before_training: bool = flag(False, "[reinforce_pro] evaluate once before the first step")
     verbose: bool = flag(False,
         "[reinforce_pro] stream every actor's output (vLLM, DeepSpeed, workers) to the console; by default it goes to"
         " <save_path>/logs/ and the console keeps the progress bar, notices, errors and the summary")
@@ -238,25 +169,8 @@ class RunningFlags:
     auto_checkpoint_minutes: float = flag(5.0,
         "[reinforce_pro] without --save_steps: checkpoint into <save_path>/checkpoints every this many minutes of "
         "training, the newest kept, for in-run recovery and --load_checkpoint (0: off)", at_least=0)
-    max_failures: int = flag(3,
-        "[reinforce_pro] lost actors (killed by a signal or Ray's memory monitor, crashed) the run recovers from by "
-        "restarting its actors from the newest checkpoint; past them it stops with one line (0: at the first)",
-        at_least=0)
-    engine_timeout_s: float = flag(1800.0,
-        "[reinforce_pro] seconds a rollout engine may take to answer one generate or weight-sync call before it "
-        "counts as hung and is recovered from like a lost actor (0: wait as long as it takes)", at_least=0)
-    logging_steps: int = flag(1, "log metrics (TensorBoard, wandb) every N steps (jsonl: every step)",
-        dotted="logger.logging_steps", at_least=1)
-    samples_log_steps: int = flag(0,
-        "[reinforce_pro] write a prompt / response / reward table (samples.jsonl, wandb) every N steps (0: never)")
     ckpt_path: str = flag("./ckpt/checkpoints_ppo_ray", "directory of the global_step<N> checkpoints",
         dotted="ckpt.path")
-    save_hf_ckpt: bool = flag(False, "also save the policy as an HF model in each checkpoint", dotted="ckpt.save_hf")
-    disable_ds_ckpt: bool = flag(False, "skip DeepSpeed states in checkpoints (then no resume from them)",
-        dotted="ckpt.disable_ds")
-    max_ckpt_num: int = flag(3, "keep the newest N checkpoints", dotted="ckpt.max_num", at_least=1)
-    max_ckpt_mem: float = flag(float("inf"), "delete the oldest checkpoints beyond this many GB", dotted="ckpt.max_mem",
-        above=0)
     load_checkpoint: bool = flag(False,
         "resume from the latest complete checkpoint in --ckpt_path (none there: start from scratch)",
         dotted="ckpt.load_enable")
@@ -285,9 +199,6 @@ class DeepSpeedFlags:
     """DeepSpeed (policy and critic)"""
 
     local_rank: int = flag(-1, "rank given by torch launchers", no_effect="Ray places the ranks")
-    zero_stage: int = flag(2, "ZeRO stage", dotted="ds.zero_stage", choices=(0, 1, 2, 3))
-    gradient_checkpointing: bool = flag(False, "recompute activations in backward",
-        dotted="actor.gradient_checkpointing_enable")
     deepcompile: bool = flag(False, "DeepSpeed compile", dotted="ds.deepcompile",
         refused="DeepSpeed compile is not wired in")
     param_dtype: str = flag("bf16", "trainer precision (fp32 added by reinforce_pro; the embedded default uses it)",
@@ -298,24 +209,12 @@ class DeepSpeedFlags:
         no_effect="the EMA's decay, and --enable_ema is refused")
     zpg: int = flag(1, "ZeRO++ partition group size", dotted="ds.zpg",
         refused="ZeRO++ hierarchical partitioning is not wired in")
-    adam_offload: bool = flag(False, "offload Adam states to host memory", dotted="ds.adam_offload")
     actor_init_on_gpu: bool = flag(False, "initialise the policy directly on the GPU",
         refused="models are loaded on the host, then placed by DeepSpeed")
-    attn_implementation: str = flag("flash_attention_2",
-        "HF attention kernel for trainer models; flash_attention_2 falls back to sdpa when flash-attn is not "
-        "installed (always on CPU), with a notice", dotted="ds.attn_implementation")
-    experts_implementation: str | None = flag(None,
-        "MoE expert kernels of the trainer's models (transformers' experts_implementation; unset: its default): "
-        "eager, batched_mm, grouped_mm (the last where torch has grouped_mm); deepgemm needs CUDA and DeepGEMM",
-        flat=False, dotted="ds.experts_implementation", choices=("eager", "batched_mm", "grouped_mm", "deepgemm"))
     use_liger_kernel: bool = flag(False, "Liger kernels", dotted="ds.use_liger_kernel",
         refused="Liger kernels are not wired in")
     grad_accum_dtype: str | None = flag(None, "gradient accumulation dtype", dotted="ds.grad_accum_dtype",
         refused="gradients accumulate in the parameter dtype")
-    overlap_comm: bool = flag(False, "overlap ZeRO communication with compute", dotted="ds.overlap_comm")
-    gradient_checkpointing_use_reentrant: bool = flag(False, "reentrant checkpointing",
-        dotted="actor.gradient_checkpointing_reentrant")
-    disable_fast_tokenizer: bool = flag(False, "use the slow (Python) tokenizer", dotted="data.disable_fast_tokenizer")
     dataloader_num_workers: int = flag(0, "data loader workers", dotted="data.dataloader_num_workers",
         refused="prompts are held in memory")
     deepspeed_enable_sleep: bool = flag(False,
@@ -323,11 +222,6 @@ class DeepSpeedFlags:
         dotted="ds.enable_sleep")
     ds_tensor_parallel_size: int = flag(1, "DeepSpeed tensor-parallel size", dotted="ds.tensor_parallel_size",
         refused="DeepSpeed tensor parallelism (AutoTP) is not wired in")
-    packing_samples: bool = flag(False,
-        "padding-free forwards: each micro-batch's sequences packed back to back in one row, positions restarting "
-        "per sequence, attention within each (flash-attn varlen on GPU, sdpa per sequence on CPU; eager packs bins "
-        "with a block-diagonal mask)",
-        dotted="ds.packing_samples")
     use_dynamic_batch: bool = flag(False, "micro-batches cut by a token budget, not a count",
         dotted="train.dynamic_batch_enable")
     rollout_max_tokens_per_gpu: int | None = flag(None, "log-prob forward budget (default 2x train's)",
@@ -344,9 +238,6 @@ class DeepSpeedFlags:
         "modules that get adapters (peft names, e.g. q_proj v_proj), or all-linear: every linear but lm_head",
         dotted="ds.lora.target_modules", nargs="*")
     lora_dropout: float = flag(0, "dropout on the LoRA input, in [0, 1)", dotted="ds.lora.dropout")
-    lora_save_merged: bool = flag(False,
-        "[reinforce_pro] with --lora_rank: also write final_model_merged/, the base model with the adapter merged in "
-        "(an ordinary HF model directory)")
 
 
 @dataclass(frozen=True)
@@ -354,96 +245,47 @@ class TrainingFlags:
     """training"""
 
     save_path: str | None = flag(None, "run directory (default: ./runs/<time>)", dotted="ckpt.output_dir")
-    num_episodes: int = flag(1, "passes over the prompt data", dotted="train.num_episodes", at_least=1)
-    rollout_batch_size: int = flag(1024, "prompts per step", dotted="rollout.batch_size", at_least=1)
     vllm_generate_batch_size: int | None = flag(None, "prompts per engine call",
         dotted="rollout.vllm_generate_batch_size",
         refused="each engine gets its share of the rollout batch in one call")
     micro_rollout_batch_size: int = flag(8, "rows per forward when scoring rollouts", dotted="rollout.micro_batch_size",
         at_least=1)
-    max_epochs: int = flag(1, "training passes over each rollout batch", dotted="train.max_epochs", at_least=1)
     max_len: int = flag(2048, "max prompt + response tokens (engine context)", dotted="data.max_len", at_least=1)
     max_new_tokens: int | None = flag(None, "max response tokens (--generate_max_len is the older name); unset: 1024",
         also="--generate_max_len", dotted="rollout.max_new_tokens", at_least=1)
     min_new_tokens: int = flag(0, "[reinforce_pro] tokens every response has before it may end (vLLM's min_tokens); "
         "for benchmarks that need equal-length work on both sides, not for training", at_least=0)
     prompt_max_len: int = flag(1024, "[reinforce_pro] max prompt tokens (keeps the end)", at_least=1)
-    max_samples: int = flag(100_000_000, "use at most this many prompts", dotted="data.max_samples")
-    max_norm: float = flag(1.0, "gradient clipping norm", dotted="actor.max_norm")
-    l2: float = flag(0.0, "AdamW weight decay", dotted="actor.adam.weight_decay")
     ptx_coef: float = flag(0.05, "pretraining (PTX) loss coefficient",
         no_effect="the PTX loss needs pretraining data, which train_ppo_ray takes no flag for")
     eps_clip: float = flag(0.2, "PPO clip range", dotted="actor.eps_clip")
     eps_clip_low_high: tuple[float, float] | None = flag(None, "asymmetric PPO clip (low, high)",
         dotted="actor.eps_clip_low_high")
-    dual_clip: float | None = flag(None, "dual-clip constant (> 1)", dotted="actor.dual_clip", above=1.0)
-    value_clip: float = flag(0.5, "value clipping range for the critic", dotted="critic.value_clip")
-    lambd: float = flag(1, "GAE lambda", dotted="algo.advantage.lambd")
-    gamma: float = flag(1, "discount", dotted="algo.advantage.gamma")
     micro_train_batch_size: int = flag(4, "samples per forward on one rank", dotted="train.micro_batch_size",
         at_least=1)
     train_batch_size: int = flag(128, "samples per optimizer step (all ranks)", dotted="train.batch_size", at_least=1)
-    normalize_reward: bool = flag(False, "standardise rewards with running moments", dotted="reward.normalize_enable")
     top_p: float = flag(1.0, "nucleus sampling; the trainer scores the same truncated distribution (its log-probs "
         "renormalised over the tokens the filter keeps)", dotted="rollout.top_p")
     top_k: int = flag(-1, "[reinforce_pro] top-k sampling (-1: off); replayed by the trainer like --top_p")
-    temperature: float = flag(1.0, "sampling temperature (the trainer uses the same)", dotted="rollout.temperature",
-        above=0)
     seed: int = flag(42, "random seed", dotted="train.seed")
     full_determinism: bool = flag(False, "deterministic torch algorithms (slower)",
         dotted="train.full_determinism_enable",
         refused="deterministic kernels are not wired in (torch's deterministic algorithms, vLLM's batch invariance); "
         "--seed fixes initialisation, data order and sampling seeds")
-    freezing_actor_steps: int = flag(-1, "train only the critic for N steps", dotted="critic.freezing_steps")
-    n_samples_per_prompt: int = flag(1, "responses per prompt (group size)", dotted="rollout.n_samples_per_prompt",
-        at_least=1)
-    save_value_network: bool = flag(False, "also save the critic at the end", dotted="critic.save_value_network")
     actor_learning_rate: float = flag(1e-06, "policy learning rate", dotted="actor.adam.lr", at_least=0, finite=True)
     critic_learning_rate: float = flag(9e-06, "critic learning rate", dotted="critic.adam.lr", at_least=0, finite=True)
-    lr_warmup_ratio: float = flag(0.03, "warm-up fraction of the LR schedule", dotted="actor.lr_warmup_ratio")
-    lr_scheduler: str = flag("cosine_with_min_lr", "transformers scheduler name", dotted="actor.lr_scheduler")
     kl_target: float | None = flag(None, "adaptive KL target (unset: fixed coefficient)", dotted="algo.kl.target")
     kl_horizon: int = flag(10000, "adaptive KL horizon", dotted="algo.kl.horizon")
     init_kl_coef: float = flag(0.01, "KL coefficient (0: no reference model)", dotted="algo.kl.init_coef",
         at_least=0)
-    policy_loss_type: str = flag("ppo", "policy loss", dotted="actor.policy_loss_type", choices=POLICY_LOSSES)
-    kl_estimator: str = flag("k1", "KL estimator", dotted="algo.kl.estimator", choices=KL_ESTIMATORS)
-    kl_unbiased_gradient: bool = flag(False,
-        "OpenRLHF 0.11.2, with --use_kl_loss: keep the estimator's value, give the loss the reverse KL's own gradient, "
-        "importance-weighted by pi / pi_old (at most 10) for the epochs after the first; k1, k2, k3 then share it",
-        dotted="algo.kl.unbiased_gradient")
     loss_agg_mode: str = flag("token-mean",
         "OpenRLHF 0.11.2: token-mean (every token of the batch weighs the same) or seq-mean-token-mean (every "
         "response weighs the same: the mean of its tokens' losses)", dotted="actor.loss_agg_mode",
         choices=("token-mean", "seq-mean-token-mean"))
-    aux_loss_coef: float = flag(0,
-        "MoE models: weight of the router's load-balancing loss (Switch Transformer's, as transformers computes "
-        "it: the number of experts per token when balanced) in the policy loss; logged as policy/aux_loss",
-        dotted="actor.aux_loss_coef", at_least=0, finite=True)
-    routing_replay: str = flag("none",
-        "[reinforce_pro] MoE models: the experts the trainer's forwards use. r3: the engine's, recorded for every "
-        "sampled token (rollout routing replay, arXiv 2510.11370); r2: the old policy's, from the forward that "
-        "computes the old log-probs; none: the trainer routes itself. routing/* measures the disagreement either "
-        "way. verl's values (actor_rollout_ref.actor.router_replay.mode) disabled / R2 / R3 are accepted",
-        choices=(*ROUTING_REPLAY, *VERL_REPLAY_MODES))
-    entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef")
     adam_betas: tuple[float, float] = flag((0.9, 0.95), "AdamW betas", dotted="actor.adam.betas")
     reward_clip_range: tuple[float, float] = flag((-10, 10), "clip rewards to this range", dotted="reward.clip_range")
-    reward_nan_policy: str = flag("error",
-        "non-finite rewards from the reward function: error (stop the run, one line), zero (use 0), drop (use 0 and "
-        "train on none of the row's tokens); zero and drop log reward/nonfinite, the fraction of rows",
-        choices=NAN_POLICIES)
-    advantage_estimator: str = flag("gae", "advantages", dotted="algo.advantage.estimator",
-        choices=ADVANTAGE_ESTIMATORS)
-    use_kl_loss: bool = flag(False, "KL as a loss term instead of a reward penalty", dotted="algo.kl.use_loss")
     no_advantage_std_norm: bool = flag(False, "do not divide advantages by their std",
         dotted="algo.advantage.no_std_norm")
-    overlong_buffer_len: float | None = flag(None, "DAPO: penalise the last B tokens before the limit",
-        dotted="reward.overlong_buffer_len")
-    overlong_penalty_factor: float = flag(1, "DAPO: the penalty at the token limit",
-        dotted="reward.overlong_penalty_factor", at_least=0)
-    stop_properly_penalty_coef: float | None = flag(None, "ProRL: truncated rewards x c (c<0: set to c)",
-        dotted="reward.stop_properly_penalty_coef")
     ring_attn_size: int = flag(1,
         "ring attention: the policy's packed rows split along the sequence over rings of this many ranks (key / value"
         " blocks passed around the ring; needs --packing_samples; the reference and critic run unsplit)",
@@ -451,23 +293,6 @@ class TrainingFlags:
     ring_head_stride: int = flag(1, "ring attention head stride", dotted="ds.ring_attn_head_stride",
         no_effect="the ring passes every head's keys and values in each hop (ring-flash-attn's stride trades memory "
         "for more hops)")
-    recompute_old_log_probs: bool = flag(False,
-        "[reinforce_pro] always compute the old log-probs in a forward pass before training. By default that pass is "
-        "skipped when a step trains the policy once on one mini-batch (--max_epochs 1, samples per step <= "
-        "--train_batch_size, no KL penalty in the reward): the training forward's own log-probs, detached, are then "
-        "the same numbers")
-    sft_warmup_steps: int = flag(200, "[reinforce_pro] embedded default only: supervised warm-start steps before RL")
-    sft_warmup_target: float = flag(0.0,
-        "[reinforce_pro] embedded default only: stop the warm start once its greedy accuracy on 64 training prompts "
-        "reaches this (checked every 50 steps; --sft_warmup_steps is then the most it runs); 0 runs every step. A "
-        "task whose accuracy jumps within a few hundred steps starts RL from the same place at every seed. With "
-        "--selfplay_task search the accuracy is of greedy search episodes on 48 questions of another generated base, "
-        "checked every 10 steps")
-    builtin_task: str = flag("arithmetic",
-        "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens); running_sum (the running "
-        "sum of ten labelled digits, ~60-token responses whose every step the total depends on); scratchpad "
-        "(four-digit additions worked column by column, ~55 tokens, on a 4-layer model). Each long task has its "
-        "preset, embedded-running-sum / embedded-scratchpad, that sizes the run for it", choices=EMBEDDED_TASKS)
 
 
 @dataclass(frozen=True)
@@ -478,9 +303,6 @@ class OptimizerFlags:
     settings left unset keep that meaning (they follow the policy's).
     """
 
-    adam_eps: float = flag(1e-08, "policy AdamW epsilon", flat=False, dotted="actor.adam.eps")
-    min_lr_ratio: float = flag(0.1, "policy LR floor of cosine_with_min_lr, as a fraction of the LR", flat=False,
-        dotted="actor.min_lr_ratio")
     critic_adam_betas: tuple[float, float] | None = flag(None, "critic AdamW betas (unset: the policy's)", flat=False,
         dotted="critic.adam.betas", metavar=("B1", "B2"))
     critic_adam_eps: float | None = flag(None, "critic eps (unset: the policy's)", flat=False, dotted="critic.adam.eps")
@@ -512,19 +334,6 @@ class OptimizerFlags:
 class ModelDataFlags:
     """models and data (local paths only)"""
 
-    pretrain: str | None = flag(None, "policy HF model dir (unset: the built-in tiny model)",
-        dotted="actor.model_name_or_path")
-    embedded_model: str = flag("dense",
-        "[reinforce_pro] with --pretrain unset: the built-in model is dense (a tiny Qwen2) or moe (its "
-        "mixture-of-experts twin, a tiny Qwen3-MoE with 8 experts, 2 per token: routing replay, docs/models.md)",
-        choices=("dense", "moe"))
-    reward_pretrain: str | None = flag(None, "reward model HF dir (sequence classification)",
-        dotted="reward.model_name_or_path")
-    remote_rm_url: str | None = flag(None, "a .py file defining reward_func(queries, prompts, labels)",
-        dotted="reward.remote_url")
-    critic_pretrain: str | None = flag(None, "critic HF dir (gae; unset: --pretrain)",
-        dotted="critic.model_name_or_path")
-    value_head_prefix: str = flag("score", "name of the critic's value head", dotted="ds.value_head_prefix")
     ref_reward_offload: bool = flag(False, "offload reference / reward models",
         dotted=("ref.offload", "reward.offload"), refused="reference / reward models are not offloaded")
     agent_func_path: str | None = flag(None,
@@ -535,23 +344,11 @@ class ModelDataFlags:
         "[reinforce_pro] with --agent_func_path: the episode reward is the sum or the last of the turn rewards (on "
         "the last model token), or per_turn: each turn's reward on its own last model token (reinforce / gae only)",
         choices=REWARD_MODES)
-    prompt_data: str | None = flag(None,
-        "jsonl file or local HF dataset dir, or several comma-separated (unset: built-in)",
-        dotted="data.prompt_dataset")
-    prompt_data_probs: str | None = flag(None,
-        "comma-separated share of each --prompt_data dataset in the mixture (unset: equal shares)",
-        dotted="data.prompt_probs")
-    prompt_split: str = flag("train", "split of a dataset dir", dotted="data.prompt_split")
     eval_dataset: str | None = flag(None, "evaluation prompts", dotted="eval.dataset")
     eval_split: str = flag("train", "evaluation split", dotted="eval.split")
     eval_temperature: float = flag(0.6, "evaluation temperature", dotted="eval.temperature", at_least=0)
     eval_n_samples_per_prompt: int = flag(4, "evaluation samples per prompt", dotted="eval.n_samples_per_prompt",
         at_least=1)
-    input_key: str = flag("input", "prompt field of a record", dotted="data.input_key")
-    label_key: str | None = flag(None, "label field passed to the reward function", dotted="data.label_key")
-    input_template: str | None = flag(None, "prompt template with one {} placeholder", dotted="data.input_template")
-    apply_chat_template: bool = flag(False, "wrap the prompt with the tokenizer's chat template",
-        dotted="data.apply_chat_template")
     use_ms: bool = flag(False, "load from ModelScope", refused="models load from local paths only (no ModelScope hub)")
     image_key: str = flag("images", "image field of a record (vision-language models)", dotted="data.image_key",
         no_effect="a vision-language field, and --max_images_per_prompt is refused")
@@ -576,7 +373,6 @@ class SelfPlayFlags:
     selfplay_retriever_url: str | None = flag(None,
         f"{SELFPLAY} --selfplay_task search: the retrieval service the solver searches (unset: the task serves "
         "the base's corpus itself on 127.0.0.1)")
-    n_questions_per_prompt: int = flag(4, f"{SELFPLAY} questions proposed per seed prompt", at_least=1)
     selfplay_reference_buffer: int = flag(0,
         f"{SELFPLAY} proposer prompts show a random one of the last N learnable questions instead of a seed (Absolute"
         " Zero's reference examples; 0: the seeds)", at_least=0)
@@ -584,38 +380,53 @@ class SelfPlayFlags:
         f"{SELFPLAY} a question proposed k times among a step's n valid proposals loses this times k/n of its "
         "proposer reward (R-Zero's repetition penalty; 0: off). Above the task's format penalty (1) a valid question"
         " can earn less than an invalid one when few proposals are valid", at_least=0, finite=True)
-    proposer_reward: str = flag("learnable",
-        f"{SELFPLAY} what a learnable question earns its proposer: learnable: 1.0; difficulty: 1 - the solver's "
-        "success rate on it (Absolute Zero's r_propose: the hard edge of what the solver can do earns most)",
-        choices=PROPOSER_REWARDS)
-    max_repropose_attempts: int = flag(3,
-        f"{SELFPLAY} re-proposal rounds after the first proposal for prompts whose questions are all or none "
-        "learnable (0: never re-propose)", at_least=0)
-    proposer_train_scope: str = flag("sampled",
-        f"{SELFPLAY} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); group: "
-        "every proposed question (learnable 1.0, not 0.0, invalid the task's format penalty)", choices=PROPOSER_SCOPES)
     safety_reward_weight: float = flag(DEFAULT_WEIGHTS["safety"], f"{SELFPLAY} weight of a task's 'safety' score")
     task_completion_weight: float = flag(DEFAULT_WEIGHTS["completion"],
         f"{SELFPLAY} weight of a task's 'completion' score")
-    format_reward_coef: float = flag(0.5, f"{SELFPLAY} weight of the solver's format reward")
-    proposer_reward_coef: float = flag(0.1,
-        f"{SELFPLAY} a solver sample's reward adds this times its prompt's proposer reward")
     selfplay_judge_pretrain: str | None = flag(None,
         f"{SELFPLAY} HF model dir of a frozen judge for the task's llm scorers (unset: the policy judges)")
 # fmt: on
 
-FLAG_SECTIONS = (PlacementFlags, EngineFlags, RunningFlags, DeepSpeedFlags, TrainingFlags, OptimizerFlags,
-                 ModelDataFlags, SelfPlayFlags)  # fmt: skip
+# --help group key (a flag's `group=` on a config) -> the section of that group, in --help's order
+GROUPS = {
+    "placement": PlacementFlags,
+    "engines": EngineFlags,
+    "running": RunningFlags,
+    "deepspeed": DeepSpeedFlags,
+    "training": TrainingFlags,
+    "optimizers": OptimizerFlags,
+    "data": ModelDataFlags,
+    "selfplay": SelfPlayFlags,
+}
+# the configs that declare the flags they take as given (tests/test_config.py: every class a builder fills)
+CARRIED = (
+    RolloutConfig,
+    EngineConfig,
+    ForwardConfig,
+    OptimConfig,
+    SurrogateConfig,
+    PolicyLossConfig,
+    ExperienceConfig,
+    LoopConfig,
+    CheckpointConfig,
+    Models,
+    Data,
+    SelfPlayConfig,
+)
 
 
 @functools.cache
 def flag_fields() -> tuple[tuple[type, dataclasses.Field, FlagSpec, Any], ...]:
-    """(section, field, spec, resolved annotation) of every flag, in --help's order; read once per process
-    (every parse and the derived tables use it)."""
+    """(section, field, spec, resolved annotation) of every flag, in --help's order: a group's section's own flags,
+    then those the configs declare for it. Read once per process (every parse and the derived tables use it)."""
+    carried = [(cls, f) for cls in CARRIED for f in dataclasses.fields(cls) if "flag" in f.metadata]
+    unknown = {f.name for _, f in carried} - {f.name for _, f in carried if f.metadata["flag"].group in GROUPS}
+    assert not unknown, f"flags of a config without a known --help group: {sorted(unknown)}"
     out = []
-    for section in FLAG_SECTIONS:
-        hints = get_type_hints(section)
-        out += [(section, f, f.metadata["flag"], hints[f.name]) for f in dataclasses.fields(section)]
+    for key, section in GROUPS.items():
+        out += [(section, f, f.metadata["flag"], get_type_hints(section)[f.name]) for f in dataclasses.fields(section)]
+        out += [(section, f, f.metadata["flag"], get_type_hints(cls)[f.name]) for cls, f in carried
+                if f.metadata["flag"].group == key]  # fmt: skip
     return tuple(out)
 
 
@@ -629,7 +440,9 @@ def option_strings(name: str, spec: FlagSpec) -> list[str]:
 
 
 def value_kwargs(hint, spec: FlagSpec) -> dict:
-    """argparse's action / type / nargs for a field's annotation."""
+    """argparse's action / type / nargs for a field's annotation (a `convert` reads the text instead)."""
+    if spec.convert:
+        return {"type": spec.convert}
     if hint is bool:
         return {"action": "store_true"}
     if spec.nargs:  # a list of values: of the tuple's element type (a threshold band), else strings
@@ -669,7 +482,7 @@ def build_parser() -> OneLineParser:
         description="OpenRLHF-style RL on Ray. With no model or data flags it runs the embedded CPU default. "
         "A script may mix the two spellings; docs/flags.md lists every flag.",
     )
-    groups = {s: p.add_argument_group(s.__doc__.split("\n\n")[0]) for s in FLAG_SECTIONS}
+    groups = {s: p.add_argument_group(s.__doc__.split("\n\n")[0]) for s in GROUPS.values()}
     for section, f, spec, hint in flag_fields():
         help_text = spec.help + (f" (no effect: {spec.no_effect})" if spec.no_effect else "")
         # switches (store_true) take no choices or metavar: pass them only where a flag has them

@@ -34,7 +34,6 @@ from reinforce_pro.cli.args import (
     DEFAULT_MAX_NEW_TOKENS,
     engine_dtype,
     flag_fields,
-    replay_mode,
     response_budget,
     threshold_band,
 )
@@ -115,12 +114,12 @@ def engines(
 @fills(ForwardConfig)
 def forward(
     flags, micro_rollout_batch_size, use_dynamic_batch, rollout_max_tokens_per_gpu, train_max_tokens_per_gpu,
-    ring_attn_size, routing_replay,
+    ring_attn_size,
 ) -> ForwardConfig:  # fmt: skip
     # OpenRLHF: the scoring forwards' budget is twice the training one when not given
     budget = (rollout_max_tokens_per_gpu or 2 * train_max_tokens_per_gpu) if use_dynamic_batch else None
     return named(ForwardConfig, flags, micro_batch_size=micro_rollout_batch_size, max_tokens=budget,
-                 ring_size=ring_attn_size, routing_replay=replay_mode(routing_replay))  # fmt: skip
+                 ring_size=ring_attn_size)  # fmt: skip
 
 
 def _optim(flags: Namespace, world: int, micro: int, batch: int, **computed) -> OptimConfig:
@@ -203,13 +202,10 @@ def rollout(flags, max_new_tokens, max_len) -> RolloutConfig:
 
 
 @fills(ExperienceConfig)
-def experience(
-    flags, max_new_tokens, max_len, no_advantage_std_norm, reward_clip_range, routing_replay
-) -> ExperienceConfig:
+def experience(flags, max_new_tokens, max_len, no_advantage_std_norm, reward_clip_range) -> ExperienceConfig:
     return named(
         ExperienceConfig, flags, max_new_tokens=response_budget(max_new_tokens, max_len),
         std_norm=not no_advantage_std_norm, reward_clip_range=tuple(reward_clip_range),
-        routing_replay=replay_mode(routing_replay),
     )  # fmt: skip
 
 

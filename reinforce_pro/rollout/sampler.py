@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from reinforce_pro.experience import Samples, extend_routes, layout_routes, pad_rows
+from reinforce_pro.flagspec import flag
 from reinforce_pro.rollout.engine_wait import wait_for_engines
 from reinforce_pro.rollout.vllm_engine import Generation
 
@@ -27,16 +28,23 @@ from reinforce_pro.rollout.vllm_engine import Generation
 class RolloutConfig:
     """How responses are sampled; what is made of them is ExperienceConfig's (trainer/experience_builder.py)."""
 
-    n_samples_per_prompt: int = 1
+    # fmt: off
+    n_samples_per_prompt: int = flag(1, "responses per prompt (group size)", dotted="rollout.n_samples_per_prompt",
+        at_least=1, group="training")
     prompt_max_len: int = 1024
     max_new_tokens: int = 1024
     min_new_tokens: int = 0  # no end of response before this many tokens (equal-length benchmark work)
-    temperature: float = 1.0
+    temperature: float = flag(1.0, "sampling temperature (the trainer uses the same)", dotted="rollout.temperature",
+        above=0, group="training")
     top_p: float = 1.0
     top_k: int = -1
     # seconds an engine may take to answer one generate call before it counts as hung (rollout/engine_wait.py);
     # 0: wait as long as it takes
-    engine_timeout_s: float = 1800.0
+    engine_timeout_s: float = flag(1800.0,
+        "[reinforce_pro] seconds a rollout engine may take to answer one generate or weight-sync call before it "
+        "counts as hung and is recovered from like a lost actor (0: wait as long as it takes)", at_least=0,
+        group="running")
+    # fmt: on
 
 
 def sampling_params(cfg: RolloutConfig) -> dict:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from reinforce_pro.flagspec import flag
+
 WORKER_EXTENSION = "reinforce_pro.rollout.weight_receiver.WeightSyncExtension"
 # --colocate_all_models with tensor parallelism on GPUs: the devices of the policy ranks whose bundles the
 # engine spans (run/actors.engine_options); Ray gave the actor only the first, its TP workers need them all
@@ -38,8 +40,11 @@ class EngineConfig:
     seed: int = 42
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.95
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = False
+    # fmt: off
+    enforce_eager: bool = flag(False, "disable CUDA graphs in vLLM", dotted="vllm.enforce_eager", group="engines")
+    enable_prefix_caching: bool = flag(False, "vLLM prefix caching (reset at every sync)",
+        dotted="vllm.enable_prefix_caching", group="engines")
+    # fmt: on
     max_model_len: int = 2048
     cpu_kv_cache_gib: int = 1
     quantization: str | None = None  # vLLM online weight quantization (--vllm_quantization), None: off

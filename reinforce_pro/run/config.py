@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.data import EMBEDDED_TASKS
 from reinforce_pro.data.prompts import PromptConfig
+from reinforce_pro.flagspec import flag
 from reinforce_pro.models.lora import LoraAdapterConfig
 from reinforce_pro.rollout.sampler import RolloutConfig
 from reinforce_pro.rollout.vllm_engine import EngineConfig
@@ -74,19 +76,39 @@ class KLPenalty:
 
 @dataclass(frozen=True)
 class Models:
-    pretrain: str | None  # None: the built-in tiny model (prepare builds it and fills Engines.config)
-    critic_pretrain: str | None  # None: the policy's starting weights
-    reward_pretrain: str | None
-    remote_rm_url: str | None
-    value_head_prefix: str
-    value_clip: float
-    sft_warmup_steps: int  # the built-in model's warm start
-    disable_fast_tokenizer: bool
     lora: LoraAdapterConfig | None
-    lora_save_merged: bool
-    save_value_network: bool
-    sft_warmup_target: float = 0.0  # stop the warm start at this greedy accuracy (0: run every step)
-    embedded_model: str = "dense"  # the built-in model: dense (Qwen2) or moe (Qwen3-MoE)
+    # fmt: off
+    pretrain: str | None = flag(None, "policy HF model dir (unset: the built-in tiny model)",
+        dotted="actor.model_name_or_path", group="data")
+    critic_pretrain: str | None = flag(None, "critic HF dir (gae; unset: --pretrain)",
+        dotted="critic.model_name_or_path", group="data")
+    reward_pretrain: str | None = flag(None, "reward model HF dir (sequence classification)",
+        dotted="reward.model_name_or_path", group="data")
+    remote_rm_url: str | None = flag(None, "a .py file defining reward_func(queries, prompts, labels)",
+        dotted="reward.remote_url", group="data")
+    value_head_prefix: str = flag("score", "name of the critic's value head", dotted="ds.value_head_prefix",
+        group="data")
+    value_clip: float = flag(0.5, "value clipping range for the critic", dotted="critic.value_clip", group="training")
+    sft_warmup_steps: int = flag(200, "[reinforce_pro] embedded default only: supervised warm-start steps before RL",
+        group="training")
+    disable_fast_tokenizer: bool = flag(False, "use the slow (Python) tokenizer", dotted="data.disable_fast_tokenizer",
+        group="deepspeed")
+    lora_save_merged: bool = flag(False,
+        "[reinforce_pro] with --lora_rank: also write final_model_merged/, the base model with the adapter merged in "
+        "(an ordinary HF model directory)", group="deepspeed")
+    save_value_network: bool = flag(False, "also save the critic at the end", dotted="critic.save_value_network",
+        group="training")
+    sft_warmup_target: float = flag(0.0,
+        "[reinforce_pro] embedded default only: stop the warm start once its greedy accuracy on 64 training prompts "
+        "reaches this (checked every 50 steps; --sft_warmup_steps is then the most it runs); 0 runs every step. A "
+        "task whose accuracy jumps within a few hundred steps starts RL from the same place at every seed. With "
+        "--selfplay_task search the accuracy is of greedy search episodes on 48 questions of another generated base, "
+        "checked every 10 steps", group="training")
+    embedded_model: str = flag("dense",
+        "[reinforce_pro] with --pretrain unset: the built-in model is dense (a tiny Qwen2) or moe (its "
+        "mixture-of-experts twin, a tiny Qwen3-MoE with 8 experts, 2 per token: routing replay, docs/models.md)",
+        choices=("dense", "moe"), group="data")
+    # fmt: on
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sft_warmup_target <= 1.0:
@@ -99,17 +121,31 @@ class Models:
 
 @dataclass(frozen=True)
 class Data:
-    prompt_data: str | None  # None: built-in prompts (arithmetic, or the self-play task's seeds)
-    prompt_data_probs: str | None
-    prompt_split: str
-    max_samples: int
-    input_key: str
-    label_key: str | None
-    input_template: str | None
-    apply_chat_template: bool
     prompt_max_len: int
     max_len: int
-    builtin_task: str = "arithmetic"  # the embedded default's task (data.EMBEDDED_TASKS); with --prompt_data unused
+    # fmt: off
+    prompt_data: str | None = flag(None,
+        "jsonl file or local HF dataset dir, or several comma-separated (unset: built-in)",
+        dotted="data.prompt_dataset", group="data")
+    prompt_data_probs: str | None = flag(None,
+        "comma-separated share of each --prompt_data dataset in the mixture (unset: equal shares)",
+        dotted="data.prompt_probs", group="data")
+    prompt_split: str = flag("train", "split of a dataset dir", dotted="data.prompt_split", group="data")
+    max_samples: int = flag(100_000_000, "use at most this many prompts", dotted="data.max_samples", group="training")
+    input_key: str = flag("input", "prompt field of a record", dotted="data.input_key", group="data")
+    label_key: str | None = flag(None, "label field passed to the reward function", dotted="data.label_key",
+        group="data")
+    input_template: str | None = flag(None, "prompt template with one {} placeholder", dotted="data.input_template",
+        group="data")
+    apply_chat_template: bool = flag(False, "wrap the prompt with the tokenizer's chat template",
+        dotted="data.apply_chat_template", group="data")
+    builtin_task: str = flag("arithmetic",
+        "[reinforce_pro] embedded default only: arithmetic (a+b=, answers of 1-3 tokens); running_sum (the running "
+        "sum of ten labelled digits, ~60-token responses whose every step the total depends on); scratchpad "
+        "(four-digit additions worked column by column, ~55 tokens, on a 4-layer model). Each long task has its "
+        "preset, embedded-running-sum / embedded-scratchpad, that sizes the run for it", choices=EMBEDDED_TASKS,
+        group="training")
+    # fmt: on
 
     def __post_init__(self) -> None:
         if self.prompt_data is not None and self.builtin_task != "arithmetic":

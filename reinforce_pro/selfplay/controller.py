@@ -15,6 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from reinforce_pro.flagspec import flag
 from reinforce_pro.selfplay.learnability import (
     PROPOSER_REWARDS,
     combined_reward,
@@ -29,6 +30,7 @@ from reinforce_pro.selfplay.learnability import (
 from reinforce_pro.selfplay.tasks import Judge, ParsedQuestion, Question, ScoredResponses, SelfPlayTask
 
 PROPOSER_SCOPES = ("sampled", "group")
+SELFPLAY = "[reinforce_pro] --absolute_zero:"  # how the self-play flags' help begins
 
 
 @dataclass
@@ -55,17 +57,29 @@ DEFAULT_WEIGHTS = {"safety": 0.7, "completion": 0.3}
 
 @dataclass
 class SelfPlayConfig:
-    n_questions_per_prompt: int = 4
+    # fmt: off
+    n_questions_per_prompt: int = flag(4, f"{SELFPLAY} questions proposed per seed prompt", at_least=1,
+        group="selfplay")
     n_samples_per_prompt: int = 8  # solver responses per question (rollout_n)
-    max_repropose_attempts: int = 3  # re-proposal rounds after the first proposal
-    proposer_train_scope: str = "sampled"
+    max_repropose_attempts: int = flag(3,
+        f"{SELFPLAY} re-proposal rounds after the first proposal for prompts whose questions are all or none "
+        "learnable (0: never re-propose)", at_least=0, group="selfplay")
+    proposer_train_scope: str = flag("sampled",
+        f"{SELFPLAY} sampled: train the sampled question's proposer trajectory only (1.0 / -0.5 unresolved); group: "
+        "every proposed question (learnable 1.0, not 0.0, invalid the task's format penalty)", choices=PROPOSER_SCOPES,
+        group="selfplay")
     # dimension -> weight in the solver reward (--safety_reward_weight, --task_completion_weight)
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
-    format_reward_coef: float = 0.5
-    proposer_reward_coef: float = 0.1
+    format_reward_coef: float = flag(0.5, f"{SELFPLAY} weight of the solver's format reward", group="selfplay")
+    proposer_reward_coef: float = flag(0.1,
+        f"{SELFPLAY} a solver sample's reward adds this times its prompt's proposer reward", group="selfplay")
     reference_buffer: int = 0  # propose from the last N learnable questions instead of the seeds (0: seeds)
     repetition_penalty: float = 0.0  # proposer reward - coef * (share of the step's proposals with this text)
-    proposer_reward: str = "learnable"  # a learnable question earns 1.0, or 1 - solve rate ("difficulty")
+    proposer_reward: str = flag("learnable",
+        f"{SELFPLAY} what a learnable question earns its proposer: learnable: 1.0; difficulty: 1 - the solver's "
+        "success rate on it (Absolute Zero's r_propose: the hard edge of what the solver can do earns most)",
+        choices=PROPOSER_REWARDS, group="selfplay")
+    # fmt: on
 
 
 @dataclass

@@ -10,13 +10,20 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from reinforce_pro.algos.advantages import AdvantageInputs, compute_advantages
+from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
 from reinforce_pro.algos.is_correction import position_buckets
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.length_penalty import apply_length_penalties
 from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.experience import Experience, Samples
-from reinforce_pro.rewards.loader import NONFINITE_KEY, RewardFileError, RewardOutput, normalize_reward_output
+from reinforce_pro.flagspec import flag
+from reinforce_pro.rewards.loader import (
+    NAN_POLICIES,
+    NONFINITE_KEY,
+    RewardFileError,
+    RewardOutput,
+    normalize_reward_output,
+)
 from reinforce_pro.workers.group import ActorGroup
 
 
@@ -25,16 +32,26 @@ class ExperienceConfig:
     """What a batch of samples is turned into: rewards shaped and checked, KL, advantages."""
 
     max_new_tokens: int = 1024  # the length the overlong and stop-properly penalties measure against
-    advantage_estimator: str = "gae"
-    gamma: float = 1.0
-    lambd: float = 1.0
+    # fmt: off
+    advantage_estimator: str = flag("gae", "advantages", dotted="algo.advantage.estimator",
+        choices=ADVANTAGE_ESTIMATORS, group="training")
+    gamma: float = flag(1, "discount", dotted="algo.advantage.gamma", group="training")
+    lambd: float = flag(1, "GAE lambda", dotted="algo.advantage.lambd", group="training")
     std_norm: bool = True
     reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
-    reward_nan_policy: str = "error"  # non-finite rewards: error / zero / drop (rewards/loader.py)
-    overlong_buffer_len: float | None = None  # DAPO overlong penalty (algos/length_penalty.py)
-    overlong_penalty_factor: float = 1.0
-    stop_properly_penalty_coef: float | None = None  # ProRL: truncated responses' rewards scaled / replaced
-    normalize_reward: bool = False
+    reward_nan_policy: str = flag("error",
+        "non-finite rewards from the reward function: error (stop the run, one line), zero (use 0), drop (use 0 and "
+        "train on none of the row's tokens); zero and drop log reward/nonfinite, the fraction of rows",
+        choices=NAN_POLICIES, group="training")
+    overlong_buffer_len: float | None = flag(None, "DAPO: penalise the last B tokens before the limit",
+        dotted="reward.overlong_buffer_len", group="training")
+    overlong_penalty_factor: float = flag(1, "DAPO: the penalty at the token limit",
+        dotted="reward.overlong_penalty_factor", at_least=0, group="training")
+    stop_properly_penalty_coef: float | None = flag(None, "ProRL: truncated rewards x c (c<0: set to c)",
+        dotted="reward.stop_properly_penalty_coef", group="training")
+    normalize_reward: bool = flag(False, "standardise rewards with running moments", dotted="reward.normalize_enable",
+        group="training")
+    # fmt: on
     kl_estimator: str = "k1"
     use_kl_loss: bool = False  # KL in the loss (the policy's), not in the reward
     routing_replay: str = "none"  # MoE: none / r2 / r3, whose routes the forwards replay (models/routing.py)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from reinforce_pro.agents.contract import AgentFileError
 from reinforce_pro.algos.stats import Stat, reduce_stats
 from reinforce_pro.experience import Experience, budget_chunks, split_by_tokens, split_experience
+from reinforce_pro.flagspec import flag
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.serving import service_restarts
@@ -33,7 +34,14 @@ from reinforce_pro.trainer.evaluation import evaluate, evaluate_agent
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder, agreement_line
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.prompt_loader import PromptLoader
-from reinforce_pro.trainer.rollout_stream import AdaptiveLag, AsyncRollouts, EngineGate, RolloutBatch, SyncRollouts
+from reinforce_pro.trainer.rollout_stream import (
+    LAG_METRICS,
+    AdaptiveLag,
+    AsyncRollouts,
+    EngineGate,
+    RolloutBatch,
+    SyncRollouts,
+)
 from reinforce_pro.trainer.weight_sync import make_weight_sync
 from reinforce_pro.workers.group import ActorGroup
 
@@ -42,27 +50,37 @@ from reinforce_pro.workers.group import ActorGroup
 class CheckpointConfig:
     ckpt_path: Path | None  # None: <run dir>/checkpoints (the default checkpoints; run/driver.py fills it in)
     save_steps: int
-    max_ckpt_num: int = 3
-    max_ckpt_mem: float = float("inf")  # GB
-    save_hf_ckpt: bool = False
-    disable_ds_ckpt: bool = False
+    # fmt: off
+    max_ckpt_num: int = flag(3, "keep the newest N checkpoints", dotted="ckpt.max_num", at_least=1, group="running")
+    max_ckpt_mem: float = flag(float("inf"), "delete the oldest checkpoints beyond this many GB", dotted="ckpt.max_mem",
+        above=0, group="running")
+    save_hf_ckpt: bool = flag(False, "also save the policy as an HF model in each checkpoint", dotted="ckpt.save_hf",
+        group="running")
+    disable_ds_ckpt: bool = flag(False, "skip DeepSpeed states in checkpoints (then no resume from them)",
+        dotted="ckpt.disable_ds", group="running")
+    # fmt: on
     resume: bool = False  # --load_checkpoint: start from the latest complete checkpoint in ckpt_path
     every_s: float = 300.0  # --auto_checkpoint_minutes x 60 without --save_steps (else 0): save by the clock too
 
 
 @dataclass
 class LoopConfig:
-    num_episodes: int = 1
-    rollout_batch_size: int = 1024  # prompts per step
+    # fmt: off
+    num_episodes: int = flag(1, "passes over the prompt data", dotted="train.num_episodes", at_least=1,
+        group="training")
+    rollout_batch_size: int = flag(1024, "prompts per step", dotted="rollout.batch_size", at_least=1, group="training")
     train_batch_size: int = 128  # samples per optimizer step, over all data-parallel ranks
     micro_train_batch_size: int = 4  # samples per forward on one rank
     # --use_dynamic_batch: micro-batches cut by this many tokens instead of a count: padded (rows x longest row),
     # or real ones with packing_samples
     train_max_tokens: int | None = None
     packing_samples: bool = False  # the budget then counts real tokens: packed micro-batches hold no padding
-    max_epochs: int = 1  # passes over each rollout batch
-    freezing_actor_steps: int = -1  # train only the critic for the first N steps
-    logging_steps: int = 1
+    max_epochs: int = flag(1, "training passes over each rollout batch", dotted="train.max_epochs", at_least=1,
+        group="training")
+    freezing_actor_steps: int = flag(-1, "train only the critic for N steps", dotted="critic.freezing_steps",
+        group="training")
+    logging_steps: int = flag(1, "log metrics (TensorBoard, wandb) every N steps (jsonl: every step)",
+        dotted="logger.logging_steps", at_least=1, group="running")
     seed: int = 42
     sync_dtype: str = "float32"  # the engines' dtype: weights are sent in it
     engine_quantization: str | None = None  # the engines' online quantization (--vllm_quantization)
@@ -70,23 +88,48 @@ class LoopConfig:
     sync_backend: str = "object_store"  # object_store | gloo | nccl (trainer/weight_sync.py)
     sync_bucket_mb: float = 256.0  # gloo | nccl: bytes per broadcast
     engine_tp_size: int = 1  # workers per engine (each joins the broadcast group)
-    rollout_staleness: int = 0  # engines sample with the policy of this many steps ago
+    rollout_staleness: int = flag(0,
+        "[reinforce_pro] engines sample with the policy of K steps ago (K weight versions are kept in the object "
+        "store): the off-policy lag of asynchronous RL, reproduced for studying IS correction; evaluations measure the "
+        "newest policy", at_least=0, group="engines")
     dynamic_filtering_reward_range: tuple[float, float] | None = None  # None: no dynamic filtering
-    eval_steps: int = -1  # evaluate every N steps (-1: never)
-    eval_before_training: bool = False
-    samples_log_steps: int = 0  # write a (prompt, response, reward) table every N steps (0: never)
-    recompute_old_log_probs: bool = False  # always run the separate old-log-prob forward (see old_log_probs_needed)
-    async_train: bool = False  # generate in a producer thread while the policy trains (rollout_stream.py)
-    async_queue_size: int = 1  # with async_train: batches (= policy versions) the producer may run ahead
+    eval_steps: int = flag(-1,
+        "evaluate on --eval_dataset (self-play: the task's held-out ladder) every N steps (-1: never)",
+        dotted="eval.steps", group="running")
+    eval_before_training: bool = flag(False, "[reinforce_pro] evaluate once before the first step", group="running")
+    samples_log_steps: int = flag(0,
+        "[reinforce_pro] write a prompt / response / reward table (samples.jsonl, wandb) every N steps (0: never)",
+        group="running")
+    recompute_old_log_probs: bool = flag(False,
+        "[reinforce_pro] always compute the old log-probs in a forward pass before training. By default that pass is "
+        "skipped when a step trains the policy once on one mini-batch (--max_epochs 1, samples per step <= "
+        "--train_batch_size, no KL penalty in the reward): the training forward's own log-probs, detached, are then "
+        "the same numbers", group="training")
+    async_train: bool = flag(False,
+        "generate the next rollout batches in a producer thread while the policy trains on this one; rollouts are "
+        "then up to --async_queue_size policy versions stale (logged as async/staleness_*)",
+        dotted="train.async_enable", group="engines")
+    async_queue_size: int = flag(1,
+        "with --async_train: how many batches (= policy versions) the producer may run ahead of the trainer; the "
+        "bound on a trained sample's staleness (>= 1)", dotted="train.async_queue_size", at_least=1, group="engines")
     # with async_train: move the lag within [0, async_queue_size] to keep this metric under the target
-    async_lag_target: float | None = None
-    async_lag_metric: str = "is/token_masked_frac"
+    async_lag_target: float | None = flag(None,
+        "[reinforce_pro] with --async_train: adaptive staleness. After each step the producer's lead moves within [0,"
+        " --async_queue_size]: one version less while --async_lag_metric is above this target, one more while it is "
+        "below half of it (logged as async/max_lag)", group="engines")
+    async_lag_metric: str = flag(LAG_METRICS[0],
+        "[reinforce_pro] the mismatch --async_lag_target holds: the IS correction's masked token fraction (needs "
+        "--enable_vllm_is_correction) or the mean |trainer - engine log-prob|", choices=LAG_METRICS, group="engines")
     # with async_train: sample in chunks of this many tokens, letting weight syncs in between (rollout_stream.py)
     partial_rollout_chunk: int | None = None
     best_metric_key: str | None = None  # keep the policy with the highest value of this eval metric...
     best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
-    max_failures: int = 3  # lost actors the driver recovers from (run/driver.py)
+    max_failures: int = flag(3,
+        "[reinforce_pro] lost actors (killed by a signal or Ray's memory monitor, crashed) the run recovers from by "
+        "restarting its actors from the newest checkpoint; past them it stops with one line (0: at the first)",
+        at_least=0, group="running")
+    # fmt: on
     engine_timeout_s: float = 1800.0  # a weight sync an engine has not taken by then: hung (rollout/engine_wait.py)
 
 

@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reinforce_pro.flagspec import flag
+
+ROUTING_REPLAY = ("none", "r2", "r3")  # --routing_replay: whose routes the forwards replay (models/routing.py)
+VERL_REPLAY_MODES = {"disabled": "none", "R2": "r2", "R3": "r3"}  # verl's router_replay.mode, accepted too
+
+
+def replay_mode(given: str) -> str:
+    """--routing_replay in reinforce_pro's spelling (verl's values read as ours)."""
+    return VERL_REPLAY_MODES.get(given, given)
+
 
 @dataclass
 class DistInfo:
@@ -23,19 +33,27 @@ class DistInfo:
 class OptimConfig:
     learning_rate: float  # no default: the flags differ (--actor_learning_rate 1e-6, --critic_learning_rate 9e-6)
     adam_betas: tuple[float, float] = (0.9, 0.95)
-    adam_eps: float = 1e-8
-    l2: float = 0.0
-    lr_scheduler: str = "cosine_with_min_lr"
-    lr_warmup_ratio: float = 0.03
-    min_lr_ratio: float = 0.1  # cosine_with_min_lr decays to this fraction of learning_rate
+    # fmt: off
+    adam_eps: float = flag(1e-08, "policy AdamW epsilon", flat=False, dotted="actor.adam.eps", group="optimizers")
+    l2: float = flag(0.0, "AdamW weight decay", dotted="actor.adam.weight_decay", group="training")
+    lr_scheduler: str = flag("cosine_with_min_lr", "transformers scheduler name", dotted="actor.lr_scheduler",
+        group="training")
+    lr_warmup_ratio: float = flag(0.03, "warm-up fraction of the LR schedule", dotted="actor.lr_warmup_ratio",
+        group="training")
+    min_lr_ratio: float = flag(0.1, "policy LR floor of cosine_with_min_lr, as a fraction of the LR", flat=False,
+        dotted="actor.min_lr_ratio", group="optimizers")
     total_steps: int = 1  # optimizer steps over the whole run, for the scheduler
-    max_norm: float = 1.0
-    zero_stage: int = 2
+    max_norm: float = flag(1.0, "gradient clipping norm", dotted="actor.max_norm", group="training")
+    zero_stage: int = flag(2, "ZeRO stage", dotted="ds.zero_stage", choices=(0, 1, 2, 3), group="deepspeed")
     param_dtype: str = "bf16"  # bf16 | fp16 | fp32
-    adam_offload: bool = False
-    overlap_comm: bool = False
-    gradient_checkpointing: bool = False
-    gradient_checkpointing_use_reentrant: bool = False
+    adam_offload: bool = flag(False, "offload Adam states to host memory", dotted="ds.adam_offload", group="deepspeed")
+    overlap_comm: bool = flag(False, "overlap ZeRO communication with compute", dotted="ds.overlap_comm",
+        group="deepspeed")
+    gradient_checkpointing: bool = flag(False, "recompute activations in backward",
+        dotted="actor.gradient_checkpointing_enable", group="deepspeed")
+    gradient_checkpointing_use_reentrant: bool = flag(False, "reentrant checkpointing",
+        dotted="actor.gradient_checkpointing_reentrant", group="deepspeed")
+    # fmt: on
     micro_batch_size: int = 4  # per rank per forward
     grad_accum_steps: int = 1  # micro-batches per optimizer step on each rank
 
@@ -44,13 +62,30 @@ class OptimConfig:
 class ForwardConfig:
     """How a worker loads its model and cuts the forwards that score a rollout (policy, reference, critic)."""
 
-    attn_implementation: str  # HF's attn_implementation (the run resolves flash_attention_2 to what is installed)
-    micro_batch_size: int  # rows per scoring forward (--micro_rollout_batch_size)
+    # fmt: off
+    attn_implementation: str = flag("flash_attention_2",
+        "HF attention kernel for trainer models; flash_attention_2 falls back to sdpa when flash-attn is not "
+        "installed (always on CPU), with a notice", dotted="ds.attn_implementation", group="deepspeed")
+    micro_batch_size: int = 8  # rows per scoring forward (--micro_rollout_batch_size)
     max_tokens: int | None = None  # --use_dynamic_batch: a token budget per forward instead
-    packing_samples: bool = False  # padding-free forwards
+    packing_samples: bool = flag(False,
+        "padding-free forwards: each micro-batch's sequences packed back to back in one row, positions restarting "
+        "per sequence, attention within each (flash-attn varlen on GPU, sdpa per sequence on CPU; eager packs bins "
+        "with a block-diagonal mask)",
+        dotted="ds.packing_samples", group="deepspeed")
     ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
-    routing_replay: str = "none"  # --routing_replay, MoE models: whose routes the forwards replay (models/routing.py)
-    experts_implementation: str | None = None  # MoE models: transformers' expert kernels (None: its default)
+    routing_replay: str = flag("none",
+        "[reinforce_pro] MoE models: the experts the trainer's forwards use. r3: the engine's, recorded for every "
+        "sampled token (rollout routing replay, arXiv 2510.11370); r2: the old policy's, from the forward that "
+        "computes the old log-probs; none: the trainer routes itself. routing/* measures the disagreement either "
+        "way. verl's values (actor_rollout_ref.actor.router_replay.mode) disabled / R2 / R3 are accepted",
+        choices=ROUTING_REPLAY, convert=replay_mode, group="training")
+    experts_implementation: str | None = flag(None,
+        "MoE expert kernels of the trainer's models (transformers' experts_implementation; unset: its default): "
+        "eager, batched_mm, grouped_mm (the last where torch has grouped_mm); deepgemm needs CUDA and DeepGEMM",
+        flat=False, dotted="ds.experts_implementation", choices=("eager", "batched_mm", "grouped_mm", "deepgemm"),
+        group="deepspeed")
+    # fmt: on
 
     def model_kwargs(self) -> dict:
         """from_pretrained keywords for the expert kernels, when set (an MoE model's; a dense one has none)."""

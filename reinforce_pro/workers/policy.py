@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from reinforce_pro.algos.kl import kl_loss
+from reinforce_pro.algos.kl import KL_ESTIMATORS, kl_loss
 from reinforce_pro.algos.losses import PolicyLoss, SurrogateConfig
 from reinforce_pro.algos.masked import aggregate_loss
 from reinforce_pro.algos.stats import Stat, loss_stat
 from reinforce_pro.experience import Experience, pad_actions
+from reinforce_pro.flagspec import flag
 from reinforce_pro.models import varlen_attention
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.lora import (
@@ -50,14 +51,24 @@ class PolicyLossConfig:
     is), and the terms the worker adds to it."""
 
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
-    use_kl_loss: bool = False  # its coefficient comes with each mini-batch: the trainer's KL controller owns it
-    kl_estimator: str = "k1"
-    entropy_loss_coef: float | None = None
+    # fmt: off
+    use_kl_loss: bool = flag(False, "KL as a loss term instead of a reward penalty", dotted="algo.kl.use_loss",
+        group="training")
+    kl_estimator: str = flag("k1", "KL estimator", dotted="algo.kl.estimator", choices=KL_ESTIMATORS, group="training")
+    entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef",
+        group="training")
     temperature: float = 1.0
-    kl_unbiased_gradient: bool = False  # the KL loss's gradient: the reverse KL's own (algos/kl.kl_loss)
+    kl_unbiased_gradient: bool = flag(False,
+        "OpenRLHF 0.11.2, with --use_kl_loss: keep the estimator's value, give the loss the reverse KL's own gradient, "
+        "importance-weighted by pi / pi_old (at most 10) for the epochs after the first; k1, k2, k3 then share it",
+        dotted="algo.kl.unbiased_gradient", group="training")
     # the engine's top-k / top-p / minimum length, replayed on the trainer's logits (models/sampling_filter.py)
     sampling_filter: SamplingFilter | None = None
-    aux_loss_coef: float = 0.0  # MoE: the load-balancing loss's weight in the loss (models/routing.py)
+    aux_loss_coef: float = flag(0,
+        "MoE models: weight of the router's load-balancing loss (Switch Transformer's, as transformers computes "
+        "it: the number of experts per token when balanced) in the policy loss; logged as policy/aux_loss",
+        dotted="actor.aux_loss_coef", at_least=0, finite=True, group="training")
+    # fmt: on
 
 
 class PolicyWorker:
