@@ -63,7 +63,7 @@ def sources(engine: TimedEngine, tokenizer, args) -> dict:
     from reinforce_pro.agents.runner import AgentConfig
     from reinforce_pro.rollout.sampler import RolloutConfig
 
-    cfg = RolloutConfig(n_samples_per_prompt=args.n, max_new_tokens=args.max_new_tokens)
+    cfg = RolloutConfig(max_new_tokens=args.max_new_tokens)
     sampler = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=engine.sample)
     agent_cfg = AgentConfig(max_len=args.max_len, max_turns=4)  # the SDK example's MAX_TURNS
     return {
@@ -72,10 +72,10 @@ def sources(engine: TimedEngine, tokenizer, args) -> dict:
     }
 
 
-def one_rollout(source, engine: TimedEngine, batch: list[dict]) -> dict:
+def one_rollout(source, engine: TimedEngine, batch: list[dict], n: int) -> dict:
     engine.seconds, engine.prompts = [], []
     start = time.perf_counter()
-    samples = source.generate(batch)
+    samples = source.generate(batch, n)
     wall = time.perf_counter() - start
     turns = sum(engine.prompts)  # model turns: every prompt of every engine call
     tokens = int(samples.action_mask.sum())
@@ -107,7 +107,7 @@ def measure(args) -> dict:
                 batch = [{"prompt": x["input"], "label": x["label"]} for x in
                          records[r * args.prompts : (r + 1) * args.prompts]]  # fmt: skip
                 for shape in args.shapes:
-                    runs[shape].append(one_rollout(shapes[shape], engine, batch))
+                    runs[shape].append(one_rollout(shapes[shape], engine, batch, args.n))
                     print(f"[{NAME}] repeat {r + 1}/{args.repeats} {shape}: {runs[shape][-1]}", flush=True)
         finally:
             shapes["OpenAI SDK"].close()

@@ -33,9 +33,9 @@ def tokenizer():
 def episodes_of(tokenizer, example: str, n: int = 2):
     # a prompt that has the tool's result in it gets the answer; one that has not, the call
     engine = ScriptedEngine(tokenizer, {"3+4=": [CALL], "tool: 7": ["7"]})
-    source = source_for(tokenizer, engine, load_agent(EXAMPLES / example), n=n, max_len=256, max_new=96)
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / example), max_len=256, max_new=96)
     try:
-        return engine, source.generate([{"prompt": "3+4=", "label": "7"}])
+        return engine, source.generate([{"prompt": "3+4=", "label": "7"}], n)
     finally:
         source.close()
 

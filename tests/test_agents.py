@@ -199,11 +199,11 @@ def test_partial_rollout_agent_tokens_keep_the_version_and_log_prob_that_sampled
         engine["version"] += 1
         return engine["version"]
 
-    sampler = Sampler(engines=None, tokenizer=tokenizer, cfg=RolloutConfig(max_new_tokens=12, n_samples_per_prompt=1))
+    sampler = Sampler(engines=None, tokenizer=tokenizer, cfg=RolloutConfig(max_new_tokens=12))
     sampler.sample = continue_turn
     source = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=64))
     source.use_partial(PartialRollout(chunk=4, between=sync_before_each_chunk))
-    samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+    samples = source.generate([{"prompt": "3+4=", "label": "7"}], 1)
 
     call, feedback = "calc(3+4)", " -> 7; answer: "
     assert samples.responses == [call + feedback + "7"] and samples.rewards.rewards.tolist() == pytest.approx([0.8])

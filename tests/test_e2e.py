@@ -1260,11 +1260,11 @@ def test_openai_endpoint_rows_are_the_engines_ids_bit_for_bit(engine, tiny_model
         return out
 
     calculator = Path(__file__).resolve().parents[1] / "examples" / "python" / "agent_calculator_openai.py"
-    cfg = RolloutConfig(n_samples_per_prompt=4, max_new_tokens=8)
+    cfg = RolloutConfig(max_new_tokens=8)
     source = OpenAIAgentSource(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=sample), load_agent(calculator),
                                AgentConfig(max_len=64))  # fmt: skip
     try:
-        samples = source.generate([{"prompt": f"{a}+{a + 1}=", "label": str(2 * a + 1)} for a in range(1, 5)])
+        samples = source.generate([{"prompt": f"{a}+{a + 1}=", "label": str(2 * a + 1)} for a in range(1, 5)], 4)
     finally:
         source.close()
     assert samples.metrics["agent/segment_forks"] == 0 and len(sampled) == samples.metrics["agent/calls_mean"] * 16

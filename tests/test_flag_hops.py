@@ -1,17 +1,14 @@
 """A flag reaches the code that uses it in a few hops, so a reader can follow it: the flag's declaration (on the
 config that takes it as given, or in cli/args.py), its section builder (cli/flags_to_config.py) where the builder
 computes a field from it, the section that carries it (a field named after a flag is filled from it), the
-component that reads it. A hop is
-one class or top-level function of the package whose code names the setting; every wrapper that copies it under
-the same name adds one. The OpenRLHF integration and selfcheck are entry points of their
-own and not on the trainer's path. The tests list each flag's hops exactly: a new one fails them, and is
-welcome only while the count stays within MAX_HOPS.
+component that reads it. A hop is one class or top-level function of the package whose code names the setting;
+every wrapper that copies it under the same name adds one. The OpenRLHF integration and selfcheck are entry
+points of their own and not on the trainer's path. The tests list some flags' hops exactly: a new one fails
+them, and is welcome only while the count stays within MAX_HOPS.
 
-Every flag the README shows is walked too, by the files whose code names it: at most MAX_FILES, except the
-flags in WIDER_TODAY, which reach further today (a setting many components read, such as the group size); none
-of them may spread to more files, and each leaves the list once it is within the limit. A name two settings
-share counts for both (the MoE router's top-k is named experts_per_token here so that it does not pass for
-the sampling flag --top_k)."""
+Every flag the README shows is walked too, by the files whose code names it: at most MAX_FILES. A name two
+settings share counts for both (the MoE router's top-k is named experts_per_token here so that it does not pass
+for the sampling flag --top_k; the evaluation's samples per prompt are Evaluation.n_samples)."""
 
 from __future__ import annotations
 
@@ -54,8 +51,6 @@ def hops(name: str, root: Path = PACKAGE) -> list[str]:
 
 
 MAX_FILES = 5
-# files naming each README flag that reaches further than MAX_FILES today: the house's open work, never to grow
-WIDER_TODAY = {"n_samples_per_prompt": 6}
 
 
 def readme_flags() -> list[str]:
@@ -69,16 +64,26 @@ def readme_flags() -> list[str]:
     return sorted(set(re.findall(r"--([a-z][a-z0-9_]+)", text)) & known)
 
 
-def test_every_readme_flag_reaches_its_use_within_five_files_or_no_further_than_today():
+def test_every_readme_flag_reaches_its_use_within_five_files():
     flags = readme_flags()
-    assert len(flags) >= 25 and "vllm_is_truncated_threshold" in flags  # the walk covers the README's flags
+    assert len(flags) >= 25 and {"vllm_is_truncated_threshold", "n_samples_per_prompt"} <= set(flags)
     files = {f: {h.split(":")[0] for h in hops(f)} for f in flags}
     assert all(files[f] for f in flags)  # every one reaches the code
-    wider = {f: len(files[f]) for f in flags if len(files[f]) > MAX_FILES}
-    grown = {f: n for f, n in wider.items() if n > WIDER_TODAY.get(f, MAX_FILES)}
-    assert grown == {}, f"flags reaching more files than allowed (today's count in WIDER_TODAY): {grown}"
-    within = sorted(f for f in WIDER_TODAY if f in files and len(files[f]) <= MAX_FILES)
-    assert within == [], f"within {MAX_FILES} files now: drop them from WIDER_TODAY ({within})"
+    wider = {f: sorted(files[f]) for f in flags if len(files[f]) > MAX_FILES}
+    assert wider == {}, f"README flags named in more than {MAX_FILES} files: {wider}"
+
+
+def test_the_group_size_reaches_the_sources_as_an_argument():
+    """--n_samples_per_prompt: the trainer asks each rollout source for n responses to each prompt
+    (RolloutSource.generate(batch, n)), so no source reads the setting; the group estimators then read
+    Samples.group_size, which the source sets."""
+    assert hops("n_samples_per_prompt") == [
+        "cli/args:<module>",  # RULES: >= 2 for the group estimators and self-play
+        "cli/args:_samples_per_step",  # a step's samples fill whole optimizer batches
+        "run/start:optimizer_steps",  # the LR schedule's length
+        "trainer/ppo_trainer:LoopConfig",  # declares the flag, beside --rollout_batch_size
+        "trainer/ppo_trainer:PPOTrainer",  # asks the source for that many responses to each prompt
+    ]
 
 
 def test_the_is_threshold_reaches_the_loss_in_five_hops():

@@ -73,10 +73,8 @@ class ScriptedEngine:
         return out
 
 
-def source_for(
-    tokenizer, engine, agent: OpenAIAgent, n: int = 2, max_len: int = 128, max_new: int = 24, solver_only: bool = False
-):
-    cfg = RolloutConfig(n_samples_per_prompt=n, max_new_tokens=max_new)
+def source_for(tokenizer, engine, agent: OpenAIAgent, max_len: int = 128, max_new: int = 24, solver_only: bool = False):
+    cfg = RolloutConfig(max_new_tokens=max_new)
     sampler = SimpleNamespace(cfg=cfg, tokenizer=tokenizer, sample=engine)
     return OpenAIAgentSource(sampler, agent, AgentConfig(max_len=max_len), solver_only=solver_only)
 
@@ -98,9 +96,9 @@ def agent_file(tmp_path: Path, body: str) -> OpenAIAgent:
 # ---------------------------------------------------------------------------------------------- the SDK, live
 def test_calculator_written_to_the_sdk_trains_the_ids_the_engine_sampled(tokenizer):
     engine = ScriptedEngine(tokenizer, {"3+4=": ["calc(3+4)", "7"], "5+5=": ["10"]})
-    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     try:
-        samples = source.generate([{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}])
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}], 1)
     finally:
         source.close()
     assert engine.calls == [2, 1]  # turn 1 of both episodes in one engine call, then the live one
@@ -126,9 +124,9 @@ def test_calculator_written_to_the_sdk_trains_the_ids_the_engine_sampled(tokeniz
 def test_an_episode_that_runs_out_of_room_ends_unanswered_not_dropped(tokenizer):
     """The endpoint refuses a prompt over --max_len with context_length_exceeded; the example agent ends there."""
     engine = ScriptedEngine(tokenizer, {"3+4=": ["calc(3+4)"]})
-    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1, max_len=40)
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), max_len=40)
     try:
-        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}], 1)
     finally:
         source.close()
     assert samples.metrics["agent/dropped_episodes"] == 0 and samples.rewards.rewards.tolist() == [0.0]
@@ -151,12 +149,12 @@ def test_partial_rollouts_keep_the_version_that_sampled_each_token(tokenizer):
         chunks.append(version)
         return out, [[version] * (len(g.token_ids) - 1) + [version + 1] for g in out]  # a sync before the last
 
-    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     source.sampler.sample_in_chunks = sample_in_chunks
     versions = iter(range(10, 20, 5))
     source.use_partial(PartialRollout(chunk=4, between=lambda chunk: next(versions)))
     try:
-        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}], 1)
     finally:
         source.close()
     first, answer = engine.sampled
@@ -174,14 +172,14 @@ def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     script = {"3+4=": ["calc(3+4)", "7"], "5+5=": ["9"]}
     batch = [{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}]
     sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
-    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     try:  # one prompt a call: the scripted log-probs follow the order the engine sees the requests in
-        a = concat_samples([sdk.generate([item]) for item in batch])
+        a = concat_samples([sdk.generate([item], 1) for item in batch])
     finally:
         sdk.close()
     sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=12), tokenizer=tokenizer, sample=twin_engine)
     twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_calculator.py"), AgentConfig(max_len=128))
-    b = concat_samples([twin.generate([item]) for item in batch])
+    b = concat_samples([twin.generate([item], 1) for item in batch])
     for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
     assert a.rewards.rewards.tolist() == b.rewards.rewards.tolist()
@@ -207,12 +205,12 @@ def test_the_search_agent_written_to_the_sdk_is_its_agentinstance_twin(tokenizer
     script[questions[1]["question"]][1] = "<answer>nobody</answer>"  # one right, one wrong
     batch = [{"prompt": q["question"], "label": q["label"]} for q in questions]
     sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
-    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_search_openai.py"), 1, 512, max_new=64)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_search_openai.py"), 512, max_new=64)
     try:  # one question a call: the scripted log-probs follow the order the engine sees the requests in
-        a = concat_samples([sdk.generate([item]) for item in batch])
+        a = concat_samples([sdk.generate([item], 1) for item in batch])
         sampler = SimpleNamespace(cfg=RolloutConfig(max_new_tokens=64), tokenizer=tokenizer, sample=twin_engine)
         twin = AgentSource(sampler, load_agent_class(EXAMPLES / "agent_search.py"), AgentConfig(max_len=512))
-        b = concat_samples([twin.generate([item]) for item in batch])
+        b = concat_samples([twin.generate([item], 1) for item in batch])
     finally:
         sdk.close()
         server.stop()
@@ -236,7 +234,7 @@ def test_held_out_episodes_of_both_agent_shapes_score_alike_at_the_eval_temperat
     script = {"3+4=": ["calc(3+4)"], "answer: ": ["7"], "5+5=": ["9"], "2+2=": ["4"]}
     prompts = [{"prompt": "3+4=", "label": "7"}, {"prompt": "5+5=", "label": "10"}, {"prompt": "2+2=", "label": "4"}]
     sdk_engine, twin_engine = ScriptedEngine(tokenizer, script), ScriptedEngine(tokenizer, script)
-    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    sdk = source_for(tokenizer, sdk_engine, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     try:
         a = evaluate_agent(sdk, None, prompts, "held", 2, temperature=0.25)
         assert sdk.endpoint.sampling["temperature"] == 1.0
@@ -266,7 +264,7 @@ async def run_agent(client, prompt, label):
     return {"extra_logs": {}}
 """)  # fmt: skip
     engine = ScriptedEngine(tokenizer, {"ok": ["right"], "no": ["wrong"], "boom": ["right"]})
-    source = source_for(tokenizer, engine, agent, n=1)
+    source = source_for(tokenizer, engine, agent)
     judged = []
 
     def score(prompts, responses, labels):  # the run's reward function: 1 when the response is the label
@@ -299,9 +297,9 @@ def test_a_template_that_rewrites_history_starts_a_new_segment(tokenizer, tmp_pa
     rewriting.chat_template = QWEN3_LIKE
     engine = ScriptedEngine(rewriting, {"q": ["<think>hmm</think>a"], "more": ["b"]})
     agent = agent_file(tmp_path, CHAT_AGENT)
-    source = source_for(rewriting, engine, agent, n=2)
+    source = source_for(rewriting, engine, agent)
     try:
-        samples = source.generate([{"prompt": "q", "label": None}])
+        samples = source.generate([{"prompt": "q", "label": None}], 2)
     finally:
         source.close()
     # each episode: call 1 sampled after "user: q", call 2 after a history whose <think> was dropped -> 2 rows
@@ -360,9 +358,9 @@ def test_openrlhfs_executor_run_agent_runs_unchanged_and_the_reward_function_sco
     engine = ScriptedEngine(tokenizer, {"2+2=": ["4"]})
     agent = agent_file(tmp_path, OPENRLHF_EXECUTOR)
     assert agent.kind == "executor"
-    source = source_for(tokenizer, engine, agent, n=2)
+    source = source_for(tokenizer, engine, agent)
     try:
-        samples = source.generate([{"prompt": "2+2=", "label": "4"}])
+        samples = source.generate([{"prompt": "2+2=", "label": "4"}], 2)
     finally:
         source.close()
     assert samples.rewards is None  # run_agent returned {}: the run's reward function scores the rows
@@ -559,7 +557,7 @@ def test_an_agent_that_fails_everywhere_stops_with_its_error(tokenizer, tmp_path
     source = source_for(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), agent_file(tmp_path, body))
     try:
         with pytest.raises(AgentFileError, match=failure):
-            source.generate([{"prompt": "q", "label": None}])
+            source.generate([{"prompt": "q", "label": None}], 2)
     finally:
         source.close()
 
@@ -568,9 +566,9 @@ def test_a_failing_episode_drops_its_group_and_is_counted(tokenizer, tmp_path, c
     body = CHAT_AGENT.replace(
         "    messages = [", "    if prompt == 'bad':\n        raise ValueError('x')\n    messages = ["
     )
-    source = source_for(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), agent_file(tmp_path, body), n=2)
+    source = source_for(tokenizer, ScriptedEngine(tokenizer, {"": ["x"]}), agent_file(tmp_path, body))
     try:
-        samples = source.generate([{"prompt": "good", "label": None}, {"prompt": "bad", "label": None}])
+        samples = source.generate([{"prompt": "good", "label": None}, {"prompt": "bad", "label": None}], 2)
     finally:
         source.close()
     assert samples.metrics["agent/dropped_episodes"] == 2 and samples.metrics["agent/rows"] == 2
@@ -620,12 +618,12 @@ def test_an_engine_lost_under_the_episodes_is_raised_for_the_recovery_once_they_
             raise rex.ActorDiedError()
         return engine(prompt_ids, sampling)
 
-    source = source_for(tokenizer, dying_once, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=2)
+    source = source_for(tokenizer, dying_once, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     replaced = []
     recovery = EngineRecovery([], weight_sync=None, restart=None)  # the trainer's; replacing is the driver's part
     recovery.replace = lambda error, step: replaced.append(type(error).__name__)  # which error reached it
     try:
-        samples = recovery.run(lambda: source.generate([{"prompt": "3+4=", "label": "7"}]), step=0)
+        samples = recovery.run(lambda: source.generate([{"prompt": "3+4=", "label": "7"}], 2), step=0)
     finally:
         source.close()
     assert replaced == ["ActorDiedError"] and calls == [2, 2]  # both episodes' first turns, then again
@@ -634,16 +632,16 @@ def test_an_engine_lost_under_the_episodes_is_raised_for_the_recovery_once_they_
 
 def test_an_endpoint_that_stopped_answering_is_started_again_before_the_next_episodes(tokenizer, capsys):
     engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
-    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"), n=1)
+    source = source_for(tokenizer, engine, load_agent(EXAMPLES / "agent_calculator_openai.py"))
     try:
         url, restarts = source.endpoint.url, service_restarts()
-        first = source.generate([{"prompt": "3+4=", "label": "7"}])
+        first = source.generate([{"prompt": "3+4=", "label": "7"}], 1)
         source.endpoint._server.server.stop()  # its server thread ends, as a crashed service's would
         assert not source.endpoint.serving
-        again = source.generate([{"prompt": "3+4=", "label": "7"}])  # the step checks it first
+        again = source.generate([{"prompt": "3+4=", "label": "7"}], 1)  # the step checks it first
         assert source.endpoint.serving and source.endpoint.url == url  # the agents' clients keep their URL
         assert service_restarts() == restarts + 1
-        source.generate([{"prompt": "3+4=", "label": "7"}])
+        source.generate([{"prompt": "3+4=", "label": "7"}], 1)
         assert service_restarts() == restarts + 1  # answering: left alone
     finally:
         source.close()
@@ -750,9 +748,9 @@ def test_an_agent_file_that_asks_for_the_anthropic_client_trains_on_its_ids(toke
     agent = agent_file(tmp_path, ANTHROPIC_AGENT)
     assert agent.client == "anthropic"
     engine = ScriptedEngine(tokenizer, {"3+4=": ["7"]})
-    source = source_for(tokenizer, engine, agent, n=1)
+    source = source_for(tokenizer, engine, agent)
     try:
-        samples = source.generate([{"prompt": "3+4=", "label": "7"}])
+        samples = source.generate([{"prompt": "3+4=", "label": "7"}], 1)
     finally:
         source.close()
     assert samples.rewards.rewards.tolist() == [1.0]
@@ -821,7 +819,7 @@ def test_an_sdk_solver_answers_self_play_questions_with_the_ids_it_sampled(token
     from reinforce_pro.selfplay.tasks import Question
 
     engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"]})
-    source = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=1, solver_only=True)
+    source = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), solver_only=True)
     assert source.endpoint is None  # a solver never serves the run's own endpoint
     questions = [Question("1+1", "2"), Question("2+3", "5"), Question("4+5", "9")]
     try:
@@ -854,8 +852,8 @@ def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer
     from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 
     engine = ScriptedEngine(tokenizer, {"1+1=": ["2"], "2+3=": ["4"], "again": ["5"], "[": ["1+1"]})
-    agent = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), n=2, solver_only=True)
-    cfg = SelfPlayConfig(n_questions_per_prompt=1, n_samples_per_prompt=2, weights={"completion": 1.0})
+    agent = source_for(tokenizer, engine, agent_file(tmp_path, SOLVER_AGENT), solver_only=True)
+    cfg = SelfPlayConfig(n_questions_per_prompt=1, weights={"completion": 1.0})
     source = SelfPlaySource(agent.sampler, ArithmeticTask(), cfg, seed=0, sdk_agent=agent)
     try:
         solved = solve(agent.sampler, ArithmeticTask(), [Question("1+1", "2"), Question("2+3", "5")], RUN_SAMPLING,
@@ -867,8 +865,8 @@ def test_self_play_trains_a_solvers_forked_segments_with_its_advantage(tokenizer
     proposal.generation = ([1, 2], Generation(ids, [0.0] * len(ids), "stop"))
     rows = [TrainingSample(solved[0], 1.0, 1.0, "solver"), TrainingSample(solved[1], 0.0, 0.0, "solver"),
             TrainingSample(proposal, 0.5, 0.5, "proposer"), TrainingSample(proposal, 0.0, 0.0, "proposer")]  # fmt: skip
-    source.controller.step = lambda batch, rng: SelfPlayBatch(rows, [(0, 2, 2), (2, 4, 2)], {})
-    samples = source.generate([{"input": "1+0="}])
+    source.controller.step = lambda batch, n, rng: SelfPlayBatch(rows, [(0, 2, 2), (2, 4, 2)], {})
+    samples = source.generate([{"input": "1+0="}], 2)
     assert samples.fork_of == [1] and len(samples.rewards.rewards) == 5
     assert samples.rewards.rewards.tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]  # the fork carries its lead's reward
     assert samples.metrics["agent/segment_forks"] == 1.0 and samples.metrics["agent/failed_episodes"] == 0.0

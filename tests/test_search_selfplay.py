@@ -357,12 +357,12 @@ def test_a_step_trains_proposer_rows_and_search_episodes_with_retrieved_tokens_m
     from reinforce_pro.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
-    sampler = Sampler([], tokenizer, RolloutConfig(n_samples_per_prompt=4, max_new_tokens=40, prompt_max_len=64))
+    sampler = Sampler([], tokenizer, RolloutConfig(max_new_tokens=40, prompt_max_len=64))
     sampler.sample = ScriptedPolicy(tokenizer, task)
-    config = SelfPlayConfig(n_questions_per_prompt=2, n_samples_per_prompt=4, max_repropose_attempts=1,
+    config = SelfPlayConfig(n_questions_per_prompt=2, max_repropose_attempts=1,
                             proposer_train_scope="group", weights={"completion": 1.0})  # fmt: skip
     source = SelfPlaySource(sampler, task, config, seed=0, max_len=512)
-    samples = source.generate(task.seed_records(3, seed=2))
+    samples = source.generate(task.seed_records(3, seed=2), 4)
     proposer = samples.rewards.extra_logs["proposer_frac"].bool()
     assert proposer.sum() == 3 * 2 and (~proposer).sum() == 3 * 4  # one update: every proposal, 4 episodes each
     m = samples.metrics

@@ -260,7 +260,7 @@ class ScriptedEngine:
 
 def controller(scope="sampled", attempts=3, reward="learnable"):
     cfg = SelfPlayConfig(
-        n_questions_per_prompt=2, n_samples_per_prompt=N, max_repropose_attempts=attempts,
+        n_questions_per_prompt=2, max_repropose_attempts=attempts,
         proposer_train_scope=scope, weights={"completion": 1.0}, format_reward_coef=0.5, proposer_reward_coef=0.1,
         proposer_reward=reward,
     )  # fmt: skip
@@ -273,7 +273,7 @@ SEEDS = [{"input": "1+0="}, {"input": "2+0="}, {"input": "3+0="}]
 
 def test_repropose_loop_reproposes_only_marked_prompts_and_stops_at_the_limit():
     ctl, engine = controller(attempts=3)
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     proposer_calls = [c for c in engine.calls if c[0].startswith("[")]
     # round 1: all three prompts; round 2: the two marked ones; rounds 3-4: only the never-resolved one
     assert [sorted(set(c)) for c in proposer_calls] == [
@@ -294,7 +294,7 @@ def test_repropose_loop_reproposes_only_marked_prompts_and_stops_at_the_limit():
 
 def test_resolved_prompts_keep_their_data_and_rewards_follow_the_formulas():
     ctl, _ = controller(attempts=3)
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     solver = [s for s in batch.samples if s.role == "solver"]
     proposer = [s for s in batch.samples if s.role == "proposer"]
     # prompt 1 kept its round-1 question 1+1, prompt 2 its round-2 question 5+5; prompt 3 has none
@@ -316,7 +316,7 @@ def test_resolved_prompts_keep_their_data_and_rewards_follow_the_formulas():
 
 def test_group_scope_trains_every_question_of_the_final_groups():
     ctl, _ = controller(scope="group", attempts=3)
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     proposer = [(s.rollout.text, s.reward) for s in batch.samples if s.role == "proposer"]
     assert proposer == [("1+1", 1.0), ("2+2", 0.0), ("5+5", 1.0), ("oops", -1.0), ("9+9", 0.0), ("8+8", 0.0)]
     assert batch.segments[-3:] == [(8, 10, 2), (10, 12, 2), (12, 14, 2)]
@@ -326,11 +326,11 @@ def test_difficulty_reward_grades_learnable_questions_by_how_rarely_the_solver_s
     """--proposer_reward difficulty (Absolute Zero's r_propose = 1 - solve rate): 1+1 (2 of 4 right) earns 0.5,
     5+5 (1 of 4) 0.75; questions that are not learnable, invalid or unresolved earn what they did before."""
     ctl, _ = controller(scope="group", reward="difficulty")
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     proposer = [(s.rollout.text, s.reward) for s in batch.samples if s.role == "proposer"]
     assert proposer == [("1+1", 0.5), ("2+2", 0.0), ("5+5", 0.75), ("oops", -1.0), ("9+9", 0.0), ("8+8", 0.0)]
     ctl, _ = controller(scope="sampled", reward="difficulty")
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     assert [s.reward for s in batch.samples if s.role == "proposer"] == [0.5, 0.75, -0.5]
     solver = [s.reward for s in batch.samples if s.role == "solver" and s.rollout.prompt == "1+1="]
     assert solver[0] == pytest.approx(1.0 + 0.5 + 0.1 * 0.5)  # right, well-formed, and its prompt's 0.5
@@ -340,7 +340,7 @@ def test_difficulty_reward_grades_learnable_questions_by_how_rarely_the_solver_s
 
 def test_no_reproposal_with_zero_attempts():
     ctl, engine = controller(attempts=0)
-    batch = ctl.step(SEEDS, random.Random(0))
+    batch = ctl.step(SEEDS, N, random.Random(0))
     assert sum(c[0].startswith("[") for c in engine.calls) == 1
     assert batch.metrics["repropose/final_non_learnable"] == 2
     assert [s.reward for s in batch.samples if s.role == "proposer"] == [1.0, -0.5, -0.5]
@@ -406,9 +406,9 @@ def _scripted_source(proposals: list[str]):
         def decode_prompt(self, ids):
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    sampler = ScriptedSampler([object()], build_tokenizer(), RolloutConfig(n_samples_per_prompt=N))
+    sampler = ScriptedSampler([object()], build_tokenizer(), RolloutConfig())
     sampler.calls = []  # prompts per sample() call
-    cfg = SelfPlayConfig(n_questions_per_prompt=2, n_samples_per_prompt=N, max_repropose_attempts=2,
+    cfg = SelfPlayConfig(n_questions_per_prompt=2, max_repropose_attempts=2,
                          weights={"completion": 1.0})  # fmt: skip
     return SelfPlaySource(sampler, ArithmeticTask(), cfg, seed=0), sampler
 
@@ -418,7 +418,7 @@ def test_a_round_with_no_valid_proposal_asks_for_nothing_and_gets_nothing():
     invalid: no solver prompt, and the tokenizer decoded the empty batch to one empty text."""
     source, sampler = _scripted_source(["oops", "nope"])
     assert source.sampler.decode([]) == [] and source.generate_texts([]) == []
-    batch = source.controller.step([{"input": "1+0="}, {"input": "2+0="}], random.Random(0))
+    batch = source.controller.step([{"input": "1+0="}, {"input": "2+0="}], N, random.Random(0))
     assert sampler.calls == [0, 4, 0, 4, 0, 4, 0]  # generate_texts([]), then 3 rounds with no solver prompt
     assert batch.metrics["selfplay/arithmetic/valid_ratio"] == 0.0
     assert batch.metrics["repropose/final_non_learnable"] == 2
@@ -482,7 +482,7 @@ def test_curriculum_metrics_describe_the_proposals():
     import math
 
     ctl, _ = controller(attempts=3)
-    m = ctl.step(SEEDS, random.Random(0)).metrics
+    m = ctl.step(SEEDS, N, random.Random(0)).metrics
     counts = [1, 1, 1, 1, 1, 4, 4]  # 1+1 2+2 3+3 4+4 5+5 once, 9+9 and 8+8 four times
     assert m["selfplay/arithmetic/proposal_unique_frac"] == pytest.approx(7 / 13)
     assert m["selfplay/arithmetic/proposal_entropy"] == pytest.approx(-sum(c / 13 * math.log2(c / 13) for c in counts))
@@ -512,23 +512,23 @@ def test_reference_buffer_feeds_learnable_questions_back_as_proposer_prompts():
                 out.append(Rollout(prompt, str(int(a) + int(b)) if k % 2 else "x"))
         return out
 
-    cfg = SelfPlayConfig(n_questions_per_prompt=2, n_samples_per_prompt=N, weights={"completion": 1.0},
+    cfg = SelfPlayConfig(n_questions_per_prompt=2, weights={"completion": 1.0},
                          reference_buffer=3)  # fmt: skip
     ctl = SelfPlayController(ArithmeticTask(), cfg, generate)
     rng = random.Random(0)
-    first = ctl.step([{"input": "1+0="}, {"input": "5+0="}], rng)
+    first = ctl.step([{"input": "1+0="}, {"input": "5+0="}], N, rng)
     assert calls[0] == ["[1+0]>"] * 2 + ["[5+0]>"] * 2 and first.metrics["proposer/reference_frac"] == 0.0
     assert [q.text for q in ctl.references] == ["2+0", "6+0", "6+0"]  # the last 3 learnable of the last round
     before = len(calls)
-    second = ctl.step([{"input": "1+0="}, {"input": "5+0="}], rng)
+    second = ctl.step([{"input": "1+0="}, {"input": "5+0="}], N, rng)
     assert set(calls[before]) <= {"[2+0]>", "[6+0]>"} and second.metrics["proposer/reference_frac"] == 1.0
     assert second.metrics["proposer/reference_buffer_size"] == 3.0
     restored = SelfPlayController(ArithmeticTask(), cfg, generate)
     restored.load_state_dict(ctl.state_dict())
     assert list(restored.references) == list(ctl.references)
     off = SelfPlayController(ArithmeticTask(), replace(cfg, reference_buffer=0), generate)
-    off.step([{"input": "1+0="}], rng)
-    off.step([{"input": "1+0="}], rng)
+    off.step([{"input": "1+0="}], N, rng)
+    off.step([{"input": "1+0="}], N, rng)
     assert calls[-2][0] == "[1+0]>" and not off.references  # 0: always the seeds
 
 

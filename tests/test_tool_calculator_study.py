@@ -30,9 +30,9 @@ def test_the_warm_starts_tool_demonstration_is_what_an_episode_gives_the_engine(
     # an episode in which the model samples the demonstrated call, then the demonstrated answer
     record = call["prompt"].split("user: ")[-1].split("\n")[0] if arm == "tools" else call["prompt"]
     engine = ScriptedEngine(tokenizer, {record: [call["label"]], call["label"]: ["0"]})  # the longest key wins
-    source = source_for(tokenizer, engine, load_agent(study.ARMS[arm]), n=1, max_len=256, max_new=96)
+    source = source_for(tokenizer, engine, load_agent(study.ARMS[arm]), max_len=256, max_new=96)
     try:
-        source.generate([{"prompt": record, "label": answer["label"]}])
+        source.generate([{"prompt": record, "label": answer["label"]}], 1)
     finally:
         source.close()
     given = [tokenizer.decode(ids, skip_special_tokens=False) for ids in engine.given]

@@ -30,8 +30,8 @@ class AgentSource:
         self.partial = partial
         self.runner.sample_in_chunks = lambda ids, sampling: self.sampler.sample_in_chunks(ids, partial, sampling)
 
-    def generate(self, batch: list[dict]) -> Samples:
-        n, tokenizer = self.sampler.cfg.n_samples_per_prompt, self.sampler.tokenizer
+    def generate(self, batch: list[dict], n: int) -> Samples:
+        tokenizer = self.sampler.tokenizer
         dialogue = _dialogues(batch)
         episodes = self.runner.run_dialogues(batch, n) if dialogue else self.runner.run_episodes(batch, n)
         responses = [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]

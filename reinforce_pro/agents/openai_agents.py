@@ -148,8 +148,7 @@ class OpenAIAgentSource:
         executor.hf_tokenizer, executor.max_length = self.sampler.tokenizer, self.cfg.max_len
         return executor
 
-    def generate(self, batch: list[dict]) -> Samples:
-        n = self.sampler.cfg.n_samples_per_prompt
+    def generate(self, batch: list[dict], n: int) -> Samples:
         jobs, results, trajectories = self._episodes(batch, n, self.endpoint, self.executor, self.partial is not None)
         return self._samples(jobs, results, trajectories, n)
 

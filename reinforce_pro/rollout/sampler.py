@@ -29,8 +29,6 @@ class RolloutConfig:
     """How responses are sampled; what is made of them is ExperienceConfig's (trainer/experience_builder.py)."""
 
     # fmt: off
-    n_samples_per_prompt: int = flag(1, "responses per prompt (group size)", dotted="rollout.n_samples_per_prompt",
-        at_least=1, group="training")
     prompt_max_len: int = 1024
     max_new_tokens: int = 1024
     min_new_tokens: int = 0  # no end of response before this many tokens (equal-length benchmark work)
@@ -191,9 +189,11 @@ class RolloutSource(Protocol):
 
     sampler: Sampler  # the engines' sampler: held-out evaluation samples through it
 
-    def generate(self, batch: list[dict]) -> Samples:
-        """The step's samples for a batch of prompt records ({"prompt", "label"}); rewards set when the source
-        scores its own rollouts (self-play, agents), else left to the reward function."""
+    def generate(self, batch: list[dict], n: int) -> Samples:
+        """The step's samples for a batch of prompt records ({"prompt", "label"}), `n` responses (episodes; under
+        self-play, solver responses per question) to each, in groups of n consecutive rows (Samples.group_size);
+        rewards set when the source scores its own rollouts (self-play, agents), else left to the reward
+        function."""
         ...
 
     def state_dict(self) -> dict:
@@ -208,7 +208,7 @@ class RolloutSource(Protocol):
 
 
 class PromptSource:
-    """Plain prompts: n_samples_per_prompt responses to each prompt of the batch, scored later by the reward
+    """Plain prompts: n responses to each prompt of the batch, scored later by the reward
     function. After `use_partial` (--partial_rollout, by the trainer) responses are sampled in chunks."""
 
     def __init__(self, sampler: Sampler):
@@ -218,9 +218,8 @@ class PromptSource:
     def use_partial(self, partial: PartialRollout) -> None:
         self.partial = partial
 
-    def generate(self, batch: list[dict]) -> Samples:
-        """Sample n_samples_per_prompt responses for each prompt of `batch` ([{"prompt", "label"}])."""
-        n = self.sampler.cfg.n_samples_per_prompt
+    def generate(self, batch: list[dict], n: int) -> Samples:
+        """Sample n responses for each prompt of `batch` ([{"prompt", "label"}])."""
         prompt_ids = [ids for ids in (self.sampler.encode(item["prompt"]) for item in batch) for _ in range(n)]
         versions = None
         if self.partial is None:

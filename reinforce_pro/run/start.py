@@ -31,7 +31,7 @@ def optimizer_steps(cfg: RunConfig, num_prompts: int) -> int:
     """Optimizer steps over the whole run (the LR schedule's length)."""
     loop = cfg.loop
     steps = num_prompts // loop.rollout_batch_size * loop.num_episodes
-    samples = loop.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+    samples = loop.rollout_batch_size * loop.n_samples_per_prompt
     return max(1, steps * (samples // loop.train_batch_size * loop.max_epochs))
 
 

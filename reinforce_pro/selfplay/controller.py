@@ -60,7 +60,6 @@ class SelfPlayConfig:
     # fmt: off
     n_questions_per_prompt: int = flag(4, f"{SELFPLAY} questions proposed per seed prompt", at_least=1,
         group="selfplay")
-    n_samples_per_prompt: int = 8  # solver responses per question (rollout_n)
     max_repropose_attempts: int = flag(3,
         f"{SELFPLAY} re-proposal rounds after the first proposal for prompts whose questions are all or none "
         "learnable (0: never re-propose)", at_least=0, group="selfplay")
@@ -138,7 +137,8 @@ class SelfPlayController:
         # proposals move with what the solver can almost do instead of staying near the fixed seeds
         self.references: deque[Question] = deque(maxlen=max(1, cfg.reference_buffer))
 
-    def step(self, seeds: Sequence[dict], rng: random.Random) -> SelfPlayBatch:
+    def step(self, seeds: Sequence[dict], n: int, rng: random.Random) -> SelfPlayBatch:
+        """One self-play step over `seeds`, with `n` solver responses to each valid proposed question."""
         referenced = self.cfg.reference_buffer > 0 and bool(self.references)
         if referenced:  # every prompt shows a random buffered question instead of its seed
             seeds = [self.task.reference_record(rng.choice(self.references)) for _ in seeds]
@@ -146,7 +146,7 @@ class SelfPlayController:
         stats = RoundStats()
         marked = list(range(len(prompts)))
         for _ in range(1 + self.cfg.max_repropose_attempts):
-            self._attempt([prompts[i] for i in marked], stats)
+            self._attempt([prompts[i] for i in marked], stats, n)
             plan = plan_question_sampling([prompts[i].learnable_row for i in marked], rng)
             for i, sampled in zip(marked, plan, strict=True):
                 prompts[i].sampled = sampled
@@ -155,7 +155,7 @@ class SelfPlayController:
                 break
         if self.cfg.reference_buffer > 0:
             self.references.extend(q.parsed.question for p in prompts for q in p.questions if q.learnable)
-        batch = self._training_batch(prompts, stats)
+        batch = self._training_batch(prompts, stats, n)
         if self.cfg.reference_buffer > 0:
             batch.metrics["proposer/reference_frac"] = float(referenced)
             batch.metrics["proposer/reference_buffer_size"] = float(len(self.references))
@@ -169,9 +169,9 @@ class SelfPlayController:
         self.references.clear()
         self.references.extend(Question(text, answer, meta) for text, answer, meta in state.get("references", []))
 
-    def _attempt(self, prompts: list[PromptRecord], stats: RoundStats) -> None:
+    def _attempt(self, prompts: list[PromptRecord], stats: RoundStats, n: int) -> None:
         """Propose a new question group for each prompt, validate, solve, score, judge learnability."""
-        k, n = self.cfg.n_questions_per_prompt, self.cfg.n_samples_per_prompt
+        k = self.cfg.n_questions_per_prompt
         sampling = self.task.sampling
         proposals = self.generate(
             [self.task.proposer_prompt(p.seed) for p in prompts for _ in range(k)], sampling.get("proposer")
@@ -188,8 +188,8 @@ class SelfPlayController:
         stats.add_round(records, first=stats.rounds == 0, task=self.task)
 
     # ------------------------------------------------------------------ steps 8-10
-    def _training_batch(self, prompts: list[PromptRecord], stats: RoundStats) -> SelfPlayBatch:
-        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+    def _training_batch(self, prompts: list[PromptRecord], stats: RoundStats, n: int) -> SelfPlayBatch:
+        cfg = self.cfg
         samples: list[TrainingSample] = []
         segments: list[tuple[int, int, int]] = []
         repeats = repetition_penalties([text for text, _, _ in stats.questions], cfg.repetition_penalty)

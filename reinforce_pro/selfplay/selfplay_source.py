@@ -77,10 +77,10 @@ class SelfPlaySource:
         sampling = {"temperature": 0.0, "max_tokens": JUDGE_MAX_TOKENS, "skip_special_tokens": True}
         return [r.text for r in self.generate_texts(prompts, sampling, self.judge_engines)]
 
-    def generate(self, batch: list[dict]) -> Samples:
-        """`batch`: seed records. Runs the whole self-play step (with re-proposals) and returns its
-        training rows, already scored."""
-        result = self.controller.step(batch, self.rng)
+    def generate(self, batch: list[dict], n: int) -> Samples:
+        """`batch`: seed records; `n` solver responses to each proposed question. Runs the whole self-play step
+        (with re-proposals) and returns its training rows, already scored."""
+        result = self.controller.step(batch, n, self.rng)
         fork_of = [lead for lead, s in enumerate(result.samples) for _ in s.rollout.forks]
         forks = [TrainingSample(Rollout(s.rollout.prompt, "", fork), s.reward, s.score, s.role)
                  for s in result.samples for fork in s.rollout.forks]  # fmt: skip

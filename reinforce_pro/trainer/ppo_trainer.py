@@ -69,6 +69,9 @@ class LoopConfig:
     num_episodes: int = flag(1, "passes over the prompt data", dotted="train.num_episodes", at_least=1,
         group="training")
     rollout_batch_size: int = flag(1024, "prompts per step", dotted="rollout.batch_size", at_least=1, group="training")
+    n_samples_per_prompt: int = flag(1,
+        "responses per prompt (the group size; self-play: solver responses per question)",
+        dotted="rollout.n_samples_per_prompt", at_least=1, group="training")
     train_batch_size: int = 128  # samples per optimizer step, over all data-parallel ranks
     micro_train_batch_size: int = 4  # samples per forward on one rank
     # --use_dynamic_batch: micro-batches cut by this many tokens instead of a count: padded (rows x longest row),
@@ -298,10 +301,11 @@ class PPOTrainer:
         batch = self.loader.take(self.cfg.rollout_batch_size)
         if len(batch) < self.cfg.rollout_batch_size:
             return None, [], {}
+        generate = lambda records: self.source.generate(records, self.cfg.n_samples_per_prompt)
         if self.cfg.dynamic_filtering_reward_range is None:
-            return self.source.generate([r for _, r in batch]), [i for i, _ in batch], {}
+            return generate([r for _, r in batch]), [i for i, _ in batch], {}
         return generate_filtered(
-            self.source.generate, self.builder.rewards, batch, self.loader.take, self.cfg.rollout_batch_size,
+            generate, self.builder.rewards, batch, self.loader.take, self.cfg.rollout_batch_size,
             self.cfg.dynamic_filtering_reward_range,
         )  # fmt: skip
 
