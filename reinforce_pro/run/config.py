@@ -78,6 +78,7 @@ class KLPenalty:
 class Models:
     lora: LoraAdapterConfig | None
     # fmt: off
+    # None: the built-in tiny model (run/prepare builds it and fills Engines.config)
     pretrain: str | None = flag(None, "policy HF model dir (unset: the built-in tiny model)",
         dotted="actor.model_name_or_path", group="data")
     critic_pretrain: str | None = flag(None, "critic HF dir (gae; unset: --pretrain)",

@@ -39,10 +39,12 @@ class ExperienceConfig:
     lambd: float = flag(1, "GAE lambda", dotted="algo.advantage.lambd", group="training")
     std_norm: bool = True
     reward_clip_range: tuple[float, float] | None = (-10.0, 10.0)
+    # rewards/loader.py applies it
     reward_nan_policy: str = flag("error",
         "non-finite rewards from the reward function: error (stop the run, one line), zero (use 0), drop (use 0 and "
         "train on none of the row's tokens); zero and drop log reward/nonfinite, the fraction of rows",
         choices=NAN_POLICIES, group="training")
+    # algos/length_penalty.py
     overlong_buffer_len: float | None = flag(None, "DAPO: penalise the last B tokens before the limit",
         dotted="reward.overlong_buffer_len", group="training")
     overlong_penalty_factor: float = flag(1, "DAPO: the penalty at the token limit",

@@ -103,11 +103,13 @@ class LoopConfig:
     samples_log_steps: int = flag(0,
         "[reinforce_pro] write a prompt / response / reward table (samples.jsonl, wandb) every N steps (0: never)",
         group="running")
+    # else skipped where the training forward gives the same numbers (old_log_probs_needed)
     recompute_old_log_probs: bool = flag(False,
         "[reinforce_pro] always compute the old log-probs in a forward pass before training. By default that pass is "
         "skipped when a step trains the policy once on one mini-batch (--max_epochs 1, samples per step <= "
         "--train_batch_size, no KL penalty in the reward): the training forward's own log-probs, detached, are then "
         "the same numbers", group="training")
+    # the producer thread: trainer/rollout_stream.py
     async_train: bool = flag(False,
         "generate the next rollout batches in a producer thread while the policy trains on this one; rollouts are "
         "then up to --async_queue_size policy versions stale (logged as async/staleness_*)",
@@ -128,6 +130,7 @@ class LoopConfig:
     best_metric_key: str | None = None  # keep the policy with the highest value of this eval metric...
     best_model_dir: Path | None = None  # ...here (HF format)
     checkpoints: CheckpointConfig | None = None  # None: no checkpoints
+    # counted by run/driver.py, which restarts the actors
     max_failures: int = flag(3,
         "[reinforce_pro] lost actors (killed by a signal or Ray's memory monitor, crashed) the run recovers from by "
         "restarting its actors from the newest checkpoint; past them it stops with one line (0: at the first)",

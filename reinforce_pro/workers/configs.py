@@ -74,6 +74,7 @@ class ForwardConfig:
         "with a block-diagonal mask)",
         dotted="ds.packing_samples", group="deepspeed")
     ring_size: int = 1  # --ring_attn_size: the policy's rows split along the sequence over rings of ranks
+    # whose routes the forwards replay: models/routing.py
     routing_replay: str = flag("none",
         "[reinforce_pro] MoE models: the experts the trainer's forwards use. r3: the engine's, recorded for every "
         "sampled token (rollout routing replay, arXiv 2510.11370); r2: the old policy's, from the forward that "

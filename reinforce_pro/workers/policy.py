@@ -52,18 +52,21 @@ class PolicyLossConfig:
 
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
     # fmt: off
+    # its coefficient comes with each mini-batch: the trainer's KL controller owns it
     use_kl_loss: bool = flag(False, "KL as a loss term instead of a reward penalty", dotted="algo.kl.use_loss",
         group="training")
     kl_estimator: str = flag("k1", "KL estimator", dotted="algo.kl.estimator", choices=KL_ESTIMATORS, group="training")
     entropy_loss_coef: float | None = flag(None, "entropy bonus coefficient", dotted="actor.entropy_coef",
         group="training")
     temperature: float = 1.0
+    # the reverse KL's own gradient (algos/kl.kl_loss)
     kl_unbiased_gradient: bool = flag(False,
         "OpenRLHF 0.11.2, with --use_kl_loss: keep the estimator's value, give the loss the reverse KL's own gradient, "
         "importance-weighted by pi / pi_old (at most 10) for the epochs after the first; k1, k2, k3 then share it",
         dotted="algo.kl.unbiased_gradient", group="training")
     # the engine's top-k / top-p / minimum length, replayed on the trainer's logits (models/sampling_filter.py)
     sampling_filter: SamplingFilter | None = None
+    # the router's load-balancing loss (models/routing.py)
     aux_loss_coef: float = flag(0,
         "MoE models: weight of the router's load-balancing loss (Switch Transformer's, as transformers computes "
         "it: the number of experts per token when balanced) in the policy loss; logged as policy/aux_loss",
