@@ -419,13 +419,14 @@ CARRIED = (
 def flag_fields() -> tuple[tuple[type, dataclasses.Field, FlagSpec, Any], ...]:
     """(section, field, spec, resolved annotation) of every flag, in --help's order: a group's section's own flags,
     then those the configs declare for it. Read once per process (every parse and the derived tables use it)."""
+    hints = {cls: get_type_hints(cls) for cls in (*GROUPS.values(), *CARRIED)}  # resolved once per class
     carried = [(cls, f) for cls in CARRIED for f in dataclasses.fields(cls) if "flag" in f.metadata]
-    unknown = {f.name for _, f in carried} - {f.name for _, f in carried if f.metadata["flag"].group in GROUPS}
-    assert not unknown, f"flags of a config without a known --help group: {sorted(unknown)}"
+    unknown = sorted(f.name for _, f in carried if f.metadata["flag"].group not in GROUPS)
+    assert not unknown, f"flags of a config without a known --help group: {unknown}"
     out = []
     for key, section in GROUPS.items():
-        out += [(section, f, f.metadata["flag"], get_type_hints(section)[f.name]) for f in dataclasses.fields(section)]
-        out += [(section, f, f.metadata["flag"], get_type_hints(cls)[f.name]) for cls, f in carried
+        out += [(section, f, f.metadata["flag"], hints[section][f.name]) for f in dataclasses.fields(section)]
+        out += [(section, f, f.metadata["flag"], hints[cls][f.name]) for cls, f in carried
                 if f.metadata["flag"].group == key]  # fmt: skip
     return tuple(out)
 
