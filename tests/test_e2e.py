@@ -797,6 +797,7 @@ def test_absolute_zero_code_task_runs_through_the_trainer(tmp_path, engine, tiny
         assert row["rollout/response_length_mean"] <= 24
 
 
+@pytest.mark.recipe
 def test_the_absolute_zero_code_recipe_runs_on_smollm2(tmp_path, engine):
     """Examples/scripts/train_absolute_zero_code.sh end to end on a real model at a tiny budget (one
     step of 2 seed prompts, 2 questions each, 2 answers per question, an eager engine), in this session's Ray

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.recipe]
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -420,6 +420,7 @@ def assert_masked_positions_do_not_matter(mask: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------ end to end
 @pytest.mark.e2e
+@pytest.mark.recipe
 @pytest.mark.parametrize("agent", ["agent_search.py", "agent_search_openai.py"])
 def test_search_recipe_trains_with_the_service_running(tmp_path, agent):
     """examples/scripts/train_search_agent.sh as a user runs it, shortened: knowledge base, its service (started

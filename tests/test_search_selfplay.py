@@ -384,6 +384,7 @@ def test_a_step_trains_proposer_rows_and_search_episodes_with_retrieved_tokens_m
 
 # ------------------------------------------------------------------------------------------ end to end
 @pytest.mark.e2e
+@pytest.mark.recipe
 def test_search_selfplay_recipe_trains_both_roles_with_the_service_running(tmp_path):
     """examples/scripts/train_search_selfplay.sh as a user runs it, shortened: knowledge base, its service
     (started and stopped by the script), the task's warm start on other bases (400 SFT steps: enough for the
