@@ -163,6 +163,65 @@ def test_partial_rollouts_keep_the_version_that_sampled_each_token(tokenizer):
     assert chunks == [10, 15] and samples.token_version[0, : len(want)].tolist() == want
 
 
+class ContinuingEngine:
+    """Like vLLM: continues one scripted reply from wherever the prompt has reached in it (a partial rollout's
+    next chunk feeds the tokens so far as prompt), and stops at a stop string only where its own new text holds
+    it whole, at the token that completes it (vLLM's detokenizer sees no text of the request before it)."""
+
+    def __init__(self, tokenizer, base: str, reply: str):
+        self.tok, self.base, self.reply = tokenizer, base, reply
+        self.requests = 0
+
+    def __call__(self, prompt_ids: list[list[int]], sampling: dict) -> list[Generation]:
+        out, reply = [], self.tok(self.reply, add_special_tokens=False)["input_ids"]
+        for ids in prompt_ids:
+            self.requests += 1
+            text = self.tok.decode(ids, skip_special_tokens=True)
+            done = len(text) - text.index(self.base) - len(self.base)  # one character a token
+            new, finish = reply[done : done + sampling["max_tokens"]], "length"
+            for k in range(1, len(new) + 1):
+                if any(stop in self.tok.decode(new[:k]) for stop in sampling.get("stop") or ()):
+                    new, finish = new[:k], "stop"
+                    break
+            out.append(Generation(new, [-0.5] * len(new), finish))
+        return out
+
+
+@pytest.mark.parametrize(
+    "body, reply, kept",
+    [
+        pytest.param({"stop": ["##"]}, "abc##def ghijklmnop", "abc##", id="stop-string"),
+        pytest.param({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": False},
+                     '<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "f"}</tool_call>',
+                     '<tool_call>{"name": "f"}</tool_call>', id="parallel-tool-calls-false"),
+    ],
+)  # fmt: skip
+def test_under_partial_rollouts_nothing_past_a_stop_split_across_chunks_is_recorded(tokenizer, body, reply, kept):
+    """Sampled 4 tokens a request (Sampler.sample_in_chunks, not a stand-in), a stop string (or a call's closing
+    tag, parallel_tool_calls false) split across two chunks: the ids recorded, trained and fed to the next turn
+    end at it, as the text the client got does."""
+    from reinforce_pro.rollout.sampler import PartialRollout, Sampler
+
+    engine = ContinuingEngine(tokenizer, "user: go\nassistant: ", reply)
+    sampler = Sampler(None, tokenizer, RolloutConfig(max_new_tokens=40))
+    sampler.sample = engine
+    endpoint = Endpoint(tokenizer, engine, {**RUN_SAMPLING, "max_tokens": 40}, max_len=256, batch_wait_s=0.01)
+    partial = PartialRollout(chunk=4, between=lambda chunk: 0)
+    endpoint.batcher.chunked = lambda prompts, sampling: sampler.sample_in_chunks(prompts, partial, sampling)
+    endpoint.start()
+    try:
+        sid = endpoint.open_session()
+        r = post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, "messages": [
+            {"role": "user", "content": "go"}], **body})  # fmt: skip
+        assert r.status_code == 200 and engine.requests >= 2  # chunked: several requests for one completion
+        (call,) = endpoint.close_session(sid).trajectory.segments[0]
+        assert tokenizer.decode(call.completion_ids) == kept and call.finish_reason == "stop"
+        assert len(call.log_probs) == len(call.versions) == len(call.completion_ids)
+        assert r.json()["token_ids"]["completion_token_ids"] == call.completion_ids
+    finally:
+        endpoint.stop()
+
+
 def test_the_same_episode_as_its_agentinstance_twin(tokenizer):
     """The SDK calculator and agent_calculator.py's AgentInstance, on one scripted engine: the same rows."""
     from reinforce_pro.agents.agent_source import AgentSource
@@ -392,7 +451,7 @@ CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
     [
         pytest.param(b"{not json", 400, "invalid_json", id="bad-json"),
         pytest.param(b"[1, 2]", 400, "invalid_json", id="not-an-object"),
-        pytest.param({**CHAT, "max_tokens": 13}, 400, "max_tokens_exceeded", id="max-tokens-over-the-run"),
+        pytest.param(b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "invalid_json", id="nested-5000-deep"),
         pytest.param({**CHAT, "max_tokens": -1}, 400, "invalid", id="max-tokens-negative"),
         pytest.param({**CHAT, "temperature": 0.3}, 400, "sampling_pinned", id="another-temperature"),
         pytest.param({**CHAT, "top_p": 0.9}, 400, "sampling_pinned", id="another-top-p"),
@@ -419,6 +478,18 @@ def test_a_bad_request_is_an_openai_error_and_the_endpoint_keeps_serving(live, b
     ok = post(endpoint, f"/s/{sid}/v1/chat/completions", json=CHAT)
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "ok"
     assert endpoint.close_session(sid).trajectory.calls == 1  # refused requests record nothing
+
+
+def test_max_tokens_above_the_runs_is_clamped_to_it_and_counted_and_n_null_is_one(live):
+    """Anthropic's clients always send a max_tokens (often 4096 or more): it is clamped to --max_new_tokens, not
+    refused, and the clamp is counted (agent/clamped_max_tokens); `n: null` is OpenAI's default, one choice."""
+    endpoint, engine = live
+    sid = endpoint.open_session()
+    r = post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, "max_tokens": 4096, "n": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, "max_tokens": 5}).status_code == 200
+    trajectory = endpoint.close_session(sid).trajectory
+    assert (trajectory.calls, trajectory.clamped) == (2, 1)
 
 
 def test_sessions_unknown_ended_missing_and_oversized_bodies(live):
@@ -702,7 +773,7 @@ def test_the_anthropic_sdk_gets_messages_and_its_turns_extend_one_sequence(live,
     "body, status, kind",
     [
         pytest.param({"model": "policy", "messages": MESSAGES["messages"]}, 400, BAD, id="no-max"),
-        pytest.param({**MESSAGES, "max_tokens": 13}, 400, BAD, id="max-over-the-run"),
+        pytest.param({**MESSAGES, "max_tokens": 0}, 400, BAD, id="max-zero"),
         pytest.param({**MESSAGES, "tools": [{"type": "web_search_20250305", "name": "s"}]}, 400, BAD, id="server-tool"),
         pytest.param({**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 4}}, 400, BAD, id="thinking"),
         pytest.param({**MESSAGES, "messages": [{"role": "tool", "content": ""}]}, 400, BAD, id="tool"),

@@ -6,7 +6,9 @@ SDKs against the live loopback endpoint and a scripted engine (its ids known). T
 
 from __future__ import annotations
 
+import copy
 import json
+import time
 
 import pytest
 
@@ -62,9 +64,10 @@ class RecordingEngine(ScriptedEngine):
         return super().__call__(prompt_ids, sampling)
 
 
-def serve(tokenizer, replies: dict, max_len: int = 512):
+def serve(tokenizer, replies: dict, max_len: int = 512, max_new: int = 96):
     engine = RecordingEngine(tokenizer, replies)
-    endpoint = Endpoint(tokenizer, engine, {**RUN_SAMPLING, "max_tokens": 96}, max_len=max_len, batch_wait_s=0.01)
+    endpoint = Endpoint(tokenizer, engine, {**RUN_SAMPLING, "max_tokens": max_new}, max_len=max_len,
+                        batch_wait_s=0.01)  # fmt: skip
     endpoint.start()
     return endpoint, engine
 
@@ -250,6 +253,50 @@ def test_a_sampled_call_that_does_not_parse_comes_back_as_content_and_is_counted
         endpoint.stop()
 
 
+# what a model may write inside a call's tags, each of which once failed the request after the call was recorded
+HOSTILE = {
+    "name-is-a-list": '<tool_call>{"name": ["add"], "arguments": {}}</tool_call>',  # TypeError: a list in a set
+    "nested-1500-deep": '<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 1500 + "]" * 1500 + "}}</tool_call>",
+    "nan": '<tool_call>{"name": "add", "arguments": {"a": NaN, "b": 1}}</tool_call>',
+    "infinity": '<tool_call>{"name": "add", "arguments": {"a": -Infinity, "b": 1}}</tool_call>',
+    "overflow": '<tool_call>{"name": "add", "arguments": {"a": 1e400, "b": 1}}</tool_call>',
+    "arguments-a-string-nested": '<tool_call>{"name": "add", "arguments": "' + "[" * 1500 + '"}</tool_call>',
+    "2000-unclosed-tags": "<tool_call>" * 2000,
+}
+
+
+@pytest.mark.parametrize("route", ["chat", "messages"])
+@pytest.mark.parametrize("reply", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_what_a_model_writes_in_a_call_is_content_on_every_route_never_a_failed_request(tokenizer, reply, route):
+    endpoint, _ = serve(tokenizer, {"": [reply]}, max_len=32768, max_new=24000)
+    try:
+        sid = endpoint.open_session()
+        if route == "chat":
+            r = httpx.post(f"{endpoint.url}/s/{sid}/v1/chat/completions", timeout=30,
+                           json={"messages": [{"role": "user", "content": "go"}], "tools": [ADD]})  # fmt: skip
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == reply
+        else:
+            tools = [{"name": "add", "input_schema": ADD["function"]["parameters"]}]
+            r = httpx.post(f"{endpoint.url}/s/{sid}/v1/messages", timeout=30, json={"max_tokens": 24000,
+                           "messages": [{"role": "user", "content": "go"}], "tools": tools})  # fmt: skip
+            assert r.status_code == 200 and r.json()["content"] == [{"type": "text", "text": reply}]
+        trajectory = endpoint.close_session(sid).trajectory
+        assert (trajectory.calls, trajectory.tool_calls, trajectory.tool_call_failures) == (1, 0, 1)
+    finally:
+        endpoint.stop()
+
+
+def test_reading_calls_takes_linear_time_in_a_reply_of_unclosed_tags():
+    """20,000 unclosed tags (a model looping on a one-token <tool_call>): a lazy regex scanned to the end from each
+    of them (1.5 s at 4,000, so ~37 s here, on the loop that serves every session); one pass takes milliseconds."""
+    tools = ToolRequest([ADD])
+    started = time.perf_counter()
+    parsed = parse_completion("<tool_call>" * 20_000, tools)
+    assert parsed.failed and parsed.calls == [] and time.perf_counter() - started < 1.0
+    closed = parse_completion(CALL + "<tool_call>x</tool_call>" * 20_000, tools)  # a bad call among many: content
+    assert closed.failed and closed.calls == []
+
+
 def _history(calls: int) -> list[dict]:
     return [
         {"role": "user", "content": "go"},
@@ -308,6 +355,33 @@ def test_the_anthropic_sdk_gets_tool_use_blocks_and_its_tool_results_extend_the_
     assert final.content[0].text == "7" and final.stop_reason == "end_turn"
     trajectory = endpoint.close_session(sid).trajectory
     assert trajectory.calls == 2 and trajectory.forks == 0 and trajectory.tool_calls == 1
+
+
+def test_the_anthropic_sdks_tool_loop_on_a_think_template_echoes_its_thinking_block_and_is_served(tokenizer):
+    """A template with <think> (Qwen3's family): the reply's reasoning comes back as a thinking block, which the
+    SDK's own loop sends back in the next request's assistant turn; that turn is served (it was a 400), and the
+    call's sampled text, reasoning included, is what the next prompt extends."""
+    anthropic = pytest.importorskip("anthropic")
+    from reinforce_pro.models.tiny import CHAT_TEMPLATE
+
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = CHAT_TEMPLATE + "{#- a reply may open with <think>...</think> -#}"
+    endpoint, _ = serve(thinking, {"3+4=": ["<think>add them</think>" + CALL, "7"], "": ["ok"]})
+    try:
+        sid = endpoint.open_session()
+        client = anthropic.Anthropic(base_url=f"{endpoint.url}/s/{sid}", api_key="none", max_retries=0)
+        tools = [{"name": "add", "description": "Add two integers", "input_schema": ADD["function"]["parameters"]}]
+        messages = [{"role": "user", "content": "3+4="}]
+        reply = client.messages.create(model="policy", max_tokens=4096, messages=messages, tools=tools)
+        assert [b.type for b in reply.content] == ["thinking", "tool_use"] and reply.content[0].thinking == "add them"
+        result = {"type": "tool_result", "tool_use_id": reply.content[1].id, "content": "7"}
+        messages += [{"role": "assistant", "content": reply.content}, {"role": "user", "content": [result]}]
+        final = client.messages.create(model="policy", max_tokens=4096, messages=messages, tools=tools)
+        assert final.content[0].text == "7"
+        trajectory = endpoint.close_session(sid).trajectory
+        assert (trajectory.calls, trajectory.forks, trajectory.tool_calls, trajectory.clamped) == (2, 0, 1, 2)
+    finally:
+        endpoint.stop()
 
 
 # ---------------------------------------------------------------------------------------------- Responses API

@@ -319,6 +319,7 @@ class OpenAIAgentSource:
             "agent/abandoned_calls": float(sum(t.abandoned for t in trajectories)),
             "agent/tool_calls_mean": sum(t.tool_calls for t in trajectories) / len(jobs),
             "agent/tool_call_failures": float(sum(t.tool_call_failures for t in trajectories)),
+            "agent/clamped_max_tokens": float(sum(t.clamped for t in trajectories)),
             "agent/rows": float(len(episodes)),
             "agent/env_token_frac": sum(a is False for e in episodes for a in e.action)
             / max(1, sum(len(e.tokens) for e in episodes)),

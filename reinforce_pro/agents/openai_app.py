@@ -57,6 +57,7 @@ class EndpointError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
 
+THINKING = ("thinking", "redacted_thinking")  # Anthropic's reasoning blocks
 ANTHROPIC_ERRORS = {404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"}
 
 
@@ -179,7 +180,7 @@ async def read_body(request: Request) -> dict:
         raise EndpointError(499, "the client disconnected before its request arrived", "client_closed") from None
     try:
         body = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise EndpointError(400, "the request body is not valid JSON", "invalid_json") from None
     if not isinstance(body, dict):
         raise EndpointError(400, "the request body must be a JSON object", "invalid_json")
@@ -334,7 +335,10 @@ def _anthropic_turn(m: dict, where: str) -> list[dict]:
         return [{"role": m["role"], "content": content}]
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
         raise EndpointError(400, f"{where}: a string or a list of content blocks", "invalid", "messages")
-    kinds = {"assistant": ("text", "tool_use"), "user": ("text", "tool_result")}[m["role"]]
+    # an assistant's thinking blocks are its own earlier replies' reasoning, echoed back by the SDK's tool loop:
+    # passed over, as the chat route passes over reasoning_content (a call this endpoint parsed is rendered as the
+    # text it sampled, reasoning and all; a template decides what earlier reasoning the next prompt keeps)
+    kinds = {"assistant": ("text", "tool_use", *THINKING), "user": ("text", "tool_result")}[m["role"]]
     if any(b.get("type") not in kinds for b in content):
         raise EndpointError(400, f"{where}: only {' and '.join(kinds)} blocks are served in a {m['role']} turn",
                             "unsupported", where)  # fmt: skip

@@ -222,8 +222,8 @@ class Endpoint:
         return session
 
     def sampling_for(self, body: dict, prompt_len: int) -> dict:
-        """The run's sampling with what a request may change: max_tokens (up to the run's and to the room the
-        episode has left) and stop; anything the trainer could not replay is refused."""
+        """The run's sampling with what a request may change: max_tokens (clamped to the run's and to the room
+        the episode has left) and stop; anything the trainer could not replay is refused."""
         for key in PINNED:
             value = body.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -235,7 +235,7 @@ class Endpoint:
         for key, neutral in NEUTRAL.items():
             if body.get(key) not in (None, neutral) and body.get(key) != {}:
                 raise EndpointError(400, f"{key} is not served: the trainer could not replay it", "unsupported", key)
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):  # None: the default, as OpenAI reads it
             raise EndpointError(400, "n must be 1: one completion per request (open more sessions)", "unsupported", "n")
         if body.get("stream") not in (None, False, True):
             raise EndpointError(400, f"stream must be true or false, got {body['stream']!r}", "invalid", "stream")
@@ -247,10 +247,9 @@ class Endpoint:
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
             raise EndpointError(400, f"max_tokens must be a positive integer, got {asked!r}", "invalid", "max_tokens")
-        if asked is not None and asked > limit:
-            raise EndpointError(400, f"max_tokens {asked} is above the run's {limit} (--max_new_tokens)",
-                                "max_tokens_exceeded", "max_tokens")  # fmt: skip
-        sampling = {**self.sampling, "max_tokens": min(asked or limit, room)}
+        # above the run's --max_new_tokens: clamped to it (Anthropic's clients always send one, often 4096 or
+        # more), and counted in the session's trajectory (complete: agent/clamped_max_tokens)
+        sampling = {**self.sampling, "max_tokens": min(asked or limit, limit, room)}
         stop = body.get("stop")
         if stop is not None:
             stops = [stop] if isinstance(stop, str) else stop
@@ -303,6 +302,8 @@ class Endpoint:
             session.trajectory.abandoned += 1
             raise EndpointError(499, "the client disconnected before its completion was sent", "client_closed")
         session.trajectory.add(call)
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        session.trajectory.clamped += int(asked is not None and asked > self.sampling["max_tokens"])
         session.seen_texts = (prompt_text + raw, prompt_text + shown) if prompt_text is not None else ()
         return call
 

@@ -20,12 +20,16 @@ rendered as the text the engine sampled, not re-serialised from the parsed calls
 sampled ids even where the model's JSON spacing differs from the template's.
 
 A sampled call that does not parse (bad JSON, no name, a tool the request did not declare) leaves the whole text
-as the message's content and is counted (`agent/tool_call_failures`), as vLLM's parsers leave it.
+as the message's content and is counted (`agent/tool_call_failures`), as vLLM's parsers leave it. The text is the
+model's and so hostile: whatever it holds (a name that is a list, JSON nested thousands deep, NaN or 1e400 among
+the arguments, thousands of tags never closed) is read in time linear in its length and ends as a call or as
+content, never as an exception.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -33,7 +37,6 @@ from dataclasses import dataclass
 from reinforce_pro.agents.trajectory import Call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 MAX_TOOLS = 128  # tools one request may declare
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function names
@@ -186,35 +189,66 @@ def parse_completion(text: str, tools: ToolRequest | None, think: bool = False) 
         reasoning, text = m.group(1).strip(), text[m.end() :]
     if tools is None or not tools.parses or OPEN not in text:
         return Parsed(text, [], reasoning=reasoning)
+    blocks, rest, unclosed = split_calls(text)
     calls = []
-    for block in CALL_BLOCK.findall(text):
+    for block in blocks:
         call = _read_call(block, tools.names)
         if call is None:
             return Parsed(text, [], failed=True, reasoning=reasoning)
         calls.append(call)
-    rest = CALL_BLOCK.sub("", text).strip()
-    if not calls or OPEN in rest:  # an opened call never closed: it is text
+    rest = rest.strip()
+    if not calls or unclosed:  # an opened call never closed: it is text
         return Parsed(text, [], failed=True, reasoning=reasoning)
     return Parsed(rest or None, calls, reasoning=reasoning)
 
 
+def split_calls(text: str) -> tuple[list[str], str, bool]:
+    """(the bodies of the text's <tool_call> blocks, the text outside them, whether a tag opens and never closes).
+    One pass of str.find: a lazy regex over n unclosed tags scans to the end from each of them (quadratic: 1.5 s
+    at 4,000 tags, on the loop that serves every session)."""
+    blocks, outside, at = [], [], 0
+    while (start := text.find(OPEN, at)) != -1:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end == -1:
+            return blocks, "".join(outside) + text[at:], True
+        outside.append(text[at:start])
+        blocks.append(text[start + len(OPEN) : end])
+        at = end + len(CLOSE)
+    return blocks, "".join(outside) + text[at:], False
+
+
 def _read_call(block: str, names: set[str]) -> dict | None:
-    try:
-        obj = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
+    obj = model_json(block)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
         return None
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
+        arguments = model_json(arguments)
     if not isinstance(arguments, dict):
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": obj["name"], "arguments": json.dumps(arguments)}}  # fmt: skip
+
+
+def model_json(text: str):
+    """JSON a model wrote, or None where it is not JSON every client can read back: malformed, nested past the
+    interpreter's recursion limit, or holding NaN, Infinity or a number that overflows to one (Python reads all
+    three; a strict JSON encoder, Starlette's included, refuses to write them, so they would fail the reply)."""
+    try:
+        return json.loads(text, parse_constant=_not_finite, parse_float=_finite)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _not_finite(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal} overflows")
+    return value
 
 
 def remember_calls(session, parsed: Parsed, sampled_text: str) -> None:
@@ -298,10 +332,7 @@ def _assistant_calls(tool_calls, text: str, i: int, called: set, sampled: dict, 
 def _arguments(arguments, where: str) -> dict:
     if isinstance(arguments, dict):
         return arguments
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else None
-    except ValueError:
-        parsed = None
+    parsed = model_json(arguments) if isinstance(arguments, str) else None  # a client echoes the model's JSON
     if not isinstance(parsed, dict):
         raise ToolError(f"{where}: a tool call's arguments must be a JSON object", "messages")
     return parsed

@@ -42,6 +42,7 @@ class Trajectory:
     abandoned: int = 0  # completions sampled for a client that had disconnected: not recorded
     tool_calls: int = 0  # tool calls parsed out of its completions (agents/tools.py)
     tool_call_failures: int = 0  # completions that held a call that did not parse
+    clamped: int = 0  # requests whose max_tokens was above the run's --max_new_tokens, sampled with the run's
 
     @property
     def calls(self) -> int:

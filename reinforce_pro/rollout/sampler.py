@@ -73,6 +73,19 @@ def pad_token_id(tokenizer) -> int:
     return 0
 
 
+def stop_end(tokenizer, ids: list[int], checked: int, stops) -> int | None:
+    """The length of the shortest prefix of `ids` whose text holds one of `stops`, where the first `checked` ids'
+    text held none (as the client's text is cut: special tokens skipped); None when the whole text holds none."""
+
+    def holds(k: int) -> bool:
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        return any(stop in text for stop in stops)
+
+    if not holds(len(ids)):
+        return None
+    return next(k for k in range(checked + 1, len(ids) + 1) if holds(k))
+
+
 def token_versions(versions: list[list[int]], width: int) -> torch.Tensor:
     """[rows, width] weight versions of each response token (partial rollouts), right-padded with 0 like
     the action columns they align with."""
@@ -128,7 +141,7 @@ class Sampler:
         the engines hold by then. Returns the generations (each token's log-prob from the weights that sampled
         it) and each token's version."""
         sampling = sampling or sampling_params(self.cfg)
-        limit, n = sampling["max_tokens"], len(prompt_ids)
+        limit, n, stops = sampling["max_tokens"], len(prompt_ids), sampling.get("stop") or ()
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         finish, active, chunks, routes = ["length"] * n, list(range(n)), 0, [None] * n
         while active:
@@ -139,12 +152,21 @@ class Sampler:
             chunk = self.sample([prompt_ids[i] + tokens[i] for i in active], {**sampling, "max_tokens": size})
             still = []
             for i, g in zip(active, chunk, strict=True):
+                before = len(tokens[i])
                 routes[i] = extend_routes(routes[i], g.routes)
                 tokens[i] += g.token_ids
                 log_probs[i] += g.log_probs
                 versions[i] += [version] * len(g.token_ids)
                 finish[i] = g.finish_reason
-                if g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
+                # a stop string split across two chunks: each chunk is a request of its own, so the engine saw
+                # neither half whole; the ids past it would be trained, and fed to an agent's next turn
+                cut = stop_end(self.tokenizer, tokens[i], before, stops) if stops and before else None
+                if cut is not None:
+                    tokens[i], log_probs[i], versions[i] = tokens[i][:cut], log_probs[i][:cut], versions[i][:cut]
+                    if routes[i] is not None:  # the positions fed: the prompt's and each kept token's but the last
+                        routes[i] = routes[i][: len(prompt_ids[i]) + cut - 1]
+                    finish[i] = "stop"
+                elif g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
                     still.append(i)
             active = still
         return [Generation(tokens[i], log_probs[i], finish[i], routes[i]) for i in range(n)], versions
