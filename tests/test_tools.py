@@ -295,6 +295,11 @@ def test_reading_calls_takes_linear_time_in_a_reply_of_unclosed_tags():
     assert parsed.failed and parsed.calls == [] and time.perf_counter() - started < 1.0
     closed = parse_completion(CALL + "<tool_call>x</tool_call>" * 20_000, tools)  # a bad call among many: content
     assert closed.failed and closed.calls == []
+    started = time.perf_counter()  # a string never closed, full of escaped quotes: the depth check stays linear
+    escaped = parse_completion(
+        '<tool_call>{"name": "add", "arguments": {"a": "' + '\\"' * 20_000 + "</tool_call>", tools
+    )
+    assert escaped.failed and time.perf_counter() - started < 1.0
 
 
 def _history(calls: int) -> list[dict]:

@@ -40,6 +40,10 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 MAX_TOOLS = 128  # tools one request may declare
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function names
+MAX_DEPTH = 64  # how deep a call's JSON may nest (arguments nest a few levels)
+# a JSON string, skipped whole (one never closed runs to the end: a match never fails, so no backtracking makes
+# the scan quadratic), or a bracket
+BRACKETS = re.compile(r'"(?:\\.|[^"\\])*(?:"|\\?\Z)|[\[\]{}]')
 
 
 class ToolError(ValueError):
@@ -231,13 +235,29 @@ def _read_call(block: str, names: set[str]) -> dict | None:
 
 
 def model_json(text: str):
-    """JSON a model wrote, or None where it is not JSON every client can read back: malformed, nested past the
-    interpreter's recursion limit, or holding NaN, Infinity or a number that overflows to one (Python reads all
-    three; a strict JSON encoder, Starlette's included, refuses to write them, so they would fail the reply)."""
+    """JSON a model wrote, or None where it is not JSON every client can read back: malformed, nested deeper than
+    MAX_DEPTH (the decoder recurses per level: past the interpreter's recursion limit it raises, and a process
+    that raised the limit could overflow its stack), or holding NaN, Infinity or a number that overflows to one
+    (Python reads all three; a strict JSON encoder, Starlette's included, refuses to write them, so they would
+    fail the reply)."""
+    if _depth(text) > MAX_DEPTH:
+        return None
     try:
         return json.loads(text, parse_constant=_not_finite, parse_float=_finite)
     except (ValueError, RecursionError):
         return None
+
+
+def _depth(text: str) -> int:
+    """How deep the text's brackets nest outside JSON strings, in one regex pass."""
+    depth = deepest = 0
+    for m in BRACKETS.finditer(text):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif m.group() in "]}":
+            depth -= 1
+    return deepest
 
 
 def _not_finite(name: str):
