@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +18,9 @@ ray = pytest.importorskip("ray")
 from ray import exceptions as rex  # noqa: E402
 
 from reinforce_pro.cli.train_ppo_ray import parse  # noqa: E402
-from reinforce_pro.run import driver, faults, resume  # noqa: E402
+from reinforce_pro.run import driver, faults, resume, run_lock  # noqa: E402
+from reinforce_pro.run import prepare as prepare_module  # noqa: E402
+from reinforce_pro.run.errors import UserInputError  # noqa: E402
 
 MEMORY_MONITOR = """Task was killed due to the node running low on memory.
 Memory on the node (IP: 127.0.0.1, ID: 4f2) where the task (actor ID: ab12, name=VLLMEngine.generate, pid=4242,
@@ -281,8 +285,10 @@ def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, cap
 
     def start(*extra):  # what train() does before it builds anything: rerun, prepare (the run directory), record
         given = _cfg(tmp_path, *extra)
-        cfg = resume.rerun(given)
+        cfg, from_first_step = resume.rerun(given)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if from_first_step:
+            resume.cut_rows(run_dir, -1)
         resume.record_command(resume.asked(given), run_dir)
         return cfg
 
@@ -313,7 +319,7 @@ def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, cap
     explicit = start("--seed", "7", "--load_checkpoint")  # --load_checkpoint: as before
     assert explicit.loop.checkpoints.resume is True and (run_dir / "metrics.jsonl").is_file()
     _, elsewhere = parse(["--pretrain", "m", "--seed", "8"])  # no --save_path: a new runs/<time> every time
-    assert resume.rerun(elsewhere) is elsewhere
+    assert resume.rerun(elsewhere) == (elsewhere, False)
 
 
 def test_without_a_save_path_the_same_command_resumes_its_newest_unfinished_run(tmp_path, monkeypatch, capsys):
@@ -334,7 +340,7 @@ def test_without_a_save_path_the_same_command_resumes_its_newest_unfinished_run(
             (run_dir / "final_model").mkdir()
         return run_dir
 
-    assert resume.rerun(command()).output.save_path is None  # nothing there: a new runs/<time>/
+    assert resume.rerun(command())[0].output.save_path is None  # nothing there: a new runs/<time>/
     made("20261206-100000", command(), 5)
     killed = made("20261206-110000", command(), 3)
     made("20261206-120000", command(), 9, finished=True)
@@ -342,9 +348,155 @@ def test_without_a_save_path_the_same_command_resumes_its_newest_unfinished_run(
     made("20261206-140000", command(), 0)  # stopped before its first step
     for name, mtime in zip(sorted(p.name for p in (tmp_path / "runs").iterdir()), range(5), strict=True):
         os.utime(tmp_path / "runs" / name / resume.COMMAND_FILE, (1e9 + mtime, 1e9 + mtime))
-    cfg = resume.rerun(command())
+    cfg, from_first_step = resume.rerun(command())
     assert cfg.output.save_path == str(killed) and cfg.loop.checkpoints.ckpt_path == killed / "checkpoints"
     assert f"[resume] {killed} holds this command's run: resuming it from the first step" in capsys.readouterr().out
-    assert (killed / "metrics.jsonl").read_text() == ""  # no checkpoint yet: its rows cut, run again from step 1
+    assert from_first_step  # no checkpoint yet: its rows are cut (once prepare checked the inputs), from step 1
+    resume.cut_rows(killed, -1)
+    assert (killed / "metrics.jsonl").read_text() == ""
     (killed / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "x"')  # a last line cut short by the kill
-    assert resume.rerun(command()).output.save_path == str(killed)
+    assert resume.rerun(command())[0].output.save_path == str(killed)
+
+
+# ---------------------------------------------------------------------------------------------- one run a directory
+@pytest.fixture(autouse=True)
+def _no_run_directory_held_after_a_test():
+    yield
+    run_lock.release_all()
+
+
+def _holding(run_dir: Path):
+    """Another live run: a process that holds `run_dir` (run_lock.claim) until it is killed."""
+    code = "import sys, time; from reinforce_pro.run import run_lock; run_lock.claim(sys.argv[1]); print('held', " \
+           "flush=True); time.sleep(600)"  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_run_directory_a_live_run_holds_is_refused_untouched_and_free_once_that_run_dies(tmp_path):
+    """Two starts of one --save_path (a SLURM array, a sweep started with &): the second stops in one line naming
+    the live run's process, before it cuts, moves or records anything; the lock dies with its process (kill -9),
+    so the run can be resumed at once."""
+    run_dir = tmp_path / "run"
+    _rows(run_dir, 3)
+    given = _cfg(tmp_path)
+    resume.record_command(resume.asked(given), run_dir)
+    live = _holding(run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    try:
+        with pytest.raises(UserInputError, match=rf"{run_dir} belongs to a live run \(pid {live.pid} on "):
+            resume.rerun(given)
+        with pytest.raises(UserInputError, match="belongs to a live run"):
+            resume.rerun(_cfg(tmp_path, "--seed", "7"))  # another command: not moved aside from under it either
+        assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+        assert not (tmp_path / "run.1").exists()
+    finally:
+        live.kill()
+        live.wait()
+    cfg, from_first_step = resume.rerun(given)  # killed: resumed at once
+    assert from_first_step and cfg.output.save_path == str(run_dir)
+
+
+def test_without_a_save_path_a_live_run_is_not_adopted_and_two_starts_get_two_directories(tmp_path, monkeypatch):
+    monkeypatch.setattr(resume, "DEFAULT_RUNS", tmp_path / "runs")
+    _, given = parse(["--pretrain", "m"])
+    running = tmp_path / "runs" / "20261207-100000"
+    _rows(running, 3)
+    resume.record_command(resume.asked(given), running)
+    live = _holding(running)
+    try:
+        assert resume.rerun(given) == (given, False)  # a new runs/<time>/, not the live one
+    finally:
+        live.kill()
+        live.wait()
+    assert resume.rerun(given)[0].output.save_path == str(running.resolve())  # now an unfinished run: resumed
+    run_lock.release_all()
+    first, second = prepare_module._new_run_dir(), prepare_module._new_run_dir()  # within one second
+    assert first != second and first.is_dir() and second.is_dir() and first.parent == second.parent
+
+
+def test_a_restart_cuts_only_the_runs_own_files_and_only_after_the_inputs_are_checked(tmp_path, capsys):
+    """The same command again, killed before its first checkpoint: its rows are cut to run again from step 1, but
+    only once prepare has checked the inputs (a bad one exits 2 with the history whole), and only the files the
+    run writes (--save_path . beside a user's prompts.jsonl leaves that alone)."""
+    run_dir = tmp_path / "run"
+    _rows(run_dir, 3)
+    (run_dir / "prompts.jsonl").write_text('{"input": "1+1=", "label": "2"}\n')
+    (run_dir / "samples.jsonl").write_text('{"step": 2, "prompt": "p"}\n')
+    given = _cfg(tmp_path)  # --pretrain m, a directory that does not exist: prepare refuses it
+    resume.record_command(resume.asked(given), run_dir)
+    history = (run_dir / "metrics.jsonl").read_text()
+    assert driver.train(given) == 2 and "--pretrain m: not a local HF model directory" in capsys.readouterr().err
+    assert (run_dir / "metrics.jsonl").read_text() == history  # nothing cut before the inputs were checked
+    cfg, from_first_step = resume.rerun(given)
+    assert from_first_step
+    resume.cut_rows(run_dir, -1)
+    assert (run_dir / "metrics.jsonl").read_text() == "" == (run_dir / "samples.jsonl").read_text()
+    assert (run_dir / "prompts.jsonl").read_text() == '{"input": "1+1=", "label": "2"}\n'
+    _rows(run_dir, 3)
+    assert resume.resuming(cfg, run_dir, None) is cfg  # a lost actor before the first checkpoint: the same rule
+    assert (run_dir / "metrics.jsonl").read_text() == ""
+    assert (run_dir / "prompts.jsonl").read_text() == '{"input": "1+1=", "label": "2"}\n'
+
+
+def test_the_same_command_is_matched_by_what_it_trains_and_by_the_contents_of_the_files_it_names(
+    tmp_path, monkeypatch, capsys
+):
+    """Flags that change how a run is run, not what it trains (--verbose, --max_failures, --engine_timeout_s,
+    --logging_steps, --eval_steps, --max_ckpt_num), and ./m for /abs/m, resume it with a line naming the change;
+    another seed, or other bytes in the prompt file at the same path, is another command (moved aside)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"input": "1+1=", "label": "2"}\n')
+    (tmp_path / "r.py").write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
+    run_dir = tmp_path / "run"
+
+    def start(*extra, model="m"):
+        _, given = parse(["--pretrain", model, "--prompt_data", "p.jsonl", "--remote_rm_url", "r.py", "--save_path",
+                          str(run_dir), *extra])  # fmt: skip
+        cfg, _ = resume.rerun(given)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resume.record_command(resume.asked(given), run_dir)
+        return capsys.readouterr().out
+
+    start()
+    for extra in (["--verbose"], ["--max_failures", "5", "--engine_timeout_s", "60"], ["--logging_steps", "10"],
+                  ["--eval_steps", "4", "--eval_dataset", "p.jsonl", "--max_ckpt_num", "9"]):  # fmt: skip
+        _rows(run_dir, 3)
+        out = start(*extra)
+        assert f"[resume] {run_dir} holds this command's run" in out and "changed, not what it trains: " in out, out
+    _rows(run_dir, 3)
+    assert f"{run_dir} holds this command's run" in start(model=str(tmp_path / "m"))  # the same model, spelled absolute
+    data.write_text('{"input": "2+2=", "label": "4"}\n')  # same path, other prompts
+    _rows(run_dir, 3)
+    out = start(model=str(tmp_path / "m"))
+    assert f"held a run of another command (other contents in {data})" in out and (tmp_path / "run.1").is_dir()
+    _rows(run_dir, 3)
+    assert "held a run of another command (" in start("--seed", "7", model=str(tmp_path / "m"))
+
+
+def test_what_a_run_directory_holds_never_ends_a_start_in_a_traceback(tmp_path, monkeypatch, capsys):
+    """A command.json cut short (or not JSON), bytes that are not UTF-8 in metrics.jsonl, a move aside that the file
+    system refuses: each is a line, never a traceback."""
+    run_dir = tmp_path / "run"
+    _rows(run_dir, 3)
+    (run_dir / resume.COMMAND_FILE).write_text('{"seed": 4')  # cut short by a kill
+    with (run_dir / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"step": 4, "x": "\xff\xfe"}\n')
+    cfg, _ = resume.rerun(_cfg(tmp_path))
+    assert "held a run that recorded no command: moved to" in capsys.readouterr().out
+    aside = tmp_path / "run.1"
+    resume.cut_rows(aside, 2)
+    assert [json.loads(line)["step"] for line in (aside / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert [r["step"] for r in driver.logged_history(aside)] == [1, 2]
+    _rows(run_dir, 3)
+
+    def refused(self, target):
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(Path, "rename", refused)
+    with pytest.raises(UserInputError, match=r"moving it aside to .*run\.2 failed \(Device or resource busy\)"):
+        resume.rerun(_cfg(tmp_path, "--seed", "9"))

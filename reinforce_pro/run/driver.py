@@ -24,7 +24,7 @@ from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import Sampler
-from reinforce_pro.run import actors, faults, resume, sources, start
+from reinforce_pro.run import actors, faults, resume, run_lock, sources, start
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.run.memory import MemoryWatch
@@ -47,8 +47,10 @@ def train(cfg: RunConfig) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         command = resume.asked(cfg)
-        cfg = resume.rerun(cfg)  # the same command again resumes its run
+        cfg, from_first_step = resume.rerun(cfg)  # the same command again resumes its run
         plan = prepare(cfg)
+        if from_first_step:  # its rows cut only now that the inputs are checked
+            resume.cut_rows(plan.run_dir, -1)
         resume.record_command(command, plan.run_dir)
         history = build_and_fit(cfg, plan)
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
@@ -64,6 +66,8 @@ def train(cfg: RunConfig) -> int:
     except (faults.RunLost, ServiceLost, RetrieverError) as e:  # an actor lost past --max_failures, a service
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)  # that cannot restart or is not the run's to restart
         return 1
+    finally:
+        run_lock.release_all()  # the run directory is another start's to take (an exit would drop it too)
     return summarise(history, plan)
 
 
@@ -87,11 +91,10 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
         start.announce_engines(cfg, use_gpu)
     tokenizer = AutoTokenizer.from_pretrained(plan.model_path, use_fast=not cfg.models.disable_fast_tokenizer)
     budget = faults.FailureBudget(cfg.loop.max_failures)  # whole-run restarts and engine restarts alike
-    restarted = False
     while True:
         try:
-            history = fit_once(cfg, plan, use_gpu, engines, tokenizer, budget)
-            return logged_history(plan.run_dir) if restarted else history
+            fit_once(cfg, plan, use_gpu, engines, tokenizer, budget)
+            return logged_history(plan.run_dir)  # every step, across resumes and restarts
         except ActorLost as lost:
             saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
             if engines is not None or not budget.spend():
@@ -99,7 +102,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
                 raise faults.RunLost(f"{lost}{lost_run_note(plan, saved, why)}") from lost.__cause__
             print(f"[recover] {lost}; starting the run's actors again from {saved or 'the first step'} "
                   f"({budget.used} of --max_failures {budget.limit})", flush=True)  # fmt: skip
-            cfg, restarted = resume.resuming(cfg, plan.run_dir, saved), True
+            cfg = resume.resuming(cfg, plan.run_dir, saved)
 
 
 class ActorLost(Exception):
@@ -137,7 +140,8 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
         if resume_from is not None:
             trainer.restore(resume_from)
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
-        history = trainer.fit()
+        trainer.fit()
+        history = logged_history(plan.run_dir)  # a resumed run's fit() holds only the steps since its checkpoint
         write_drift_picture(history, plan.run_dir, logger)
         ray.get([p.save_hf.remote(str(plan.run_dir / "final_model")) for p in groups.policy])
         if cfg.models.lora_save_merged:
@@ -195,7 +199,12 @@ def lost_run_note(plan: RunPlan, saved: Path | None, why: str) -> str:
 def logged_history(run_dir: Path) -> list[dict]:
     """Every trained step as metrics.jsonl holds it (a run that recovered from a lost actor has the steps before
     the checkpoint it resumed from there, not in its last fit()'s history)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by a kill, or mangled: not a row
+            continue
     return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows if r.get("step", 0) > 0]
 
 

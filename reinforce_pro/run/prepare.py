@@ -14,6 +14,7 @@ from pathlib import Path
 from reinforce_pro.data.prompts import DataError, build_prompts, load_prompt_records
 from reinforce_pro.models.routing import is_moe_dir
 from reinforce_pro.rewards.loader import RewardFileError, load_reward_func
+from reinforce_pro.run import resume, run_lock
 from reinforce_pro.run.config import Data, RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.run.warm_start import built_in_model
@@ -103,12 +104,19 @@ def prepare(cfg: RunConfig) -> RunPlan:
             load_reward_func(models.remote_rm_url)
         except RewardFileError as e:
             raise UserInputError(str(e)) from None
-    run_dir = Path(cfg.output.save_path or f"runs/{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
-    created = _first_missing(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.output.save_path:
+        run_dir = Path(cfg.output.save_path).resolve()
+        created = _first_missing(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        created = _first_missing(resume.DEFAULT_RUNS.resolve())
+        run_dir = _new_run_dir()
+        created = created or run_dir
+    run_lock.claim(run_dir)  # outside the clean-up below: a directory another live run holds is not removed
     try:
         return _prepare_run_dir(cfg, run_dir, task, agent_cls)
     except BaseException:
+        run_lock.release(run_dir)
         if created is not None:  # a failed start leaves no half-made run directory behind (base_model/...)
             shutil.rmtree(created, ignore_errors=True)
         raise
@@ -143,6 +151,21 @@ def _load_agent_file(path: str, task):
             task.close()
         raise
     return agent_cls
+
+
+def _new_run_dir() -> Path:
+    """A runs/<time>/ directory of its own: two starts in one second get two (the second with a -1 suffix),
+    since mkdir, which one of them wins, makes it."""
+    stamp, runs = datetime.now().strftime("%Y%m%d-%H%M%S"), resume.DEFAULT_RUNS
+    runs.mkdir(parents=True, exist_ok=True)
+    for n in range(10**6):
+        run_dir = runs / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir()
+            return run_dir.resolve()
+        except FileExistsError:
+            continue
+    raise UserInputError(f"{runs}: no free directory name for {stamp}")
 
 
 def _first_missing(path: Path) -> Path | None:

@@ -99,7 +99,7 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
     keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():  # a mangled byte: not UTF-8
         try:
             row = json.loads(line)
         except json.JSONDecodeError:  # a line cut by the kill

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SAMPLES_PER_TABLE = 8
+# the per-step files a run writes in its directory (write's names): the only files a resume or restart cuts
+RUN_JSONL = ("metrics", "consumed", "samples", "agent_steps")
 
 
 @dataclass
@@ -44,9 +46,13 @@ class MetricsLogger:
             self._tb = SummaryWriter(tensorboard_dir or str(self.run_dir / "tensorboard"))
         self._wandb = _init_wandb(wandb_cfg, self.run_dir) if wandb_cfg else None
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], sinks: bool = True) -> None:
+        """One step's row in metrics.jsonl (every step: the run's whole history, which summary.json and drift.png
+        are made from), and with `sinks` in TensorBoard and wandb (--logging_steps)."""
         clean = {k: (v if math.isfinite(v) else None) for k, v in sorted(metrics.items())}
         self.write("metrics", {"step": step, **clean})
+        if not sinks:
+            return
         if self._tb is not None:
             for k, v in metrics.items():
                 if math.isfinite(v):
@@ -62,7 +68,9 @@ class MetricsLogger:
             self._tb.flush()
 
     def write(self, name: str, row: dict) -> None:
-        """Append one JSON row to <run_dir>/<name>.jsonl and flush it."""
+        """Append one JSON row to <run_dir>/<name>.jsonl (a name of RUN_JSONL) and flush it."""
+        if name not in RUN_JSONL:
+            raise ValueError(f"{name}.jsonl is not one of the run's files (RUN_JSONL): a resume would not cut it")
         if name not in self._files:
             self._files[name] = open(self.run_dir / f"{name}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         f = self._files[name]

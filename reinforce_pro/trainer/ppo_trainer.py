@@ -376,8 +376,7 @@ class PPOTrainer:
             cfg = self.cfg
             tqdm.write(agreement_line(metrics, cfg.sync_dtype, cfg.trainer_dtype, cfg.engine_quantization))
         self.history.append({"step": step, **metrics})
-        if step % self.cfg.logging_steps == 0 or step == 1:
-            self.logger.log(step, metrics)
+        self.logger.log(step, metrics, sinks=step % self.cfg.logging_steps == 0 or step == 1)
         if self.cfg.samples_log_steps > 0 and step % self.cfg.samples_log_steps == 0:
             self.logger.log_samples(step, samples.prompts, samples.responses, rewards)
 
