@@ -1525,6 +1525,27 @@ def test_the_engine_samples_the_same_tokens_without_making_text(engine, tiny_mod
     assert stopped.finish_reason == "stop" and len(stopped.token_ids) <= 2
 
 
+def test_the_engine_returns_each_positions_likeliest_tokens_when_asked_and_samples_the_same(engine):
+    """An endpoint request's top_logprobs k: each position's k likeliest tokens (id, log-prob), most likely first,
+    from the distribution the token was sampled from (a sampled token among them has its own log-prob there);
+    the same seed samples the same tokens with and without them."""
+    import math
+
+    prompts, sampling = [[1, 21, 15, 22, 33]] * 4, {"max_tokens": 6, "temperature": 1.0}
+    ray.get(engine.reseed.remote(9))
+    plain = ray.get(engine.generate.remote(prompts, sampling))
+    ray.get(engine.reseed.remote(9))
+    topped = ray.get(engine.generate.remote(prompts, {**sampling, "top_logprobs": 3}))
+    assert [g.token_ids for g in plain] == [g.token_ids for g in topped] and plain[0].top_log_probs is None
+    for g in topped:
+        assert len(g.top_log_probs) == len(g.token_ids)
+        for token, lp, top in zip(g.token_ids, g.log_probs, g.top_log_probs, strict=True):
+            assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+            assert lp <= top[0][1] + 1e-6 and sum(math.exp(v) for _, v in top) <= 1 + 1e-5  # one distribution
+            if token in dict(top):
+                assert math.isclose(dict(top)[token], lp, abs_tol=1e-6)
+
+
 def test_min_new_tokens_keeps_every_response_open_until_its_length(engine, tiny_model):
     """--min_new_tokens (vLLM's min_tokens) is what makes bench_peers' work equal on both sides: with <eos> made
     near certain, every response ends at once without it and runs to the minimum with it."""

@@ -492,6 +492,122 @@ def test_max_tokens_above_the_runs_is_clamped_to_it_and_counted_and_n_null_is_on
     assert (trajectory.calls, trajectory.clamped) == (2, 1)
 
 
+class FieldEngine(ScriptedEngine):
+    """A scripted engine that keeps each call's sampling and, when asked for top_logprobs k, returns each
+    position's k likeliest tokens (the sampled one first); its second token's log-prob is NaN, as an engine
+    returns for a position it scored none for."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampling: list[dict] = []
+
+    def __call__(self, prompt_ids, sampling):
+        self.sampling.append(dict(sampling))
+        out = super().__call__(prompt_ids, sampling)
+        for g in out:
+            if len(g.log_probs) > 1:
+                g.log_probs[1] = float("nan")
+            k = sampling.get("top_logprobs", 0)
+            if k:
+                g.top_log_probs = [[(t, -0.1), *((40 + j, -2.0 - j) for j in range(k - 1))] for t in g.token_ids]
+        return out
+
+
+@pytest.fixture
+def fields(tokenizer):
+    engine = FieldEngine(tokenizer, {"": ["ok"]})
+    endpoint = Endpoint(tokenizer, engine, RUN_SAMPLING, max_len=64, batch_wait_s=0.01)
+    endpoint.start()
+    yield endpoint, engine
+    endpoint.stop()
+
+
+@pytest.mark.parametrize(
+    "path, extra, param",
+    [
+        ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+         "response_format"),
+        ("chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ("chat/completions", {"function_call": "auto"}, "function_call"),
+        ("chat/completions", {"ignore_eos": True}, "ignore_eos"),
+        ("chat/completions", {"min_tokens": 3}, "min_tokens"),
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        ("chat/completions", {"continue_final_message": True}, "continue_final_message"),
+        ("chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+        ("chat/completions", {"seed": -1}, "seed"),
+        ("chat/completions", {"stop_token_ids": [10**6]}, "stop_token_ids"),
+        ("completions", {"echo": True}, "echo"),
+        ("completions", {"best_of": 3}, "best_of"),
+        ("completions", {"suffix": "x"}, "suffix"),
+        ("completions", {"logprobs": 21}, "logprobs"),
+    ],
+)  # fmt: skip
+def test_a_field_the_trainer_could_not_score_is_refused_by_name(fields, path, extra, param):
+    """What would change the sampled distribution out of the trainer's sight (guided decoding, ignore_eos, another
+    minimum length) or ask for a shape not served is a 400 naming the field, and records nothing."""
+    endpoint, engine = fields
+    sid = endpoint.open_session()
+    body = {"prompt": "hi"} if path == "completions" else dict(CHAT)
+    r = post(endpoint, f"/s/{sid}/v1/{path}", json={**body, **extra})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, param), r.text
+    assert engine.sampling == [] and endpoint.close_session(sid).trajectory.calls == 0
+
+
+def test_fields_that_change_nothing_the_trainer_scores_are_honoured(fields, tokenizer):
+    """seed and stop_token_ids reach the engine; the developer role is the system role; neutral values of refused
+    fields pass; chat_template_kwargs reach the template; continue_final_message continues the last message."""
+    endpoint, engine = fields
+    sid = endpoint.open_session()
+    neutral = {"response_format": {"type": "text"}, "functions": [], "min_tokens": 0, "n": None, "seed": 7,
+               "stop_token_ids": [5], "user": "u", "metadata": {"k": "v"}, "store": False,
+               "messages": [{"role": "developer", "content": "D"}, {"role": "user", "content": "hi"}]}  # fmt: skip
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, **neutral}).status_code == 200
+    assert engine.sampling[-1]["seed"] == 7 and engine.sampling[-1]["stop_token_ids"] == [5]
+    assert "system: D\nuser: hi\n" in tokenizer.decode(engine.given[-1])
+    cont = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "o"}],
+            "continue_final_message": True}  # fmt: skip
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, **cont}).status_code == 200
+    assert tokenizer.decode(engine.given[-1], skip_special_tokens=False).endswith("user: hi\nassistant: o")
+    endpoint.close_session(sid)
+    thinking = copy.deepcopy(tokenizer)
+    from reinforce_pro.models.tiny import CHAT_TEMPLATE
+
+    thinking.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}/no{% endif %}"
+    endpoint.tokenizer = thinking
+    sid = endpoint.open_session()
+    body = {**CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+    assert post(endpoint, f"/s/{sid}/v1/chat/completions", json=body).status_code == 200
+    assert tokenizer.decode(engine.given[-1]).endswith("assistant: /no")
+    endpoint.close_session(sid)
+
+
+def test_log_probs_come_back_in_each_routes_shape_with_the_likeliest_tokens_asked_for(fields, tokenizer):
+    """Chat: content entries with top_logprobs (OpenRLHF's executor asks for 1); completions: the legacy tokens /
+    token_logprobs / top_logprobs / text_offset, where an integer logprobs 0 is the sampled token's alone (it was
+    taken for off). A NaN the engine returned is null, not a 500."""
+    endpoint, engine = fields
+    sid = endpoint.open_session()
+    chat = post(endpoint, f"/s/{sid}/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 2})
+    assert chat.status_code == 200 and engine.sampling[-1]["top_logprobs"] == 2
+    content = chat.json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == ["o", "k", "<eos>"] and [e["logprob"] for e in content][:2] == [-0.0, None]
+    assert [[t["logprob"] for t in e["top_logprobs"]] for e in content] == [[-0.1, -2.0]] * 3
+    plain = post(endpoint, f"/s/{sid}/v1/completions", json={"prompt": "hi", "logprobs": 0})
+    legacy = plain.json()["choices"][0]["logprobs"]
+    assert "top_logprobs" not in engine.sampling[-1] and legacy["tokens"] == ["o", "k", "<eos>"]
+    assert legacy["token_logprobs"][1] is None and legacy["text_offset"] == [0, 1, 2] and legacy["top_logprobs"] is None
+    top = post(endpoint, f"/s/{sid}/v1/completions", json={"prompt": "hi", "logprobs": 2}).json()["choices"][0]
+    assert engine.sampling[-1]["top_logprobs"] == 2 and top["logprobs"]["top_logprobs"][0] == {
+        "o": -0.1,
+        tokenizer.decode([40]): -2.0,
+    }
+    assert post(endpoint, f"/s/{sid}/v1/completions", json={"prompt": "hi"}).json()["choices"][0]["logprobs"] is None
+    endpoint.close_session(sid)
+
+
 def test_sessions_unknown_ended_missing_and_oversized_bodies(live):
     endpoint, _ = live
     assert post(endpoint, "/s/nope/v1/chat/completions", json=CHAT).status_code == 404

@@ -15,6 +15,7 @@ carries its text in one delta: a streaming client works unchanged, and sees no t
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 
@@ -38,6 +39,7 @@ from reinforce_pro.agents.tools import (
 from reinforce_pro.agents.trajectory import Call
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is refused (413) before it is parsed
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class EndpointError(Exception):
@@ -98,7 +100,9 @@ class Routes:
         endpoint = self.endpoint
         body = await read_body(request)
         session = endpoint.session_for(sid, request.headers.get("x-session-id"), body)
-        call, parsed = await self.sample_chat(request, session, body.get("messages"), body, requested_tools(body))
+        messages, continue_last = body.get("messages"), continued(body)
+        call, parsed = await self.sample_chat(request, session, messages, body, requested_tools(body), continue_last,
+                                              template_kwargs(body))  # fmt: skip
         message = chat_message(parsed)
         finish = finish_reason(call, parsed)
         if body.get("stream"):
@@ -152,12 +156,12 @@ class Routes:
         return sse(responses_api.stream_events(out)) if body.get("stream") else out
 
     async def sample_chat(self, request: Request, session, messages, body: dict, tools: ToolRequest | None,
-                          continue_last: bool = False) -> tuple[Call, Parsed]:  # fmt: skip
+                          continue_last: bool = False, kwargs: dict | None = None) -> tuple[Call, Parsed]:  # fmt: skip
         """A chat conversation rendered with `tools` (a forced call's first words after the generation prompt,
         unless the last message is continued), sampled with the body's settings and recorded, and its reply read
         for tool calls: the chat, Messages and Responses routes' common path."""
         endpoint = self.endpoint
-        text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls, continue_last)
+        text = chat_prompt_text(endpoint.tokenizer, messages, tools, session.sampled_calls, continue_last, kwargs)
         text += (prefill := "" if continue_last else forced_call(endpoint.tokenizer, tools))
         ids = endpoint.prompt_ids(session, text, with_bos=False)
         call = await endpoint.complete(session, text, ids, body, request.is_disconnected, kept_stop(tools))
@@ -188,14 +192,47 @@ async def read_body(request: Request) -> dict:
 
 
 def chat_prompt_text(tokenizer, messages, tools: ToolRequest | None = None, sampled: dict | None = None,
-                     continue_last: bool = False) -> str:  # fmt: skip
+                     continue_last: bool = False, kwargs: dict | None = None) -> str:  # fmt: skip
     """The text the tokenizer's chat template gives `messages` (and `tools`): with the assistant's generation
     prompt, or (`continue_last`) ending inside the last message, which the completion continues. `sampled`: the
     session's tool call ids -> the text sampled with them (agents/tools.py)."""
     try:
-        return render_chat(tokenizer, messages, tools, sampled or {}, continue_last)
+        return render_chat(tokenizer, messages, tools, sampled or {}, continue_last, kwargs)
     except ToolError as e:
         raise refused(e) from None
+
+
+# the chat template's own arguments, which chat_template_kwargs may not set
+RENDERING = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+             "continue_final_message", "tokenize", "return_dict", "return_tensors", "padding",
+             "truncation"}  # fmt: skip
+
+
+def template_kwargs(body: dict) -> dict:
+    """vLLM's chat_template_kwargs (Qwen3's enable_thinking: false): more variables for the chat template."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or RENDERING & set(kwargs):
+        raise EndpointError(400, "chat_template_kwargs must be an object of template variables other than "
+                            f"{', '.join(sorted(RENDERING))}", "invalid", "chat_template_kwargs")  # fmt: skip
+    return kwargs
+
+
+def continued(body: dict) -> bool:
+    """vLLM's continue_final_message: the last (assistant) message is continued, not answered."""
+    value = body.get("continue_final_message", False)
+    if not isinstance(value, bool):
+        raise EndpointError(400, "continue_final_message must be true or false", "invalid", "continue_final_message")
+    messages = body.get("messages")
+    if value and not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)
+                      and messages[-1].get("role") == "assistant"):  # fmt: skip
+        raise EndpointError(400, "continue_final_message needs an assistant message last", "invalid",
+                            "continue_final_message")  # fmt: skip
+    if value and body.get("add_generation_prompt"):
+        raise EndpointError(400, "continue_final_message and add_generation_prompt cannot both be true", "invalid",
+                            "add_generation_prompt")  # fmt: skip
+    return value
 
 
 def requested_tools(body: dict) -> ToolRequest | None:
@@ -257,12 +294,11 @@ def completion_prompt_ids(tokenizer, prompt: list) -> list[int]:
 
 
 def response(kind: str, body: dict, call: Call, choice: dict, tokenizer) -> dict:
-    """OpenAI's response object, with the engine's ids (`token_ids`) and, when asked, the log-probs."""
+    """OpenAI's response object, with the engine's ids (`token_ids`) and, when asked, the log-probs in the
+    route's shape (chat's `content` entries, the completions route's `tokens` / `token_logprobs`)."""
     logprobs = None
-    if body.get("logprobs"):
-        entries = [{"token": tokenizer.decode([t]), "token_id": t, "logprob": lp, "bytes": None, "top_logprobs": []}
-                   for t, lp in zip(call.completion_ids, call.log_probs, strict=True)]  # fmt: skip
-        logprobs = {"content": entries}
+    if logprobs_asked(body):
+        logprobs = (chat_logprobs if kind == "chat.completion" else completion_logprobs)(call, tokenizer)
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {
         "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
@@ -277,6 +313,63 @@ def response(kind: str, body: dict, call: Call, choice: dict, tokenizer) -> dict
         },  # fmt: skip
         "token_ids": {"prompt_token_ids": call.prompt_ids, "completion_token_ids": call.completion_ids},
     }
+
+
+def logprobs_asked(body: dict) -> bool:
+    """Whether the response carries log-probs: chat's `logprobs: true`, or the completions route's integer
+    `logprobs` (0 included: the sampled token's alone)."""
+    value = body.get("logprobs")
+    return value is True or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def top_logprobs(body: dict) -> int:
+    """How many likeliest tokens per position a request asks for: chat's top_logprobs (with logprobs true), or the
+    completions route's integer logprobs; 0..MAX_TOP_LOGPROBS, anything else a 400 naming the field."""
+    value, key = body.get("logprobs"), "logprobs"
+    if value is True or value in (None, False):
+        value, key = body.get("top_logprobs"), "top_logprobs"
+        if value not in (None, 0) and body.get("logprobs") is not True:
+            raise EndpointError(400, "top_logprobs needs logprobs: true", "invalid", "top_logprobs")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise EndpointError(400, f"{key} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {value!r}", "invalid",
+                            key)  # fmt: skip
+    return value
+
+
+def _finite(value: float) -> float | None:
+    """A log-prob as JSON can carry it: the engine's NaN or -inf (a position it returned none for, a token its
+    own filter removed) is null, never a 500 from the strict encoder."""
+    return value if math.isfinite(value) else None
+
+
+def _tops(call: Call, i: int) -> list[tuple[int, float]]:
+    return call.top_log_probs[i] if call.top_log_probs is not None and i < len(call.top_log_probs) else []
+
+
+def chat_logprobs(call: Call, tokenizer) -> dict:
+    """Chat Completions' logprobs: per completion id its token, id, log-prob and the likeliest tokens asked for."""
+
+    def token(t: int, lp: float) -> dict:
+        text = tokenizer.decode([t])
+        return {"token": text, "token_id": t, "logprob": _finite(lp), "bytes": list(text.encode())}
+
+    pairs = enumerate(zip(call.completion_ids, call.log_probs, strict=True))
+    return {"content": [{**token(t, lp), "top_logprobs": [token(u, ulp) for u, ulp in _tops(call, i)]}
+                        for i, (t, lp) in pairs]}  # fmt: skip
+
+
+def completion_logprobs(call: Call, tokenizer) -> dict:
+    """The completions route's (legacy) logprobs: tokens, their log-probs, each position's likeliest tokens as
+    {token: log-prob}, and where each token's text starts in the completion's text."""
+    tokens = [tokenizer.decode([t]) for t in call.completion_ids]
+    offsets = [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+    tops = None
+    if call.top_log_probs is not None:
+        tops = [{tokenizer.decode([u]): _finite(ulp) for u, ulp in _tops(call, i)} for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": [_finite(lp) for lp in call.log_probs], "top_logprobs": tops,
+            "text_offset": offsets}  # fmt: skip
 
 
 def anthropic_request(body: dict) -> tuple[list[dict], dict, ToolRequest | None]:

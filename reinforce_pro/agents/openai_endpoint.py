@@ -28,14 +28,33 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from reinforce_pro.agents.openai_app import EndpointError, build_app
+from reinforce_pro.agents.openai_app import EndpointError, build_app, top_logprobs
 from reinforce_pro.agents.trajectory import Call, Trajectory
 from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung
 
 # Sampling fields a request may send only with the run's own value (or the neutral one): the trainer replays the
 # run's settings, not a request's.
-PINNED = ("temperature", "top_p", "top_k", "min_p")
+PINNED = ("temperature", "top_p", "top_k", "min_p", "min_tokens")
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
+RUN_FLAG = {"min_tokens": "min_new_tokens"}  # a pinned field's flag where it is not the field's name
+# Fields real clients send that would change what is sampled in a way the trainer cannot score (or a response
+# shape not served): refused with a 400 naming them unless they hold their neutral value. Fields that change
+# nothing sampled (user, metadata, store, service_tier, stream_options, ...) are accepted; the table in
+# docs/agents.md lists every field and what it does.
+REFUSED = {
+    "response_format": "structured output is not served: guided decoding masks the distribution the trainer "
+    "scores under (ask for JSON in the prompt, or parse the text)",
+    "functions": "the legacy functions API is not served: declare them as tools",
+    "function_call": "the legacy functions API is not served: use tool_choice",
+    "ignore_eos": "ignore_eos is not served: the trainer would train tokens past the response's end",
+    "best_of": "best_of is not served: one completion per request",
+    "use_beam_search": "beam search is not served: the trainer scores sampled tokens",
+    "echo": "echo is not served: the response holds the completion only (token_ids carry the prompt's ids)",
+    "suffix": "suffix (insertion) is not served",
+    "prompt_logprobs": "prompt_logprobs are not served: the engine scores the sampled tokens",
+    "audio": "audio output is not served: the policy samples text",
+}
+NEUTRAL_OF = {"response_format": ({"type": "text"},), "best_of": (1,), "functions": ([],)}
 Sample = Callable[[list[list[int]], dict], list]  # Sampler.sample: (prompt ids, sampling) -> [Generation]
 
 
@@ -228,10 +247,16 @@ class Endpoint:
             value = body.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise EndpointError(400, f"{key} must be a number, got {value!r}", "invalid", key)
-            if value is not None and float(value) != float(self.sampling.get(key, _DEFAULTS[key])):
-                raise EndpointError(400, f"{key} {body[key]} differs from the run's {self.sampling.get(key)}: the "
-                                    f"trainer scores tokens under the run's sampling settings, so a request cannot "
-                                    f"change it (set it for the run: --{key})", "sampling_pinned", key)  # fmt: skip
+            run = self.sampling.get(key, _DEFAULTS[key])
+            if value is not None and float(value) != float(run):
+                raise EndpointError(400, f"{key} {body[key]} differs from the run's {run}: the trainer scores tokens "
+                                    f"under the run's sampling settings, so a request cannot change it (set it for "
+                                    f"the run: --{RUN_FLAG.get(key, key)})", "sampling_pinned", key)  # fmt: skip
+        for key, why in REFUSED.items():
+            if body.get(key) not in (None, False, "", *NEUTRAL_OF.get(key, ())):
+                raise EndpointError(400, why, "unsupported", key)
+        if body.get("modalities") not in (None, ["text"]):
+            raise EndpointError(400, "modalities other than text are not served", "unsupported", "modalities")
         for key, neutral in NEUTRAL.items():
             if body.get(key) not in (None, neutral) and body.get(key) != {}:
                 raise EndpointError(400, f"{key} is not served: the trainer could not replay it", "unsupported", key)
@@ -257,7 +282,30 @@ class Endpoint:
                 raise EndpointError(400, "stop must be a string or a list of up to 8 non-empty strings", "invalid",
                                     "stop")  # fmt: skip
             sampling["stop"] = stops
-        return sampling
+        return {**sampling, **self._engine_fields(body)}
+
+    def _engine_fields(self, body: dict) -> dict:
+        """What a request may add to the engine's sampling without changing the distribution the trainer scores:
+        a seed, stop token ids, and how many of each position's likeliest tokens come back (top_logprobs; the
+        completions route's integer `logprobs`)."""
+        out, vocab = {}, len(self.tokenizer)
+        seed = body.get("seed")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                raise EndpointError(400, f"seed must be a non-negative integer, got {seed!r}", "invalid", "seed")
+            out["seed"] = seed
+        stop_ids = body.get("stop_token_ids")
+        if stop_ids is not None:
+            if not (isinstance(stop_ids, list) and len(stop_ids) <= 16 and all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids)):  # fmt: skip
+                raise EndpointError(400, f"stop_token_ids must be a list of up to 16 token ids below {vocab}",
+                                    "invalid", "stop_token_ids")  # fmt: skip
+            if stop_ids:
+                out["stop_token_ids"] = list(stop_ids)
+        top = top_logprobs(body)
+        if top:
+            out["top_logprobs"] = top
+        return out
 
     def prompt_ids(self, session: Session, text: str, with_bos: bool) -> list[int]:
         """The ids of a prompt `text`. Where it extends the session's conversation as text, only the new part is
@@ -295,7 +343,7 @@ class Endpoint:
             if stop in shown:
                 shown = shown[: shown.index(stop) + (len(stop) if stop == kept_stop else 0)]
         call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
-                    generation.finish_reason, shown, versions, generation.routes)  # fmt: skip
+                    generation.finish_reason, shown, versions, generation.routes, generation.top_log_probs)  # fmt: skip
         if not session.open:  # the episode ended while this request waited: nothing is recorded
             raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
         if gone is not None and await gone():
@@ -308,4 +356,4 @@ class Endpoint:
         return call
 
 
-_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "min_tokens": 0}

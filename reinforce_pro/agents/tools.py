@@ -286,7 +286,7 @@ def finish_reason(call: Call, parsed: Parsed) -> str:
 
 # ---------------------------------------------------------------------------------------------- rendering
 def render_chat(tokenizer, messages, tools: ToolRequest | None, sampled: dict[str, str],
-                continue_last: bool = False) -> str:  # fmt: skip
+                continue_last: bool = False, template_kwargs: dict | None = None) -> str:  # fmt: skip
     """The prompt text of an OpenAI-shaped conversation (roles, text, assistant `tool_calls`, `tool` results):
     with the assistant's generation prompt, or (`continue_last`) ending inside the last message. `sampled`: the
     session's call ids -> the text the engine sampled with them."""
@@ -296,7 +296,7 @@ def render_chat(tokenizer, messages, tools: ToolRequest | None, sampled: dict[st
     plain = conversation(messages, sampled, shape is not None and shape.native)
     if tools is not None and not shape.native:
         plain = _with_tools_system(plain, tools.tools)
-    kwargs = {"tools": tools.tools} if tools is not None and shape.native else {}
+    kwargs = {**(template_kwargs or {}), **({"tools": tools.tools} if tools is not None and shape.native else {})}
     try:
         if continue_last:
             return tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=True, **kwargs)
@@ -322,8 +322,8 @@ def conversation(messages: list, sampled: dict[str, str], native: bool) -> list[
             out.append(_assistant_calls(m["tool_calls"], text, i, called, sampled, native))
         elif m["role"] == "tool":
             out.append(_tool_result(m, text, i, called, answered, native, out))
-        else:
-            out.append({"role": m["role"], "content": text})
+        else:  # OpenAI's developer role is the system role of templates that know none (as the Responses route)
+            out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": text})
     return [{k: v for k, v in m.items() if k != "tool_results"} for m in out if m is not None]
 
 

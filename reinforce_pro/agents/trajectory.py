@@ -28,6 +28,7 @@ class Call:
     text: str = ""  # the completion decoded (for the episode's text)
     versions: list[int] | None = None  # --partial_rollout: the weight version that sampled each completion id
     routes: Any = None  # MoE engines: (prompt + completion - 1, L, K) int16 experts of the positions it fed
+    top_log_probs: list | None = None  # a request's top_logprobs: each completion id's k likeliest (id, log-prob)
 
     @property
     def full(self) -> list[int]:

@@ -143,7 +143,7 @@ class Sampler:
         sampling = sampling or sampling_params(self.cfg)
         limit, n, stops = sampling["max_tokens"], len(prompt_ids), sampling.get("stop") or ()
         tokens, log_probs, versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
-        finish, active, chunks, routes = ["length"] * n, list(range(n)), 0, [None] * n
+        finish, active, chunks, routes, tops = ["length"] * n, list(range(n)), 0, [None] * n, [None] * n
         while active:
             version = partial.between(chunks)
             room = limit - len(tokens[active[0]])  # every active row has the same length
@@ -157,19 +157,22 @@ class Sampler:
                 tokens[i] += g.token_ids
                 log_probs[i] += g.log_probs
                 versions[i] += [version] * len(g.token_ids)
+                if g.top_log_probs is not None:
+                    tops[i] = (tops[i] or []) + g.top_log_probs
                 finish[i] = g.finish_reason
                 # a stop string split across two chunks: each chunk is a request of its own, so the engine saw
                 # neither half whole; the ids past it would be trained, and fed to an agent's next turn
                 cut = stop_end(self.tokenizer, tokens[i], before, stops) if stops and before else None
                 if cut is not None:
                     tokens[i], log_probs[i], versions[i] = tokens[i][:cut], log_probs[i][:cut], versions[i][:cut]
+                    tops[i] = tops[i][:cut] if tops[i] is not None else None
                     if routes[i] is not None:  # the positions fed: the prompt's and each kept token's but the last
                         routes[i] = routes[i][: len(prompt_ids[i]) + cut - 1]
                     finish[i] = "stop"
                 elif g.finish_reason == "length" and len(g.token_ids) == size and len(tokens[i]) < limit:
                     still.append(i)
             active = still
-        return [Generation(tokens[i], log_probs[i], finish[i], routes[i]) for i in range(n)], versions
+        return [Generation(tokens[i], log_probs[i], finish[i], routes[i], tops[i]) for i in range(n)], versions
 
     def sample_texts(
         self, prompts: list[str], sampling: dict | None = None, engines=None

@@ -70,6 +70,9 @@ class Generation:
     # token the engine fed through the model (the prompt's, then each sampled token but the last); -1 where no
     # forward covered a position. None: not captured.
     routes: Any = None
+    # with sampling["top_logprobs"] = k > 0 (an endpoint request's top_logprobs): each position's k most likely
+    # tokens as (id, log-prob), most likely first, from the distribution the token was sampled from. None: not asked.
+    top_log_probs: list[list[tuple[int, float]]] | None = None
 
 
 class _DropBenignReloadWarning(logging.Filter):
@@ -135,6 +138,13 @@ def sampled_log_probs(completion) -> list[float]:
         entry = steps[i].get(token) if i < len(steps) and steps[i] is not None else None
         out.append(float("nan") if entry is None or entry.logprob is None else float(entry.logprob))
     return out
+
+
+def top_log_probs(completion, k: int) -> list[list[tuple[int, float]]]:
+    """Each position's `k` most likely tokens (vLLM's ranks 1..k) as (id, log-prob), most likely first."""
+    steps = list(completion.logprobs or [])
+    return [sorted(((t, float(e.logprob)) for t, e in (step or {}).items() if e.rank is not None and e.rank <= k),
+                   key=lambda pair: -pair[1]) for step in steps[: len(completion.token_ids)]]  # fmt: skip
 
 
 def fitted_routes(routes, positions: int):
@@ -227,7 +237,9 @@ class VLLMEngine:
         come back, so the engine makes no text unless stop strings need it (`sampling` may ask for it)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(**{"detokenize": bool(sampling.get("stop")), **sampling}, logprobs=0)
+        sampling = dict(sampling)
+        top = sampling.pop("top_logprobs", 0)  # vLLM returns the top-k beside the sampled token's
+        params = SamplingParams(**{"detokenize": bool(sampling.get("stop")), **sampling}, logprobs=top)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
         routes = {}
         if self.capture_routes:  # the first worker's: every tensor-parallel worker routes alike
@@ -239,7 +251,8 @@ class VLLMEngine:
             fed = routes.get(out.request_id)
             if fed is not None:
                 fed = fitted_routes(fed, len(prompt) + len(ids) - 1)
-            result.append(Generation(ids, sampled_log_probs(completion), completion.finish_reason or "length", fed))
+            result.append(Generation(ids, sampled_log_probs(completion), completion.finish_reason or "length", fed,
+                                     top_log_probs(completion, top) if top else None))  # fmt: skip
         return result
 
     def update_weights(self, blob: bytes) -> int:
