@@ -86,3 +86,39 @@ def test_a_frameworks_tool_agent_trains_the_ids_the_engine_sampled(tokenizer, ex
     assert_rows_are_what_the_engine_sampled(tokenizer, engine, samples)
     first = tokenizer.decode(engine.given[0], skip_special_tokens=False)
     assert first.startswith("<bos>tools: add(a, b)\n")  # the tool was rendered for the model
+
+
+def test_structured_output_from_langchain_and_the_agents_sdk_is_refused_by_name(tokenizer):
+    """LangChain's with_structured_output and the Agents SDK's output_type on its chat model send response_format
+    (a JSON schema); guided decoding would mask the distribution the trainer scores under, so the endpoint refuses
+    it with a 400 naming the field (it had dropped it without a word, and the framework then failed to parse)."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    agents = pytest.importorskip("agents")
+    import asyncio
+
+    import openai
+    from pydantic import BaseModel
+
+    from reinforce_pro.agents.openai_endpoint import Endpoint
+    from tests.test_openai_agents import RUN_SAMPLING
+
+    class Sum(BaseModel):
+        value: int
+
+    endpoint = Endpoint(tokenizer, ScriptedEngine(tokenizer, {"": ['{"value": 7}']}), RUN_SAMPLING, max_len=128)
+    endpoint.start()
+    try:
+        sid = endpoint.open_session()
+        chat = langchain_openai.ChatOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none", model="policy",
+                                           max_retries=0)  # fmt: skip
+        with pytest.raises(openai.BadRequestError, match="structured output is not served") as refused:
+            chat.with_structured_output(Sum).invoke("3+4=")
+        assert refused.value.body["param"] == "response_format"
+        client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none", max_retries=0)
+        model = agents.OpenAIChatCompletionsModel(model="policy", openai_client=client)
+        agent = agents.Agent(name="adder", instructions="Add.", model=model, output_type=Sum)
+        with pytest.raises(openai.BadRequestError, match="structured output is not served"):
+            asyncio.run(agents.Runner.run(agent, "3+4=", run_config=agents.RunConfig(tracing_disabled=True)))
+        assert endpoint.close_session(sid).trajectory.calls == 0
+    finally:
+        endpoint.stop()
