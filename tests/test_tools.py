@@ -286,6 +286,34 @@ def test_what_a_model_writes_in_a_call_is_content_on_every_route_never_a_failed_
         endpoint.stop()
 
 
+def test_a_vocabulary_with_tool_call_as_a_special_token_still_yields_calls(tokenizer):
+    """Hermes-2-Pro style: <tool_call> and </tool_call> are special tokens, which a decode that skips special tokens
+    drops, so no call was ever found; they are kept in the client's text (<eos> is not), the call is parsed, and
+    the next turn extends the sampled ids."""
+    hermes = copy.deepcopy(tokenizer)
+    hermes.add_tokens(["<tool_call>", "</tool_call>"], special_tokens=True)
+    endpoint, engine = serve(hermes, {"3+4=": [CALL, "7"], "": ["ok"]})
+    try:
+        sampled_ids = hermes(CALL, add_special_tokens=False)["input_ids"]
+        assert hermes.convert_tokens_to_ids("<tool_call>") in sampled_ids  # one special token, not 11 characters
+        sid = endpoint.open_session()
+        client = openai.OpenAI(base_url=f"{endpoint.url}/s/{sid}/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "3+4="}]
+        first = client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+        (call,) = first.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 3, "b": 4})
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "7"}]  # fmt: skip
+        assert (
+            client.chat.completions.create(model="policy", messages=messages, tools=[ADD]).choices[0].message.content
+            == "7"
+        )
+        trajectory = endpoint.close_session(sid).trajectory
+        assert (trajectory.calls, trajectory.forks, trajectory.tool_calls) == (2, 0, 1)
+    finally:
+        endpoint.stop()
+
+
 def test_reading_calls_takes_linear_time_in_a_reply_of_unclosed_tags():
     """20,000 unclosed tags (a model looping on a one-token <tool_call>): a lazy regex scanned to the end from each
     of them (1.5 s at 4,000, so ~37 s here, on the loop that serves every session); one pass takes milliseconds."""

@@ -37,6 +37,7 @@ from reinforce_pro.agents.tools import (
     tool_request,
 )
 from reinforce_pro.agents.trajectory import Call
+from reinforce_pro.rollout.sampler import client_text
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is refused (413) before it is parsed
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
@@ -456,7 +457,7 @@ def _blocks(content, where: str) -> str:
 
 def message_response(body: dict, stops: list[str], call: Call, tokenizer, parsed: Parsed) -> dict:
     """Anthropic's Message object, with the engine's ids (`token_ids`, as the OpenAI routes add them)."""
-    sampled = tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+    sampled = client_text(tokenizer, call.completion_ids)
     stop = next((s for s in stops if s in sampled), None)
     reason = "max_tokens" if call.finish_reason == "length" else "stop_sequence" if stop else "end_turn"
     blocks = [{"type": "thinking", "thinking": parsed.reasoning, "signature": ""}] if parsed.reasoning else []

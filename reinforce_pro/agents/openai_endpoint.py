@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from reinforce_pro.agents.openai_app import EndpointError, build_app, top_logprobs
 from reinforce_pro.agents.trajectory import Call, Trajectory
 from reinforce_pro.rollout.engine_wait import ACTOR_LOST, EngineHung
+from reinforce_pro.rollout.sampler import client_text
 
 # Sampling fields a request may send only with the run's own value (or the neutral one): the trainer replays the
 # run's settings, not a request's.
@@ -337,7 +338,7 @@ class Endpoint:
         if kept_stop is not None:
             sampling["stop"] = [*sampling.get("stop", ()), kept_stop]
         generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine)
-        shown = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        shown = client_text(self.tokenizer, generation.token_ids)  # <tool_call> kept where it is a special token
         raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
         for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
             if stop in shown:

@@ -73,12 +73,29 @@ def pad_token_id(tokenizer) -> int:
     return 0
 
 
+# Markup that tool-call and reasoning parsers read: kept in a client's text even where a vocabulary makes it a
+# special token (Hermes-2-Pro's <tool_call>), as vLLM's hermes parser turns skip_special_tokens off for it
+VISIBLE_SPECIAL = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+
+
+def client_text(tokenizer, ids: list[int]) -> str:
+    """The text a client is shown for sampled `ids`: special tokens (<eos>, <|im_end|>) skipped, VISIBLE_SPECIAL
+    kept."""
+    size, hidden = getattr(tokenizer, "_reinforce_pro_hidden", (None, None))
+    if size != len(tokenizer):  # found once per vocabulary (a token added later finds it again)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special = set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
+        hidden = frozenset(i for i in special if tokenizer.convert_ids_to_tokens(i) not in VISIBLE_SPECIAL)
+        tokenizer._reinforce_pro_hidden = (len(tokenizer), hidden)
+    return tokenizer.decode([t for t in ids if t not in hidden], skip_special_tokens=False)
+
+
 def stop_end(tokenizer, ids: list[int], checked: int, stops) -> int | None:
     """The length of the shortest prefix of `ids` whose text holds one of `stops`, where the first `checked` ids'
-    text held none (as the client's text is cut: special tokens skipped); None when the whole text holds none."""
+    text held none (as the client's text is cut, client_text); None when the whole text holds none."""
 
     def holds(k: int) -> bool:
-        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        text = client_text(tokenizer, ids[:k])
         return any(stop in text for stop in stops)
 
     if not holds(len(ids)):
