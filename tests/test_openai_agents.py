@@ -642,6 +642,73 @@ def test_many_concurrent_sessions_are_batched_and_all_answered(live):
     assert all(endpoint.close_session(s).trajectory.calls == 1 for s in sessions)
 
 
+def test_sessions_near_the_length_limit_are_sampled_in_one_call_each_cut_to_its_room(tokenizer):
+    """Near --max_len every session has its own room, and a batching key holding each one's max_tokens split the
+    batch into one engine call a session; now one call, with each completion cut to its own room (a longer
+    sample's first tokens are a sample of that many), ending for "length"."""
+    engine = ScriptedEngine(tokenizer, {"": ["abcdefghij"]})
+    endpoint = Endpoint(tokenizer, engine, RUN_SAMPLING, max_len=64, batch_wait_s=0.5)
+    endpoint.start()
+    try:
+        sessions = [endpoint.open_session() for _ in range(8)]
+        endpoint.set_live(len(sessions))
+
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await asyncio.gather(*(http.post(
+                    f"{endpoint.url}/s/{sid}/v1/chat/completions", json={**CHAT, "messages": [
+                        {"role": "user", "content": "q" * (30 + i)}]}) for i, sid in enumerate(sessions)))  # fmt: skip
+
+        replies = [r.json() for r in asyncio.run(main())]
+        assert engine.calls == [8]  # one engine call (it was 8)
+        rooms = [64 - r["usage"]["prompt_tokens"] for r in replies]  # 15 down to 8; the reply is 11 tokens
+        assert len(set(rooms)) == 8 and all(r["usage"]["completion_tokens"] == min(room, 11) for r, room in
+                                             zip(replies, rooms, strict=True))  # fmt: skip
+        assert all(r["choices"][0]["finish_reason"] == "length" for r, room in zip(replies, rooms, strict=True)
+                   if room < 11)  # fmt: skip
+        for sid in sessions:
+            (call,) = endpoint.close_session(sid).trajectory.segments[0]
+            assert len(call.log_probs) == len(call.completion_ids) <= 64 - len(call.prompt_ids)
+    finally:
+        endpoint.stop()
+
+
+def test_a_request_whose_episode_ended_while_it_waited_never_reaches_the_engine(tokenizer):
+    """The step ends (its sessions closed) while a request waits for its batch: it is answered 410 and no engine
+    call is made for it (a flush after the step ran it on the engines, under partial rollouts inside the next
+    step); the ended sessions kept for that 410 are bounded."""
+    engine = ScriptedEngine(tokenizer, {"": ["ok"]})
+    endpoint = Endpoint(tokenizer, engine, RUN_SAMPLING, max_len=64, batch_wait_s=30)
+    endpoint.start()
+    try:
+        sid = endpoint.open_session()
+        endpoint.set_live(2)  # another agent still runs: the batch waits for it
+        reply = {}
+        waiting = threading.Thread(target=lambda: reply.update(r=post(endpoint, f"/s/{sid}/v1/chat/completions",
+                                                                         json=CHAT, timeout=30)))  # fmt: skip
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not endpoint.batcher.pending:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        endpoint.close_session(sid)  # the step ends
+        endpoint.set_live(0)
+        waiting.join(timeout=10)
+        assert reply["r"].status_code == 410 and engine.calls == []
+    finally:
+        endpoint.stop()
+    from reinforce_pro.agents import openai_endpoint
+
+    bounded = Endpoint(tokenizer, engine, RUN_SAMPLING, max_len=64)
+    kept, openai_endpoint.ENDED_KEPT = openai_endpoint.ENDED_KEPT, 3
+    try:
+        for _ in range(10):
+            bounded.close_session(bounded.open_session())
+    finally:
+        openai_endpoint.ENDED_KEPT = kept
+    assert len(bounded.ended) == 3
+
+
 def test_with_several_engines_each_session_stays_on_one_and_they_run_at_once(tokenizer):
     """Sessions are pinned round robin: every turn of an episode goes to the engine its first did (its prefix
     cache), and the engines' calls of one batch overlap."""

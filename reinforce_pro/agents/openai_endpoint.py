@@ -25,8 +25,9 @@ import asyncio
 import json
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reinforce_pro.agents.openai_app import EndpointError, build_app, top_logprobs
 from reinforce_pro.agents.trajectory import Call, Trajectory
@@ -38,6 +39,7 @@ from reinforce_pro.rollout.sampler import client_text
 PINNED = ("temperature", "top_p", "top_k", "min_p", "min_tokens")
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
 RUN_FLAG = {"min_tokens": "min_new_tokens"}  # a pinned field's flag where it is not the field's name
+ENDED_KEPT = 65536  # ended sessions remembered for a 410 (older ones answer 404): bounded over a long run
 # Fields real clients send that would change what is sampled in a way the trainer cannot score (or a response
 # shape not served): refused with a 400 naming them unless they hold their neutral value. Fields that change
 # nothing sampled (user, metadata, store, service_tier, stream_options, ...) are accepted; the table in
@@ -83,7 +85,8 @@ class Batcher:
         # where engine calls run: None, a worker thread of the server's loop; else submit(fn, *args) ->
         # concurrent.futures.Future (partial rollouts: the thread that holds the engine gate, openai_agents.py)
         self.submit: Callable | None = None
-        self.pending: list[tuple[list[int], dict, int | None, asyncio.Future]] = []
+        # (prompt ids, sampling, engine, future, whether its session is still open)
+        self.pending: list[tuple[list[int], dict, int | None, asyncio.Future, Callable[[], bool]]] = []
         self.live = 0  # agents still running: when all of them wait, the batch is complete
         self.calls = 0  # engine calls made
         # the first error of an engine lost (dead, or hung past --engine_timeout_s) under the episodes in flight:
@@ -96,11 +99,13 @@ class Batcher:
         """Drop what belonged to a stopped event loop (the endpoint was started again on a new one)."""
         self.pending, self._timer, self._flushing = [], None, False
 
-    async def generate(self, prompt_ids: list[int], sampling: dict, engine: int | None = None):
+    async def generate(self, prompt_ids: list[int], sampling: dict, engine: int | None = None,
+                       alive: Callable[[], bool] = lambda: True):  # fmt: skip
         """The engines' Generation for `prompt_ids`; `engine`: the index of the engine the session is pinned to
-        (None: the sampler splits the batch over its engines)."""
+        (None: the sampler splits the batch over its engines); `alive`: whether its session is still open (a
+        request whose episode ended while it waited never reaches an engine)."""
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt_ids, sampling, engine, future))
+        self.pending.append((prompt_ids, sampling, engine, future, alive))
         self.poke()
         return await future
 
@@ -125,12 +130,21 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self.pending = self.pending, []
+        taken, self.pending, batch = self.pending, [], []
+        for entry in taken:
+            if entry[4]():
+                batch.append(entry)
+            elif not entry[3].done():  # its episode ended (the step is over): no engine call for it
+                entry[3].set_exception(EndpointError(410, "the session has ended: its episode is over",
+                                                     "session_ended"))  # fmt: skip
         try:
+            # one call per sampling setting and engine, whatever each request's max_tokens (near --max_len every
+            # session has its own room, and a key with it split a batch into a call a request; `within` cuts each
+            # to its own), the engines' calls at once (they are separate actors)
             groups: dict[tuple[str, int | None], list[int]] = {}
-            for k, (_, sampling, engine, _) in enumerate(batch):
-                groups.setdefault((json.dumps(sampling, sort_keys=True), engine), []).append(k)
-            # one call per sampling setting and engine, the engines' calls at once (they are separate actors)
+            for k, (_, sampling, engine, _, _) in enumerate(batch):
+                rest = {key: v for key, v in sampling.items() if key != "max_tokens"}
+                groups.setdefault((json.dumps(rest, sort_keys=True), engine), []).append(k)
             await asyncio.gather(
                 *(self._call(batch, key, engine, members) for (key, engine), members in groups.items())
             )
@@ -140,13 +154,17 @@ class Batcher:
 
     async def _call(self, batch: list, key: str, engine: int | None, members: list[int]) -> None:
         prompts, loop = [batch[k][0] for k in members], asyncio.get_running_loop()
-        call = (self.sample, prompts, json.loads(key)) if engine is None else (self.sample_on, engine, prompts, key)
+        limits = [batch[k][1]["max_tokens"] for k in members]
+        sampling = {**json.loads(key), "max_tokens": max(limits)}
+        call = (self.sample, prompts, sampling) if engine is None else (self.sample_on, engine, prompts, sampling)
         if self.chunked is not None:
-            call = (self.chunked, prompts, json.loads(key))
+            call = (self.chunked, prompts, sampling)
         try:  # the engines are called off the loop: the endpoint keeps answering meanwhile
             out = await (loop.run_in_executor(None, *call) if self.submit is None else asyncio.wrap_future(
                 self.submit(*call)))  # fmt: skip
             generations = list(zip(*out, strict=True)) if self.chunked is not None else [(g, None) for g in out]
+            generations = [within(g, v, limit, len(p)) for (g, v), limit, p in zip(generations, limits, prompts,
+                                                                                 strict=True)]  # fmt: skip
             self.calls += 1
         except Exception as e:  # an engine failure fails these requests (503), not the endpoint
             if isinstance(e, (*ACTOR_LOST, EngineHung)) and self.lost is None:
@@ -158,8 +176,21 @@ class Batcher:
             if not future.done():  # a client that went away has cancelled its future
                 future.set_exception(g) if isinstance(g, Exception) else future.set_result(g)
 
-    def sample_on(self, engine: int, prompts: list[list[int]], key: str) -> list:
-        return self.sample(prompts, json.loads(key), engines=[self.engines[engine]])
+    def sample_on(self, engine: int, prompts: list[list[int]], sampling: dict) -> list:
+        return self.sample(prompts, sampling, engines=[self.engines[engine]])
+
+
+def within(generation, versions, limit: int, prompt_len: int):
+    """(generation, versions) cut to a request's own max_tokens, where its batch was sampled with a larger one:
+    the first `limit` tokens of a longer sample are a sample of `limit` tokens (each is drawn given those before
+    it), ending for "length"."""
+    if len(generation.token_ids) <= limit:
+        return generation, versions
+    routes = generation.routes[: prompt_len + limit - 1] if generation.routes is not None else None
+    tops = generation.top_log_probs[:limit] if generation.top_log_probs is not None else None
+    cut = replace(generation, token_ids=generation.token_ids[:limit], log_probs=generation.log_probs[:limit],
+                  finish_reason="length", routes=routes, top_log_probs=tops)  # fmt: skip
+    return cut, (versions[:limit] if versions is not None else None)
 
 
 class Endpoint:
@@ -173,7 +204,8 @@ class Endpoint:
         self.batcher = Batcher(sample, batch_wait_s, engines if engines and len(engines) > 1 else None)
         self._opened = 0
         self.sessions: dict[str, Session] = {}
-        self.ended: set[str] = set()  # sessions closed: their late requests get 410, not 404
+        # the latest sessions closed (at most ENDED_KEPT): their late requests get 410, not 404
+        self.ended: OrderedDict[str, None] = OrderedDict()
         self.url = ""
         self._server = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's, seen by the first request
@@ -217,8 +249,10 @@ class Endpoint:
         """End a session: later requests to it get 410. Returns it (its trajectory) and forgets it."""
         with self._lock:
             session = self.sessions.pop(sid)
-        session.open = False
-        self.ended.add(sid)
+            session.open = False  # under the lock: complete() checks it and records under the same lock
+            self.ended[sid] = None
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
         return session
 
     def set_live(self, count: int) -> None:
@@ -337,7 +371,7 @@ class Endpoint:
         sampling = self.sampling_for(body, len(prompt_ids))
         if kept_stop is not None:
             sampling["stop"] = [*sampling.get("stop", ()), kept_stop]
-        generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine)
+        generation, versions = await self.batcher.generate(prompt_ids, sampling, session.engine, lambda: session.open)
         shown = client_text(self.tokenizer, generation.token_ids)  # <tool_call> kept where it is a special token
         raw = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
         for stop in sampling.get("stop", ()):  # the engine's ids run through the stop string; the client's text not
@@ -345,15 +379,16 @@ class Endpoint:
                 shown = shown[: shown.index(stop) + (len(stop) if stop == kept_stop else 0)]
         call = Call(list(prompt_ids), list(generation.token_ids), list(generation.log_probs),
                     generation.finish_reason, shown, versions, generation.routes, generation.top_log_probs)  # fmt: skip
-        if not session.open:  # the episode ended while this request waited: nothing is recorded
-            raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
         if gone is not None and await gone():
             session.trajectory.abandoned += 1
             raise EndpointError(499, "the client disconnected before its completion was sent", "client_closed")
-        session.trajectory.add(call)
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
-        session.trajectory.clamped += int(asked is not None and asked > self.sampling["max_tokens"])
-        session.seen_texts = (prompt_text + raw, prompt_text + shown) if prompt_text is not None else ()
+        with self._lock:  # close_session (the driver's thread) cannot end it between the check and the record
+            if not session.open:  # the episode ended while this request waited: nothing is recorded
+                raise EndpointError(410, f"session {session.id} has ended: its episode is over", "session_ended")
+            session.trajectory.add(call)
+            session.trajectory.clamped += int(asked is not None and asked > self.sampling["max_tokens"])
+            session.seen_texts = (prompt_text + raw, prompt_text + shown) if prompt_text is not None else ()
         return call
 
 
