@@ -314,6 +314,27 @@ def test_a_vocabulary_with_tool_call_as_a_special_token_still_yields_calls(token
         endpoint.stop()
 
 
+def test_a_parser_that_fails_on_a_recorded_call_still_answers_with_the_text(tokenizer, monkeypatch):
+    """The call is recorded before its reply is read: should reading it ever raise, the reply is the text as
+    content (a failed call, counted), not a 500 that makes the agent retry from a fork of what it saw."""
+    from reinforce_pro.agents import openai_app
+
+    def broken(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(openai_app, "parse_completion", broken)
+    endpoint, _ = serve(tokenizer, {"": [CALL]})
+    try:
+        sid = endpoint.open_session()
+        r = httpx.post(f"{endpoint.url}/s/{sid}/v1/chat/completions", timeout=10,
+                       json={"messages": [{"role": "user", "content": "go"}], "tools": [ADD]})  # fmt: skip
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == CALL
+        trajectory = endpoint.close_session(sid).trajectory
+        assert (trajectory.calls, trajectory.tool_call_failures) == (1, 1)
+    finally:
+        endpoint.stop()
+
+
 def test_reading_calls_takes_linear_time_in_a_reply_of_unclosed_tags():
     """20,000 unclosed tags (a model looping on a one-token <tool_call>): a lazy regex scanned to the end from each
     of them (1.5 s at 4,000, so ~37 s here, on the loop that serves every session); one pass takes milliseconds."""

@@ -266,7 +266,10 @@ def kept_stop(tools: ToolRequest | None) -> str | None:
 def read_reply(tokenizer, session, tools: ToolRequest | None, text: str) -> Parsed:
     """The reply's content, reasoning and tool calls; the calls are filed under the sampled text."""
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    parsed = parse_completion(text, tools, think="<think>" in template)
+    try:
+        parsed = parse_completion(text, tools, think="<think>" in template)
+    except Exception:  # the call is recorded already: whatever the model wrote ends as content, never as a 500
+        parsed = Parsed(text, [], failed=tools is not None and tools.parses)
     remember_calls(session, parsed, text)
     return parsed
 
