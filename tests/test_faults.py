@@ -500,3 +500,28 @@ def test_what_a_run_directory_holds_never_ends_a_start_in_a_traceback(tmp_path, 
     monkeypatch.setattr(Path, "rename", refused)
     with pytest.raises(UserInputError, match=r"moving it aside to .*run\.2 failed \(Device or resource busy\)"):
         resume.rerun(_cfg(tmp_path, "--seed", "9"))
+
+
+def test_a_checkpoint_without_model_states_is_never_resumed_from(tmp_path):
+    """--disable_ds_ckpt writes checkpoints a resume cannot load (then FileNotFoundError on every resume): they are
+    passed over for the newest one that can be, or none."""
+    from reinforce_pro.trainer.checkpoint import find_latest, save_checkpoint
+
+    root = tmp_path / "c"
+    save_checkpoint(root, 2, {"resumable": True}, lambda tmp: None)
+    save_checkpoint(root, 4, {"resumable": False}, lambda tmp: None)
+    assert find_latest(root) == root / "global_step2"
+    (root / "global_step2" / "trainer_state.json").write_text('{"step": 2, "resumable": false}')
+    assert find_latest(root) is None
+
+
+def test_a_full_disk_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full(cfg):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
+
+    monkeypatch.setattr(resume, "rerun", full)
+    assert driver.train(_cfg(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device writing " in err and "run the same command again" in err

@@ -11,6 +11,7 @@ The benchmarks and end-to-end tests call build_and_fit directly, with engines th
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -66,9 +67,19 @@ def train(cfg: RunConfig) -> int:
     except (faults.RunLost, ServiceLost, RetrieverError) as e:  # an actor lost past --max_failures, a service
         print(f"train_ppo_ray: error: {e}", file=sys.stderr)  # that cannot restart or is not the run's to restart
         return 1
+    except OSError as e:
+        if e.errno not in FULL:
+            raise
+        where = e.filename or "the run's files"
+        print(f"train_ppo_ray: error: {e.strerror} writing {where}: free space (or give --save_path / --ckpt_path "
+              "elsewhere) and run the same command again to resume", file=sys.stderr)  # fmt: skip
+        return 1
     finally:
         run_lock.release_all()  # the run directory is another start's to take (an exit would drop it too)
     return summarise(history, plan)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a disk full, a quota spent, a file system gone read-only
 
 
 def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
@@ -138,7 +149,10 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
             extra_metrics=memory.metrics, restart_engine=engine_restarter(groups, plan, budget, memory),
         )  # fmt: skip
         if resume_from is not None:
-            trainer.restore(resume_from)
+            try:
+                trainer.restore(resume_from)
+            except ValueError as e:  # another prompt count or seed than the checkpoint's (PromptLoader)
+                raise UserInputError(f"{resume_from}: {e}") from None
             print(f"[resume] from {resume_from} at step {trainer.step}", flush=True)
         trainer.fit()
         history = logged_history(plan.run_dir)  # a resumed run's fit() holds only the steps since its checkpoint

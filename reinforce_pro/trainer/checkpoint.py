@@ -63,14 +63,25 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def find_latest(root: Path) -> Path | None:
-    """The directory `latest` names if complete, else the newest complete one, else None."""
+    """The checkpoint a run resumes from: the directory `latest` names if complete, else the newest complete one,
+    leaving out those that hold no model states to load (--disable_ds_ckpt; trainer_state's `resumable`); None
+    when there is none."""
     pointer = root / LATEST
     if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if (named / STATE_FILE).is_file():
+        named = root / pointer.read_text(errors="replace").strip()
+        if (named / STATE_FILE).is_file() and resumable(named):
             return named
-    done = complete_checkpoints(root)
+    done = [d for d in complete_checkpoints(root) if resumable(d)]
     return done[-1] if done else None
+
+
+def resumable(ckpt: Path) -> bool:
+    """Whether a complete checkpoint holds the model states a resume loads (one whose state cannot be read does
+    not)."""
+    try:
+        return bool(load_state(ckpt).get("resumable", True))
+    except (OSError, ValueError):
+        return False
 
 
 def load_state(ckpt: Path) -> dict:

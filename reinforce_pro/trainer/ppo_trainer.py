@@ -431,6 +431,7 @@ class PPOTrainer:
             **self.trained_source,
             **self.builder.state_dict(),  # kl_coef, reward_moments
             "best": self.best,
+            "resumable": not self.cfg.checkpoints.disable_ds_ckpt,  # checkpoint.find_latest skips it otherwise
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
