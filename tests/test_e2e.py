@@ -883,7 +883,8 @@ RESUME_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "1
 
 
 @pytest.mark.parametrize("mode", list(ASYNC))
-def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine, tiny_model, digit_reward, mode):
+def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine, tiny_model, digit_reward, mode,
+                                                               capsys):  # fmt: skip
     """A run killed with SIGKILL during step 3 and resumed with --load_checkpoint trains on exactly the
     prompts of an uninterrupted run with the same seed, steps continuing and metrics appended. Under
     --async_train the producer has taken prompts for later batches when the run dies: they are regenerated
@@ -915,8 +916,10 @@ def test_sigkill_mid_step_then_resume_consumes_the_same_prompts(tmp_path, engine
     assert killed_at is not None and load_state(killed_at)["step"] in (2, 3)
 
     resume_dir = tmp_path / "killed"
+    capsys.readouterr()
     cfg, plan, history = run(argv + ["--ckpt_path", str(ckpt), "--load_checkpoint"], resume_dir, engine, tiny_model)
-    assert history[0]["step"] == load_state(killed_at)["step"] + 1
+    assert f"[resume] from {killed_at} at step {load_state(killed_at)['step']}" in capsys.readouterr().out
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5]  # the whole history, the killed run's steps included
     assert (plan.run_dir / "consumed.jsonl").read_text() == want
     assert [r["step"] for r in read_metrics(plan.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
 

@@ -319,7 +319,8 @@ def test_the_same_command_again_into_its_save_path_resumes_its_run(tmp_path, cap
     explicit = start("--seed", "7", "--load_checkpoint")  # --load_checkpoint: as before
     assert explicit.loop.checkpoints.resume is True and (run_dir / "metrics.jsonl").is_file()
     _, elsewhere = parse(["--pretrain", "m", "--seed", "8"])  # no --save_path: a new runs/<time> every time
-    assert resume.rerun(elsewhere) == (elsewhere, False)
+    fresh, from_first_step = resume.rerun(elsewhere)
+    assert fresh.output.save_path is None and not from_first_step and fresh.loop.checkpoints.run_id  # a new run's id
 
 
 def test_without_a_save_path_the_same_command_resumes_its_newest_unfinished_run(tmp_path, monkeypatch, capsys):
@@ -406,7 +407,7 @@ def test_without_a_save_path_a_live_run_is_not_adopted_and_two_starts_get_two_di
     resume.record_command(resume.asked(given), running)
     live = _holding(running)
     try:
-        assert resume.rerun(given) == (given, False)  # a new runs/<time>/, not the live one
+        assert resume.rerun(given)[0].output.save_path is None  # a new runs/<time>/, not the live one
     finally:
         live.kill()
         live.wait()
@@ -525,3 +526,78 @@ def test_a_full_disk_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch, c
     assert driver.train(_cfg(tmp_path)) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device writing " in err and "run the same command again" in err
+
+
+def _checkpoint(root: Path, step: int, run_id: str | None) -> Path:
+    from reinforce_pro.trainer.checkpoint import save_checkpoint
+
+    def parts(tmp: Path) -> None:
+        (tmp / "policy").mkdir()
+
+    return save_checkpoint(root, step, {"run_id": run_id} if run_id else {}, parts)
+
+
+def test_checkpoints_are_the_runs_own_resume_and_rotation_never_take_anothers(tmp_path):
+    """Each checkpoint names the run that wrote it: a resume takes only its run's (or one that names none, written
+    before ids were kept), rotation counts and deletes only its run's (it deleted a new run's checkpoint the moment
+    it was written when older runs' filled --max_ckpt_num), and a save never replaces another run's."""
+    from reinforce_pro.trainer.checkpoint import CheckpointClash, find_latest, rotate, save_checkpoint
+
+    root = tmp_path / "c"
+    for step in (10, 20, 30):
+        _checkpoint(root, step, "older")
+    mine = _checkpoint(root, 2, "mine")
+    assert find_latest(root, "mine") == mine and find_latest(root, "older") == root / "global_step30"
+    assert rotate(root, max_num=1, max_mem_gb=float("inf"), run_id="mine") == [] and mine.is_dir()
+    _checkpoint(root, 4, "mine")
+    assert rotate(root, max_num=1, max_mem_gb=float("inf"), run_id="mine") == [mine]
+    assert all((root / f"global_step{s}").is_dir() for s in (10, 20, 30))  # the other run's, untouched
+    with pytest.raises(CheckpointClash, match="global_step30 is run older's checkpoint"):
+        save_checkpoint(root, 30, {"run_id": "mine"}, lambda tmp: None)
+    legacy = tmp_path / "legacy"
+    _checkpoint(legacy, 5, None)
+    assert find_latest(legacy, "anyone") == legacy / "global_step5"
+
+
+def test_a_new_run_into_a_ckpt_path_holding_anothers_checkpoints_is_refused_and_without_one_they_are_its_own(tmp_path):
+    first = _cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "shared"))
+    _checkpoint(tmp_path / "shared", 5, "someone")
+    with pytest.raises(
+        UserInputError,
+        match=rf"--ckpt_path {tmp_path / 'shared'} holds another run's checkpoints "
+        r"\(global_step5, run someone\): give this run a --ckpt_path of its own",
+    ):
+        resume.rerun(first)  # fmt: skip
+    assert (tmp_path / "shared" / "global_step5").is_dir()
+    default, _ = resume.rerun(_cfg(tmp_path, "--save_steps", "5"))  # no --ckpt_path: under the run directory
+    assert default.loop.checkpoints.ckpt_path == tmp_path / "run" / "checkpoints"
+
+
+def test_the_documented_comparison_script_starts_the_second_correction_afresh_and_keeps_the_first(tmp_path, capsys):
+    """examples/scripts/_gpu_common.sh: --save_path OUT --ckpt_path OUT/ckpt --save_steps 20 --load_checkpoint, run
+    once per correction into one OUT. The second correction resumed the first one's checkpoint and overwrote its
+    final_model and records; now it is another command: the first run is moved aside whole, checkpoints and all,
+    and the second starts from scratch. The same correction again resumes its own checkpoint."""
+    out = tmp_path / "run"
+
+    def start(correction: str):
+        given = _cfg(tmp_path, "--ckpt_path", str(out / "ckpt"), "--save_steps", "20", "--load_checkpoint",
+                     "--enable_vllm_is_correction", "--vllm_is_correction_type", correction)  # fmt: skip
+        cfg, _ = resume.rerun(given)
+        out.mkdir(exist_ok=True)
+        resume.record_command(resume.asked(given), out, cfg.loop.checkpoints.run_id)
+        return cfg
+
+    tis = start("tis")
+    _rows(out, 20)
+    resume.record_command(json.loads((out / resume.COMMAND_FILE).read_text()), out, tis.loop.checkpoints.run_id)
+    _checkpoint(out / "ckpt", 20, tis.loop.checkpoints.run_id)
+    icepop = start("icepop")
+    assert "held a run of another command (" in capsys.readouterr().out
+    assert (tmp_path / "run.1" / "ckpt" / "global_step20").is_dir() and resume.latest(icepop) is None
+    assert icepop.loop.checkpoints.run_id != tis.loop.checkpoints.run_id
+    _rows(out, 20)
+    _checkpoint(out / "ckpt", 20, icepop.loop.checkpoints.run_id)
+    again = start("icepop")
+    assert resume.latest(again) == out / "ckpt" / "global_step20" and again.loop.checkpoints.resume
+    assert again.loop.checkpoints.run_id == icepop.loop.checkpoints.run_id

@@ -158,6 +158,9 @@ class EngineFlags:
         "[reinforce_pro] tokens sampled per chunk under --partial_rollout (default: max_new_tokens / 4)", at_least=1)
 
 
+DEFAULT_CKPT_PATH = "./ckpt/checkpoints_ppo_ray"  # OpenRLHF's --ckpt_path default: here it means "not given"
+
+
 @dataclass(frozen=True)
 class RunningFlags:
     """checkpoints, evaluation, logging"""
@@ -169,7 +172,8 @@ class RunningFlags:
     auto_checkpoint_minutes: float = flag(5.0,
         "[reinforce_pro] without --save_steps: checkpoint into <save_path>/checkpoints every this many minutes of "
         "training, the newest kept, for in-run recovery and --load_checkpoint (0: off)", at_least=0)
-    ckpt_path: str = flag("./ckpt/checkpoints_ppo_ray", "directory of the global_step<N> checkpoints",
+    ckpt_path: str = flag(DEFAULT_CKPT_PATH,
+        "directory of the global_step<N> checkpoints (not given: <save_path>/checkpoints, a run's own)",
         dotted="ckpt.path")
     load_checkpoint: bool = flag(False,
         "resume from the latest complete checkpoint in --ckpt_path (none there: start from scratch)",

@@ -31,6 +31,7 @@ from reinforce_pro.agents.runner import AgentConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
 from reinforce_pro.cli.args import (
+    DEFAULT_CKPT_PATH,
     DEFAULT_MAX_NEW_TOKENS,
     engine_dtype,
     flag_fields,
@@ -218,8 +219,11 @@ def loop(
     checkpoints = None
     every_s = auto_checkpoint_minutes * 60 if save_steps <= 0 else 0.0  # the default, by the clock
     if save_steps > 0 or load_checkpoint or every_s > 0:
-        # by the clock alone: under the run directory, once the driver knows it (run/driver.py: run_checkpoints)
-        path = Path(ckpt_path).resolve() if save_steps > 0 or load_checkpoint else None
+        # by the clock alone, or --ckpt_path not given: under the run directory, once the driver knows it
+        # (run/resume.run_checkpoints), so two runs never share one (OpenRLHF's default, ./ckpt/checkpoints_ppo_ray,
+        # put every run's there, and a run could resume, or rotate away, another's)
+        given = ckpt_path != DEFAULT_CKPT_PATH
+        path = Path(ckpt_path).resolve() if (save_steps > 0 or load_checkpoint) and given else None
         checkpoints = named(CheckpointConfig, flags, ckpt_path=path, resume=load_checkpoint, every_s=every_s)
     chunk = None
     if partial_rollout:  # default chunk: a quarter of the response budget

@@ -31,7 +31,6 @@ from reinforce_pro.run.errors import UserInputError
 from reinforce_pro.run.memory import MemoryWatch
 from reinforce_pro.search.retriever import RetrieverError
 from reinforce_pro.serving import ServiceLost
-from reinforce_pro.trainer.checkpoint import find_latest
 from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
@@ -52,7 +51,7 @@ def train(cfg: RunConfig) -> int:
         plan = prepare(cfg)
         if from_first_step:  # its rows cut only now that the inputs are checked
             resume.cut_rows(plan.run_dir, -1)
-        resume.record_command(command, plan.run_dir)
+        resume.record_command(command, plan.run_dir, cfg.loop.checkpoints.run_id if cfg.loop.checkpoints else None)
         history = build_and_fit(cfg, plan)
     except RewardFileError as e:  # the user's reward function failed: the steps before it are in metrics.jsonl
         url = cfg.models.remote_rm_url
@@ -107,7 +106,7 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
             fit_once(cfg, plan, use_gpu, engines, tokenizer, budget)
             return logged_history(plan.run_dir)  # every step, across resumes and restarts
         except ActorLost as lost:
-            saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
+            saved = resume.latest(cfg)
             if engines is not None or not budget.spend():
                 why = stop_reason(engines is not None, budget)
                 raise faults.RunLost(f"{lost}{lost_run_note(plan, saved, why)}") from lost.__cause__
@@ -213,8 +212,8 @@ def lost_run_note(plan: RunPlan, saved: Path | None, why: str) -> str:
 def logged_history(run_dir: Path) -> list[dict]:
     """Every trained step as metrics.jsonl holds it (a run that recovered from a lost actor has the steps before
     the checkpoint it resumed from there, not in its last fit()'s history)."""
-    rows = []
-    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+    rows, path = [], run_dir / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []:
         try:
             rows.append(json.loads(line))
         except ValueError:  # a line cut by a kill, or mangled: not a row

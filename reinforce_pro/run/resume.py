@@ -10,13 +10,14 @@ import hashlib
 import json
 import os
 import shlex
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
 from reinforce_pro.run import run_lock
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
-from reinforce_pro.trainer.checkpoint import find_latest, load_state, truncate_jsonl
+from reinforce_pro.trainer.checkpoint import find_latest, load_state, others, owner, truncate_jsonl
 from reinforce_pro.trainer.logger import RUN_JSONL
 
 
@@ -26,7 +27,7 @@ def resume_checkpoint(cfg: RunConfig, plan: RunPlan) -> Path | None:
     checkpoints = cfg.loop.checkpoints
     if checkpoints is None or not checkpoints.resume:
         return None
-    ckpt = find_latest(checkpoints.ckpt_path)
+    ckpt = latest(cfg)
     if ckpt is None:
         print(f"[resume] no complete checkpoint in {checkpoints.ckpt_path}: starting from scratch", flush=True)
         return None
@@ -39,6 +40,12 @@ def cut_rows(run_dir: Path, step: int) -> None:
     beside a user's prompts.jsonl) back to `step` (-1: every row, the evaluation before training included)."""
     for name in RUN_JSONL:
         truncate_jsonl(run_dir / f"{name}.jsonl", step)
+
+
+def latest(cfg: RunConfig) -> Path | None:
+    """The newest complete checkpoint this run can resume from (its own: checkpoint.find_latest with its id)."""
+    ckpt = cfg.loop.checkpoints
+    return find_latest(ckpt.ckpt_path, ckpt.run_id) if ckpt is not None else None
 
 
 def run_checkpoints(cfg: RunConfig, run_dir: Path) -> RunConfig:
@@ -108,6 +115,7 @@ def _trained(config: dict) -> dict:
     """`config` without the RUNNING keys, every path it names spelled absolute (./m and /abs/m are one model)."""
     out = json.loads(json.dumps(config))
     out.pop(FINGERPRINTS, None)
+    out.pop("run_id", None)
     for dotted in RUNNING:
         *parents, key = dotted.split(".")
         section = out
@@ -173,17 +181,17 @@ def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
     if found is not None:
         cfg = replace(cfg, output=replace(cfg.output, save_path=str(found)))
     if not cfg.output.save_path:
-        return cfg, False
+        return _owned(cfg, None), False
     run_dir = Path(cfg.output.save_path).resolve()
     if run_dir.is_dir():
         run_lock.claim(run_dir)  # before anything here is read, moved or cut
     cfg, record = run_checkpoints(cfg, run_dir), run_dir / COMMAND_FILE  # record_command writes it, once prepared
-    explicit = cfg.loop.checkpoints is not None and cfg.loop.checkpoints.resume
-    if not explicit and _trained_a_step(run_dir):
+    if _trained_a_step(run_dir):  # --load_checkpoint too: it continues this command's run, not another's
         previous = read_command(record)
         why = _not_resumable(previous, now, run_dir)
         if why is None:
-            saved = find_latest(cfg.loop.checkpoints.ckpt_path) if cfg.loop.checkpoints else None
+            cfg = _owned(cfg, previous.get("run_id"))
+            saved = latest(cfg)
             changed = _differences(_without_fingerprints(previous), _without_fingerprints(now))  # none trained
             note = f"; changed, not what it trains: {', '.join(changed[:4])}" if changed else ""
             print(f"[resume] {run_dir} holds this command's run: resuming it from "
@@ -191,7 +199,7 @@ def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
                   f"{note}", flush=True)  # fmt: skip
             if saved is None:
                 return cfg, True
-            cfg = resuming(cfg, run_dir, saved)
+            return resuming(cfg, run_dir, saved), False
         else:
             aside = next(run_dir.with_name(f"{run_dir.name}.{n}") for n in range(1, 10**6)
                          if not run_dir.with_name(f"{run_dir.name}.{n}").exists())  # fmt: skip
@@ -202,12 +210,31 @@ def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
                                      "give this run another --save_path") from None  # fmt: skip
             run_lock.release(run_dir)  # the lock went with the old run; prepare takes the new directory's
             print(f"[run] {run_dir} held {why}: moved to {aside}; a new run starts", flush=True)
-    return cfg, False
+    return _owned(cfg, None), False
 
 
-def record_command(command: dict, run_dir: Path) -> None:
+def _owned(cfg: RunConfig, run_id: str | None) -> RunConfig:
+    """`cfg` with its run's id (a resumed run's own, else a new one) on its checkpoints; a --ckpt_path that holds
+    another run's checkpoints is refused in one line (its checkpoints would be resumed, rotated away or
+    overwritten at the same step)."""
+    ckpt = cfg.loop.checkpoints
+    if ckpt is None:
+        return cfg
+    ckpt = replace(ckpt, run_id=run_id or uuid.uuid4().hex[:12])
+    foreign = others(ckpt.ckpt_path, ckpt.run_id) if ckpt.ckpt_path is not None else []
+    if foreign:
+        names = ", ".join(d.name for d in foreign[-3:])
+        raise UserInputError(f"--ckpt_path {ckpt.ckpt_path} holds another run's checkpoints ({names}, run "
+                             f"{owner(foreign[-1])}): give this run a --ckpt_path of its own (without one, its "
+                             "checkpoints go under its run directory)")  # fmt: skip
+    return replace(cfg, loop=replace(cfg.loop, checkpoints=ckpt))
+
+
+def record_command(command: dict, run_dir: Path, run_id: str | None = None) -> None:
     """command.json: `command` (asked(cfg) of the config as given), what a later start of the same command
-    compares itself with (rerun); written to a temporary file and renamed, so a kill never leaves half of it."""
+    compares itself with (rerun), and the run's id (its checkpoints carry it); written to a temporary file and
+    renamed, so a kill never leaves half of it."""
+    command = {**command, "run_id": run_id} if run_id is not None else command
     path = run_dir / COMMAND_FILE
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(command, indent=2) + "\n")
@@ -224,7 +251,7 @@ def read_command(record: Path) -> dict | None:
 
 
 def _without_fingerprints(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k != FINGERPRINTS}
+    return {k: v for k, v in config.items() if k not in (FINGERPRINTS, "run_id")}
 
 
 def _not_resumable(previous: dict | None, now: dict, run_dir: Path) -> str | None:

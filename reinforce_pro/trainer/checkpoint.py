@@ -33,6 +33,10 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointClash(ValueError):
+    """A checkpoint this run would write is in the way of another run's (two live runs share a --ckpt_path)."""
+
+
 def save_checkpoint(root: Path, step: int, state: dict, write_parts: Callable[[Path], None]) -> Path:
     """Write checkpoint `step` under `root`: `write_parts(tmp_dir)` writes the model states, then the trainer
     state is added and the directory renamed into place. Returns the final directory."""
@@ -40,6 +44,9 @@ def save_checkpoint(root: Path, step: int, state: dict, write_parts: Callable[[P
     final, tmp = root / f"{PREFIX}{step}", root / f"{PREFIX}{step}.tmp"
     for stale in root.glob(f"{PREFIX}*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
+    if final.exists() and (final / STATE_FILE).is_file() and not ours(final, state.get("run_id")):
+        raise CheckpointClash(f"{final} is run {owner(final)}'s checkpoint: another run writes checkpoints into "
+                              f"{root}; this one is not saved (give each run its own --ckpt_path)")  # fmt: skip
     tmp.mkdir()
     write_parts(tmp)
     _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
@@ -62,16 +69,16 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return [d for _, d in sorted(found)]
 
 
-def find_latest(root: Path) -> Path | None:
+def find_latest(root: Path, run_id: str | None = None) -> Path | None:
     """The checkpoint a run resumes from: the directory `latest` names if complete, else the newest complete one,
-    leaving out those that hold no model states to load (--disable_ds_ckpt; trainer_state's `resumable`); None
-    when there is none."""
+    leaving out those that hold no model states to load (--disable_ds_ckpt; trainer_state's `resumable`) and,
+    given `run_id`, those another run wrote (`owner`); None when there is none."""
     pointer = root / LATEST
     if pointer.is_file():
         named = root / pointer.read_text(errors="replace").strip()
-        if (named / STATE_FILE).is_file() and resumable(named):
+        if (named / STATE_FILE).is_file() and resumable(named) and ours(named, run_id):
             return named
-    done = [d for d in complete_checkpoints(root) if resumable(d)]
+    done = [d for d in complete_checkpoints(root) if resumable(d) and ours(d, run_id)]
     return done[-1] if done else None
 
 
@@ -84,14 +91,37 @@ def resumable(ckpt: Path) -> bool:
         return False
 
 
+def owner(ckpt: Path) -> str | None:
+    """The id of the run that wrote a checkpoint (trainer_state's `run_id`; None: written before runs recorded
+    one, or unreadable)."""
+    try:
+        found = load_state(ckpt).get("run_id")
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def ours(ckpt: Path, run_id: str | None) -> bool:
+    """Whether `run_id`'s run may take a checkpoint as its own: one it wrote, or one that names no run (written
+    before ids were recorded); any checkpoint when no run is named."""
+    found = owner(ckpt)
+    return run_id is None or found is None or found == run_id
+
+
+def others(root: Path, run_id: str) -> list[Path]:
+    """The complete checkpoints under `root` that another run wrote."""
+    return [d for d in complete_checkpoints(root) if not ours(d, run_id)]
+
+
 def load_state(ckpt: Path) -> dict:
     return json.loads((ckpt / STATE_FILE).read_text())
 
 
-def rotate(root: Path, max_num: int, max_mem_gb: float) -> list[Path]:
+def rotate(root: Path, max_num: int, max_mem_gb: float, run_id: str | None = None) -> list[Path]:
     """Delete the oldest complete checkpoints beyond `max_num`, then while the rest exceed `max_mem_gb`
-    (the newest is always kept). Returns the deleted directories."""
-    done = complete_checkpoints(root)
+    (the newest is always kept); given `run_id`, only that run's are counted and deleted (never another run's,
+    and never this run's newest for another's). Returns the deleted directories."""
+    done = [d for d in complete_checkpoints(root) if ours(d, run_id)]
     deleted = []
     while len(done) > max(1, max_num) or (len(done) > 1 and sum(map(_size, done)) > max_mem_gb * 1024**3):
         oldest = done.pop(0)

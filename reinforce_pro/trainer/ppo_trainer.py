@@ -27,7 +27,7 @@ from reinforce_pro.flagspec import flag
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.serving import service_restarts
-from reinforce_pro.trainer.checkpoint import load_state, rotate, save_checkpoint
+from reinforce_pro.trainer.checkpoint import CheckpointClash, load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.engine_recovery import EngineRecovery, Restart
 from reinforce_pro.trainer.evaluation import evaluate, evaluate_agent
@@ -61,6 +61,9 @@ class CheckpointConfig:
     # fmt: on
     resume: bool = False  # --load_checkpoint: start from the latest complete checkpoint in ckpt_path
     every_s: float = 300.0  # --auto_checkpoint_minutes x 60 without --save_steps (else 0): save by the clock too
+    # the run's id (run/resume.py: new for a new run, kept by a resumed one), written into each checkpoint so that a
+    # resume, a recovery and rotation take only this run's (a shared --ckpt_path holds others' too); None: any
+    run_id: str | None = None
 
 
 @dataclass
@@ -399,8 +402,12 @@ class PPOTrainer:
         if not (by_steps or by_clock):
             return
         self.last_saved, start = now, time.perf_counter()
-        final = save_checkpoint(ckpt.ckpt_path, step, self.trainer_state(), self._write_model_states)
-        deleted = rotate(ckpt.ckpt_path, ckpt.max_ckpt_num, ckpt.max_ckpt_mem)
+        try:
+            final = save_checkpoint(ckpt.ckpt_path, step, self.trainer_state(), self._write_model_states)
+        except CheckpointClash as e:  # never another run's checkpoint overwritten: this one is skipped, said
+            tqdm.write(f"[checkpoint] {e}")
+            return
+        deleted = rotate(ckpt.ckpt_path, ckpt.max_ckpt_num, ckpt.max_ckpt_mem, ckpt.run_id)
         note = f"; removed {', '.join(d.name for d in deleted)}" if deleted else ""
         tqdm.write(f"[checkpoint] {final} ({time.perf_counter() - start:.2f} s{note})")
 
@@ -432,6 +439,7 @@ class PPOTrainer:
             **self.builder.state_dict(),  # kl_coef, reward_moments
             "best": self.best,
             "resumable": not self.cfg.checkpoints.disable_ds_ckpt,  # checkpoint.find_latest skips it otherwise
+            "run_id": self.cfg.checkpoints.run_id,
             "python_random": random.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
         }
