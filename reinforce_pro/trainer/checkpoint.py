@@ -49,12 +49,30 @@ def save_checkpoint(root: Path, step: int, state: dict, write_parts: Callable[[P
                               f"{root}; this one is not saved (give each run its own --ckpt_path)")  # fmt: skip
     tmp.mkdir()
     write_parts(tmp)
+    _sync_tree(tmp)  # the shards on disk before the rename makes them a checkpoint (a power cut keeps none half)
     _write_atomic(tmp / STATE_FILE, json.dumps({"step": step, **state}, indent=2))
     if final.exists():  # saved again at the same step (a resumed run): replace
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync(root)  # the rename on disk before `latest` names it
     _write_atomic(root / LATEST, final.name + "\n")
     return final
+
+
+def _sync_tree(root: Path) -> None:
+    """fsync every file under `root`, then the directories, deepest first."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file() or path.is_dir():
+            _fsync(path)
+    _fsync(root)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
