@@ -950,7 +950,11 @@ def test_the_driver_killed_mid_run_is_resumed_by_running_its_command_again(tmp_p
     text = again.stdout + again.stderr
     assert again.returncode == 0, text[-3000:]
     assert f"holds this command's run: resuming it from {tmp_path / 'c'}" in text and "Traceback" not in text
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    summary = json.loads((run_dir / "summary.json").read_text())  # from every row, the killed run's included
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    assert summary["steps"] == 5 and summary["reward_first5"] == pytest.approx(sum(rewards) / 5)
 
 
 def _rows(path: Path) -> int:
