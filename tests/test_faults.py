@@ -559,7 +559,11 @@ def test_checkpoints_are_the_runs_own_resume_and_rotation_never_take_anothers(tm
     assert find_latest(legacy, "anyone") == legacy / "global_step5"
 
 
-def test_a_new_run_into_a_ckpt_path_holding_anothers_checkpoints_is_refused_and_without_one_they_are_its_own(tmp_path):
+def test_a_new_run_into_a_ckpt_path_holding_anothers_checkpoints_is_refused_and_without_one_they_are_its_own(
+    tmp_path, capsys
+):
+    """Without --load_checkpoint a new run there is refused in one line; with it, it says plainly that it continues
+    the other run's weights as a new run (the multi-node test resumes two nodes' checkpoint in a new directory)."""
     first = _cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "shared"))
     _checkpoint(tmp_path / "shared", 5, "someone")
     with pytest.raises(
@@ -569,6 +573,11 @@ def test_a_new_run_into_a_ckpt_path_holding_anothers_checkpoints_is_refused_and_
     ):
         resume.rerun(first)  # fmt: skip
     assert (tmp_path / "shared" / "global_step5").is_dir()
+    taken, _ = resume.rerun(_cfg(tmp_path, "--save_steps", "5", "--ckpt_path", str(tmp_path / "shared"),
+                                 "--load_checkpoint"))  # fmt: skip
+    assert taken.loop.checkpoints.run_id == "someone" and resume.latest(taken) == tmp_path / "shared" / "global_step5"
+    assert "is another run's (run someone); this run continues its weights and state as a new run" in (
+        capsys.readouterr().out)  # fmt: skip
     default, _ = resume.rerun(_cfg(tmp_path, "--save_steps", "5"))  # no --ckpt_path: under the run directory
     assert default.loop.checkpoints.ckpt_path == tmp_path / "run" / "checkpoints"
 

@@ -214,19 +214,29 @@ def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
 
 
 def _owned(cfg: RunConfig, run_id: str | None) -> RunConfig:
-    """`cfg` with its run's id (a resumed run's own, else a new one) on its checkpoints; a --ckpt_path that holds
-    another run's checkpoints is refused in one line (its checkpoints would be resumed, rotated away or
-    overwritten at the same step)."""
+    """`cfg` with its run's id on its checkpoints: a resumed run's own (`run_id`), else a new one. A new run whose
+    --ckpt_path holds another run's checkpoints takes them over with --load_checkpoint (it continues that run's
+    weights and state as a new run, and says so), and is refused in one line without it (they would be rotated
+    away, or overwritten at the same step)."""
     ckpt = cfg.loop.checkpoints
     if ckpt is None:
         return cfg
     ckpt = replace(ckpt, run_id=run_id or uuid.uuid4().hex[:12])
-    foreign = others(ckpt.ckpt_path, ckpt.run_id) if ckpt.ckpt_path is not None else []
-    if foreign:
+    foreign = others(ckpt.ckpt_path, ckpt.run_id) if ckpt.ckpt_path is not None and run_id is None else []
+    taken = find_latest(ckpt.ckpt_path) if foreign and ckpt.resume else None
+    if taken is not None:
+        ckpt = replace(ckpt, run_id=owner(taken))
+        print(
+            f"[resume] --load_checkpoint: {taken} is another run's (run {owner(taken)}); this run continues its "
+            "weights and state as a new run in its own directory, its checkpoints beside that run's",
+            flush=True,
+        )
+    elif foreign:
         names = ", ".join(d.name for d in foreign[-3:])
         raise UserInputError(f"--ckpt_path {ckpt.ckpt_path} holds another run's checkpoints ({names}, run "
                              f"{owner(foreign[-1])}): give this run a --ckpt_path of its own (without one, its "
-                             "checkpoints go under its run directory)")  # fmt: skip
+                             "checkpoints go under its run directory), or --load_checkpoint to continue that "
+                             "run")  # fmt: skip
     return replace(cfg, loop=replace(cfg.loop, checkpoints=ckpt))
 
 
