@@ -1553,6 +1553,25 @@ def test_the_engine_returns_each_positions_likeliest_tokens_when_asked_and_sampl
                 assert math.isclose(dict(top)[token], lp, abs_tol=1e-6)
 
 
+def test_a_frozen_engine_scores_given_tokens_as_an_fp32_forward_does(engine, tiny_model):
+    """VLLMEngine.score, prefill only (the building block of a teacher for on-policy distillation): the log-probs
+    of tokens another policy sampled, each response's tokens after its prompt, equal an HF fp32 forward of the
+    same ids within fp32 noise, and are the engine's own sampled log-probs for tokens it sampled itself."""
+    from safetensors.torch import load_file, save
+
+    ray.get(engine.update_weights.remote(save(load_file(Path(tiny_model) / "model.safetensors"))))
+    prompt = [1, 21, 15, 27, 33]
+    sampled = ray.get(engine.generate.remote([prompt] * 4, {"temperature": 1.0, "max_tokens": 6}))
+    others = [[21, 15, 22], [33, 33, 33, 2]]  # tokens this policy did not sample: any ids are scored
+    responses = [g.token_ids for g in sampled] + others
+    scored = ray.get(engine.score.remote([prompt + r for r in responses], [len(prompt)] * len(responses)))
+    for response, lp in zip(responses, scored, strict=True):
+        reference = trainer_log_probs(tiny_model, prompt, response)
+        assert len(lp) == len(response) and (reference - torch.tensor(lp)).abs().max().item() < 1e-4
+    for g, lp in zip(sampled, scored, strict=False):
+        assert (torch.tensor(g.log_probs) - torch.tensor(lp)).abs().max().item() < 1e-4
+
+
 def test_min_new_tokens_keeps_every_response_open_until_its_length(engine, tiny_model):
     """--min_new_tokens (vLLM's min_tokens) is what makes bench_peers' work equal on both sides: with <eos> made
     near certain, every response ends at once without it and runs to the minimum with it."""

@@ -255,6 +255,25 @@ class VLLMEngine:
                                      top_log_probs(completion, top) if top else None))  # fmt: skip
         return result
 
+    def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """Prefill only: each sequence's log-probs of its own tokens from position `starts[i]` on, under the model's
+        own distribution (temperature 1): a frozen model scoring tokens another one sampled (a teacher scoring a
+        student's responses, for on-policy distillation). vLLM needs one sampled token a request; it is dropped. A
+        position vLLM returned no log-prob for is NaN, as in sampled_log_probs."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in sequences], params, use_tqdm=False)
+        result = []
+        for ids, start, out in zip(sequences, starts, outputs, strict=True):
+            steps = list(out.prompt_logprobs or [])
+            row = []
+            for i in range(max(start, 1), len(ids)):  # position 0 has no log-prob: nothing comes before it
+                entry = steps[i].get(ids[i]) if i < len(steps) and steps[i] is not None else None
+                row.append(float("nan") if entry is None or entry.logprob is None else float(entry.logprob))
+            result.append(row)
+        return result
+
     def update_weights(self, blob: bytes) -> int:
         """Load new policy weights (safetensors bytes) into every worker of this engine."""
         counts = self.llm.collective_rpc("load_weights_from_bytes", args=(blob,))
