@@ -169,15 +169,23 @@ CASES = [case if len(case) == 4 else (*case, "via_main") for case in CASES]
 
 
 def _sandbox_processes() -> set[int]:
+    """The sandbox children that are this test process's or nobody's: its own (its parent is this process) or
+    orphaned (an escape that outlived the sandbox is reparented to init, or to this process as a subreaper). A
+    sandbox child whose parent is another live process belongs to another test: the unit tier runs on two
+    pytest-xdist workers, and the other worker's children once counted as survivors here (and were killed)."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if b"_sandbox_child" in f.read():
-                        found.add(int(entry))
-            except OSError:
-                pass
+                    if b"_sandbox_child" not in f.read():
+                        continue
+                with open(f"/proc/{entry}/status") as f:
+                    parent = next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+            except (OSError, StopIteration, ValueError):
+                continue
+            if parent in (0, 1, os.getpid()):
+                found.add(int(entry))
     return found
 
 
