@@ -519,7 +519,7 @@ def test_a_checkpoint_without_model_states_is_never_resumed_from(tmp_path):
 def test_a_full_disk_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch, capsys):
     import errno
 
-    def full(cfg):
+    def full(cfg, command=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
 
     monkeypatch.setattr(resume, "rerun", full)

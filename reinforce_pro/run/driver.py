@@ -47,7 +47,7 @@ def train(cfg: RunConfig) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         command = resume.asked(cfg)
-        cfg, from_first_step = resume.rerun(cfg)  # the same command again resumes its run
+        cfg, from_first_step = resume.rerun(cfg, command)  # the same command again resumes its run
         plan = prepare(cfg)
         if from_first_step:  # its rows cut only now that the inputs are checked
             resume.cut_rows(plan.run_dir, -1)

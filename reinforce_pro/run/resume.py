@@ -167,7 +167,7 @@ def fingerprint(path: Path) -> str:
         return f"unreadable ({e.strerror})"
 
 
-def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
+def rerun(cfg: RunConfig, command: dict | None = None) -> tuple[RunConfig, bool]:
     """Before a command prepares its run, the run directory it resumes, if any. With --save_path: a run there that
     trained a step, of the same command (command.json), and not finished, is resumed as --load_checkpoint would,
     from its newest complete checkpoint, or with none from the first step; a finished run or one of another
@@ -175,8 +175,9 @@ def rerun(cfg: RunConfig) -> tuple[RunConfig, bool]:
     runs/<time>/ of the same command that trained a step, did not finish and no live run holds is resumed (its
     directory becomes the run's --save_path); none, a new runs/<time>/. A directory a live run holds is refused
     (run_lock), and otherwise held from here on. Returns the config to run and whether the old rows must be cut
-    (a resume from the first step: cut_rows(run_dir, -1), once prepare has checked the inputs)."""
-    now = asked(cfg)  # before the run directory fills in anything
+    (a resume from the first step: cut_rows(run_dir, -1), once prepare has checked the inputs). `command`:
+    asked(cfg), where the caller has it already (it hashes the files the command names)."""
+    now = command if command is not None else asked(cfg)  # before the run directory fills in anything
     found = None if cfg.output.save_path else _unfinished_run(now)
     if found is not None:
         cfg = replace(cfg, output=replace(cfg.output, save_path=str(found)))
