@@ -189,7 +189,9 @@ def test_every_config_that_declares_a_flag_is_read_by_the_parser():
                 for s in node.body
             ):
                 declaring.add(node.name)
-    assert declaring == {cls.__name__ for cls in (*CARRIED, *GROUPS.values())} and len(declaring) == 20
+    # a --help group whose flags all live on a config (distillation's) is a section without fields of its own
+    listed = {cls.__name__ for cls in (*CARRIED, *GROUPS.values()) if dataclasses.fields(cls)}
+    assert declaring == listed and len(declaring) == 21
     filled = {cls.__name__ for b in SECTIONS.values() for cls in getattr(b, "fills", ())}
     assert filled | {"Data"} == {cls.__name__ for cls in CARRIED}
 

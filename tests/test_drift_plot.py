@@ -43,3 +43,22 @@ def test_a_png_is_written_from_metrics_and_the_command_refuses_files_without_the
     empty.write_text(json.dumps({"step": 1, "rollout/reward_mean": 0.1}) + "\n")
     assert main([str(empty)]) == 2 and "has no rollout_pos/logprob_abs_diff/* metrics" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_a_run_with_a_teacher_gets_the_reverse_kl_panel():
+    """opd_pos/reverse_kl/* rows (a distillation run) add a middle heat map over the same steps and buckets; a run
+    without them keeps two panels."""
+    pytest.importorskip("matplotlib")
+    from reinforce_pro.trainer.drift_plot import OPD_PREFIX, draw_drift
+
+    rows = [
+        {"step": s, "rollout_pos/logprob_abs_diff/0-1": 1e-3, f"{OPD_PREFIX}0-1": 2.0 - s / 10,
+         f"{OPD_PREFIX}2-3": 0.5}
+        for s in (1, 2, 3)
+    ]  # fmt: skip
+    steps, names, matrix = drift_table(rows, OPD_PREFIX)
+    assert steps == [1, 2, 3] and names == ["0-1", "2-3"] and matrix[0] == pytest.approx([1.9, 1.8, 1.7])
+    titles = [ax.get_title() for ax in draw_drift(rows).axes]
+    assert "reverse KL to the teacher (k1)" in titles
+    plain = [{k: v for k, v in r.items() if not k.startswith(OPD_PREFIX)} for r in rows]
+    assert "reverse KL to the teacher (k1)" not in [ax.get_title() for ax in draw_drift(plain).axes]

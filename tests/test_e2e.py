@@ -324,6 +324,32 @@ def test_gae_with_critic_and_reference_one_step(tmp_path, engine, tiny_model, di
     assert len(history) == 1 and history[0]["rollout/num_samples"] == 32
 
 
+def test_pure_distillation_from_a_teacher_with_no_reward_function(tmp_path, engine, tiny_model):
+    """--prompt_data and a teacher, no reward function: the teacher's reverse KL is the only signal. A teacher of
+    the same tokenizer (another initialisation) is placed as an actor group of its own, every step logs opd/*, and
+    three steps of pure distillation bring the student closer to it."""
+    teacher = build_tiny_model(tmp_path / "teacher", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"{i % 10}+{i // 10}="}) + "\n" for i in range(24)))
+    _, plan, history = run(
+        ["--prompt_data", str(prompts), "--teacher.model_name_or_path", str(teacher), "--opd.task_coef", "0",
+         "--init_kl_coef", "0", "--advantage_estimator", "reinforce", "--actor_learning_rate", "1e-2"],
+        tmp_path, engine, tiny_model,
+    )  # fmt: skip
+    rows = read_metrics(plan.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["rollout/reward_mean"] == 0.0  # no reward function: distillation alone
+        assert r["opd/nonfinite_frac"] == 0.0 and r["opd/reverse_kl"] == r["opd/reverse_kl_k3"]
+        assert r["opd/reverse_kl_k3"] > 0 and math.isfinite(r["opd/reverse_kl_k1"])
+        assert r["opd/student_logprob_mean"] == pytest.approx(r["opd/teacher_logprob_mean"] + r["opd/reverse_kl_k1"])
+    kl = [r["opd/reverse_kl_k1"] for r in rows]
+    assert kl[-1] < kl[0], kl  # the student moved towards the teacher
+    placement = json.loads((plan.run_dir / "placement.json").read_text())
+    assert len(placement["teacher"]) == 1
+    assert "reference" not in placement  # --init_kl_coef 0: no reference beside the teacher
+
+
 def test_every_logged_metric_is_documented(tmp_path, engine, tiny_model, digit_reward):
     """Runs one step with a KL loss and entropy bonus, then checks docs/metrics.md names every key written."""
     _, plan, _ = run(

@@ -32,6 +32,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from reinforce_pro.agents.episode import REWARD_MODES
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS
+from reinforce_pro.algos.distill import DistillConfig
 from reinforce_pro.algos.is_correction import DIVERGENCE_BANDS, IS_CORRECTIONS, OPENRLHF_LEVELS, openrlhf_correction
 from reinforce_pro.algos.losses import DEFAULT_IS_THRESHOLD, SurrogateConfig
 from reinforce_pro.flagspec import FlagSpec, flag
@@ -389,6 +390,11 @@ class SelfPlayFlags:
         f"{SELFPLAY} weight of a task's 'completion' score")
     selfplay_judge_pretrain: str | None = flag(None,
         f"{SELFPLAY} HF model dir of a frozen judge for the task's llm scorers (unset: the policy judges)")
+
+
+@dataclass(frozen=True)
+class DistillFlags:
+    """on-policy distillation: a frozen teacher scores every sampled token (docs/distillation.md)"""
 # fmt: on
 
 # --help group key (a flag's `group=` on a config) -> the section of that group, in --help's order
@@ -401,6 +407,7 @@ GROUPS = {
     "optimizers": OptimizerFlags,
     "data": ModelDataFlags,
     "selfplay": SelfPlayFlags,
+    "distill": DistillFlags,
 }
 # the configs that declare the flags they take as given (tests/test_config.py: every class a builder fills)
 CARRIED = (
@@ -416,6 +423,7 @@ CARRIED = (
     Models,
     Data,
     SelfPlayConfig,
+    DistillConfig,
 )
 
 
@@ -678,6 +686,23 @@ def _best_metric(best_metric_key, eval_dataset, eval_n_samples_per_prompt) -> st
     return None
 
 
+def _distill_flags(**given) -> str | None:
+    """A distillation setting changed without a teacher to distil from."""
+    if given.pop("teacher_pretrain"):
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
+    changed = [name for name, value in given.items() if value != defaults[name]]
+    if not changed:
+        return None
+    spelled = ", ".join(f"--{name.replace('_', '.', 1)}" for name in changed)
+    return f"{spelled} set without a teacher: add --teacher.model_name_or_path DIR"
+
+
+_distill_flags.__signature__ = inspect.Signature(  # RULES pass a rule the flags its signature names
+    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY) for f in dataclasses.fields(DistillConfig)]
+)
+
+
 # fmt: off
 RULES = [
     # ranges and texts
@@ -728,9 +753,10 @@ RULES = [
      "--advantage_estimator {advantage_estimator} needs --gamma 1, got {gamma}"),
     _samples_per_step,
     _ranks,
-    (lambda prompt_data, remote_rm_url, reward_pretrain, absolute_zero, agent_func_path:
-     prompt_data is None or remote_rm_url or reward_pretrain or absolute_zero or agent_func_path,
-     "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR"),
+    (lambda prompt_data, remote_rm_url, reward_pretrain, absolute_zero, agent_func_path, teacher_pretrain:
+     prompt_data is None or remote_rm_url or reward_pretrain or absolute_zero or agent_func_path or teacher_pretrain,
+     "--prompt_data needs a reward: --remote_rm_url file.py or --reward_pretrain DIR (or a teacher, "
+     "--teacher.model_name_or_path DIR, to distil without one)"),
     (lambda remote_rm_url, reward_pretrain: not (remote_rm_url and reward_pretrain),
      "give --remote_rm_url or --reward_pretrain, not both"),
     (_colocate_all,
@@ -774,6 +800,15 @@ RULES = [
      "--embedded_model {embedded_model} picks the built-in model: give it without --pretrain"),
     (lambda builtin_task, prompt_data: prompt_data is None or builtin_task == "arithmetic",
      "--builtin_task chooses the built-in prompts: give it without --prompt_data"),
+    # on-policy distillation
+    _distill_flags,
+    (lambda opd_topk: opd_topk == 0,
+     "--opd.topk {opd_topk}: the top-K reverse KL is not built; 0 (the sampled token's reverse KL) is"),
+    (lambda teacher_pretrain, absolute_zero: not (teacher_pretrain and absolute_zero),
+     "--teacher.model_name_or_path with --absolute_zero: distilling self-play's roles is not built (a teacher would "
+     "score the proposer's questions too)"),
+    (lambda teacher_pretrain, pretrain: teacher_pretrain != "builtin" or not pretrain,
+     "--teacher.model_name_or_path builtin is the embedded default's teacher: give it without --pretrain"),
     # multi-turn agents
     (lambda agent_func_path, remote_rm_url, reward_pretrain:
      not (agent_func_path and (remote_rm_url or reward_pretrain)),

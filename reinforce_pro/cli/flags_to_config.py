@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.algos.distill import DistillConfig
 from reinforce_pro.algos.is_correction import openrlhf_correction
 from reinforce_pro.algos.losses import SurrogateConfig
 from reinforce_pro.cli.args import (
@@ -281,6 +282,11 @@ def output(
     return sections.Output(save_path, verbose, use_tensorboard, wandb)
 
 
+@fills(DistillConfig)
+def distill(flags, teacher_pretrain) -> DistillConfig | None:
+    return named(DistillConfig, flags) if teacher_pretrain else None
+
+
 # RunConfig field -> its builder, in RunConfig's order
 SECTIONS = {
     "seed": seed,
@@ -300,6 +306,7 @@ SECTIONS = {
     "selfplay": selfplay,
     "agent": agent,
     "output": output,
+    "distill": distill,
 }
 
 

@@ -41,6 +41,8 @@ def logical_cpus(cfg: RunConfig) -> int:
         n += where.ref.size
     if cfg.needs_critic:
         n += where.critic.size
+    if cfg.distill:
+        n += where.ref.size  # the teacher is placed as the reference is
     if cfg.selfplay and cfg.selfplay.judge_pretrain:
         n += 1
     return n + 2
@@ -89,6 +91,7 @@ class RunActors:
     owned_engines: bool = True  # False: the caller passed the engines in and keeps them
     pgs: list = field(default_factory=list)
     reference: ActorGroup | None = role()
+    teacher: ActorGroup | None = role()  # on-policy distillation's frozen teacher (algos/distill.py)
     critic: ActorGroup | None = role()
     critic_pg: object = None  # the critic's placement group: --colocate_critic_reward puts the reward model there
     reward_model: list | None = role()
@@ -150,6 +153,13 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         ref_share = SHARES.all_reference if colocate_all else share
         run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
+        )
+    if cfg.distill:  # a frozen scorer like the reference, on bundles of its own (the reference's shape)
+        teacher_args = (
+            plan.teacher_path, cfg.distill.opd_kd_temperature, cfg.actor_optim.param_dtype, unsplit, None, "teacher"
+        )  # fmt: skip
+        run.teacher = create_group(
+            ReferenceWorker, where.ref, new_pg(where.ref), use_gpu, SHARES.alone, lambda d: teacher_args, trainer_env
         )
     if cfg.needs_critic:
         models = cfg.models

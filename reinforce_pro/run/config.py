@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reinforce_pro.agents.runner import AgentConfig
+from reinforce_pro.algos.distill import DistillConfig
 from reinforce_pro.data import EMBEDDED_TASKS
 from reinforce_pro.data.prompts import PromptConfig
 from reinforce_pro.flagspec import flag
@@ -213,6 +214,7 @@ class RunConfig:
     selfplay: SelfPlay | None
     agent: Agent | None
     output: Output
+    distill: DistillConfig | None = None  # a teacher to distil from (algos/distill.py); None: no teacher
 
     @property
     def needs_reference(self) -> bool:
@@ -245,3 +247,4 @@ class RunPlan:
     task: object = None  # --absolute_zero: the SelfPlayTask, loaded once here
     agent_cls: object | None = None  # --agent_func_path: the AgentInstance class or an OpenAIAgent, loaded once here
     log_dir: Path | None = None  # where actors write their output (run_dir/logs); None with --verbose
+    teacher_path: str | None = None  # --teacher.model_name_or_path, the built-in teacher's directory for "builtin"

@@ -134,7 +134,8 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
         # OpenAI-SDK agent may leave the scoring to it, as OpenRLHF's executor does)
         scored = plan.task or plan.reward_source.startswith("agent:")
         reward_fn = None if scored else sources.reward_function(cfg, plan, use_gpu, groups)
-        builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl)
+        builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl,
+                                    groups.teacher, cfg.distill)  # fmt: skip
         sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
         source = sources.rollout_source(cfg, plan, groups, sampler, use_gpu)
         resume_from = resume.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates

@@ -203,12 +203,20 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, task, agent_cls) -> RunPlan:
         source = f"model:{cfg.models.reward_pretrain}"
     elif cfg.data.built_in:
         source = f"builtin:{cfg.data.builtin_task}"
+    elif cfg.distill is not None and cfg.agent is None:  # a teacher and no reward: pure distillation
+        source = "none"
     else:
         source = "builtin:exact_match"
     _check_max_len(data.max_len, model_path)
     _check_moe_flags(cfg, model_path)
+    teacher_path = None
+    if cfg.distill is not None:
+        from reinforce_pro.run.teacher import resolve_teacher
+
+        teacher_path = resolve_teacher(cfg, model_path)
+        _check_max_len(data.max_len, teacher_path)
     log_dir = None if cfg.output.verbose else run_dir / "logs"
-    return RunPlan(run_dir, model_path, prompts, source, summary, task, agent_cls, log_dir)
+    return RunPlan(run_dir, model_path, prompts, source, summary, task, agent_cls, log_dir, teacher_path)
 
 
 def _check_moe_flags(cfg: RunConfig, model_path: str) -> None:

@@ -25,6 +25,8 @@ from reinforce_pro.workers.reward_model import RewardModelWorker
 
 
 def reward_function(cfg: RunConfig, plan: RunPlan, use_gpu: bool, groups: RunActors):
+    if plan.reward_source == "none":  # pure distillation: the teacher's reverse KL is the only signal
+        return lambda queries, prompts, labels: [0.0] * len(queries)
     if plan.reward_source == "builtin:exact_match":
         return exact_match_reward
     if plan.reward_source.startswith("builtin:"):  # an embedded task's verifier

@@ -10,7 +10,9 @@ Left: the mean |trainer - engine log-prob| of the step's response tokens before 
 log colour scale: a stale engine lights whole columns, drift that grows within a response (a partial rollout
 spanning many weight versions) the later positions of a column, a low-precision engine a faint floor everywhere.
 Right: the fraction of tokens the correction masked (`is/token_masked_frac`) and the staleness the step trained
-on (`async/staleness_mean`), over the same steps.
+on (`async/staleness_mean`), over the same steps. A run with a teacher (on-policy distillation) gets a middle panel:
+the reverse KL to the teacher (k1, `opd_pos/reverse_kl/<positions>`) by the same buckets and steps, on a linear
+scale: where along the responses the student still disagrees with its teacher.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 POSITION_PREFIX = "rollout_pos/logprob_abs_diff/"
+OPD_PREFIX = "opd_pos/reverse_kl/"  # the reverse KL to a distillation teacher by position (algos/distill.py)
 FLOOR = 1e-8  # the colour scale's lowest value: an fp32 engine on the trainer's own weights sits near it
 
 
@@ -29,13 +32,13 @@ def bucket_start(name: str) -> int:
     return int(name.split("-")[0].rstrip("+"))
 
 
-def drift_table(rows: list[dict]) -> tuple[list[int], list[str], list[list[float]]]:
-    """(steps, position buckets in order, matrix [bucket][step] of mean |log ratio|; NaN where a step's responses
-    did not reach the bucket) from metrics rows ({"step", ...}); empty when no row has position metrics."""
-    rows = [r for r in rows if any(k.startswith(POSITION_PREFIX) for k in r)]
-    names = sorted({k[len(POSITION_PREFIX) :] for r in rows for k in r if k.startswith(POSITION_PREFIX)},
-                   key=bucket_start)  # fmt: skip
-    matrix = [[_number(r.get(POSITION_PREFIX + name)) for r in rows] for name in names]
+def drift_table(rows: list[dict], prefix: str = POSITION_PREFIX) -> tuple[list[int], list[str], list[list[float]]]:
+    """(steps, position buckets in order, matrix [bucket][step] of the `prefix` metric, by default the mean |log
+    ratio|; NaN where a step's responses did not reach the bucket) from metrics rows ({"step", ...}); empty when no
+    row has position metrics."""
+    rows = [r for r in rows if any(k.startswith(prefix) for k in r)]
+    names = sorted({k[len(prefix) :] for r in rows for k in r if k.startswith(prefix)}, key=bucket_start)
+    matrix = [[_number(r.get(prefix + name)) for r in rows] for name in names]
     return [int(r["step"]) for r in rows], names, matrix
 
 
@@ -55,7 +58,17 @@ def draw_drift(rows: list[dict], title: str = ""):
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    fig, (heat, side) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    opd_steps, opd_names, opd_matrix = drift_table(rows, OPD_PREFIX)
+    if opd_steps:
+        fig, (heat, opd, side) = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [3, 3, 2]})
+        image = opd.imshow(opd_matrix, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                           extent=(opd_steps[0] - 0.5, opd_steps[-1] + 0.5, -0.5, len(opd_names) - 0.5))  # fmt: skip
+        opd.set_yticks(range(len(opd_names)), opd_names)
+        opd.set_xlabel("step")
+        opd.set_title("reverse KL to the teacher (k1)")
+        fig.colorbar(image, ax=opd)
+    else:
+        fig, (heat, side) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     values = [[max(v, FLOOR) if not math.isnan(v) else math.nan for v in row] for row in matrix]
     finite = [v for row in values for v in row if not math.isnan(v)]
     norm = LogNorm(vmin=min(finite), vmax=max(max(finite), min(finite) * 10))

@@ -11,6 +11,7 @@ import ray
 import torch
 
 from reinforce_pro.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
+from reinforce_pro.algos.distill import DistillConfig, distill_advantages, distill_metrics
 from reinforce_pro.algos.is_correction import position_buckets
 from reinforce_pro.algos.kl import compute_approx_kl
 from reinforce_pro.algos.length_penalty import apply_length_penalties
@@ -85,8 +86,13 @@ class ExperienceBuilder:
     advantages. Owns the state that must survive a resume (the adaptive KL coefficient, the running reward
     statistics of --normalize_reward) and hands it out as state_dict / load_state_dict."""
 
-    def __init__(self, policy, reference, critic, reward_fn: Callable | None, cfg: ExperienceConfig, kl_ctl):
+    def __init__(
+        self, policy, reference, critic, reward_fn: Callable | None, cfg: ExperienceConfig, kl_ctl, teacher=None,
+        distill: DistillConfig | None = None,
+    ):  # fmt: skip
+        """teacher / distill: on-policy distillation's frozen teacher group and its settings (algos/distill.py)."""
         self.policy, self.reference, self.critic = policy, reference, critic
+        self.teacher, self.distill = (teacher, distill) if teacher is not None else (None, None)
         self.reward_fn, self.cfg, self.kl_ctl = reward_fn, cfg, kl_ctl
         self.reward_moments = RunningMoments()
         self.old_forwards = 0  # batches scored by old_forward so far
@@ -119,7 +125,8 @@ class ExperienceBuilder:
     def needs_old_log_probs(self) -> bool:
         """Whether the experience needs the policy's log-probs before training: the KL penalty in the
         reward is computed from them. Otherwise the trainer may skip that forward (see PPOTrainer)."""
-        return self.reference is not None and not self.cfg.use_kl_loss
+        kl_in_reward = self.reference is not None and not self.cfg.use_kl_loss
+        return kl_in_reward or (self.distill is not None and self.distill.opd_student_logprobs == "trainer")
 
     def make_experience(self, samples: Samples, old_log_probs: bool = True) -> tuple[Experience, dict[str, float]]:
         """`old_log_probs=False`: leave Experience.old_log_probs None (the policy's training forward
@@ -135,6 +142,7 @@ class ExperienceBuilder:
         r3 = samples.routes if mode == "r3" else None
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t, r3) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
+        teacher_lp = _sharded_call(self.teacher, "log_probs", seq, attn, t) if self.teacher else None
         reward = self.rewards(samples)
         action_mask = samples.action_mask
         if self.cfg.reward_nan_policy == "drop" and NONFINITE_KEY in reward.extra_logs:
@@ -151,6 +159,15 @@ class ExperienceBuilder:
         if ref_lp is not None and old_lp is not None:
             kl = compute_approx_kl(self.cfg.kl_estimator, old_lp, ref_lp, samples.action_mask)
         advantages, returns = self.advantages(samples, rewards, kl, values)
+        opd_metrics = {}
+        if teacher_lp is not None:
+            student_lp = old_lp if self.distill.opd_student_logprobs == "trainer" else samples.rollout_log_probs
+            if student_lp is None:
+                raise ValueError("--opd.student_logprobs trainer needs the policy's old log-probs (old_log_probs=True)")
+            opd = distill_advantages(teacher_lp, student_lp, action_mask)
+            advantages = self.distill.opd_task_coef * advantages + self.distill.opd_kl_coef * opd
+            opd_metrics = distill_metrics(teacher_lp, student_lp, action_mask, self.distill.opd_kl_estimator)
+            opd_metrics["opd/advantage_mean"] = float(masked_mean(opd, action_mask))
         exp = Experience(
             sequences=seq,
             attention_mask=attn,
@@ -167,7 +184,7 @@ class ExperienceBuilder:
             step_rewards_ext=samples.step_rewards_ext,
             routes=r3 if mode != "r2" else scored.get("own_routes"),  # r2 without an old forward: nothing moved
         )
-        metrics = {**self._metrics(samples, reward), **penalty_metrics, **samples.metrics}
+        metrics = {**self._metrics(samples, reward), **penalty_metrics, **samples.metrics, **opd_metrics}
         if "flips" in scored:
             metrics.update(routing_metrics(scored["flips"], action_mask, replayed=mode == "r3"))
         if old_lp is not None:

@@ -148,7 +148,7 @@ def arithmetic_warm_start(model_dir: str | Path, out_dir: str | Path, steps: int
 
 
 def embedded_warm_start(task_name: str, model_dir, out_dir, steps: int, seed: int, target: float = 0.0,
-                        max_new_tokens: int = 64) -> dict:  # fmt: skip
+                        max_new_tokens: int = 64, lr: float = 3e-3) -> dict:  # fmt: skip
     """The warm start of an embedded task (data.EMBEDDED_TASKS): up to `steps` SFT steps on its examples, drawn
     with seed + 1 so they differ from the RL prompts drawn with `seed`; with `target` > 0 it stops at the first
     check where the greedy accuracy on 64 training prompts (drawn with seed + 2) reaches `target`."""
@@ -160,7 +160,7 @@ def embedded_warm_start(task_name: str, model_dir, out_dir, steps: int, seed: in
     if target > 0:
         probe = task.records(64, seed + 2)
         stop = AccuracyStop(lambda model, tok: greedy_accuracy(model, tok, probe, task.score, max_new_tokens), target)
-    return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed, stop=stop)
+    return sft_warm_start(model_dir, out_dir, examples, steps=steps, seed=seed, stop=stop, lr=lr)
 
 
 def _encode_batch(tok, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -344,13 +344,14 @@ class ReferenceWorker:
 
     def __init__(
         self, model_path: str, temperature: float, param_dtype: str, forward: ForwardConfig,
-        sampling_filter: SamplingFilter | None = None,
+        sampling_filter: SamplingFilter | None = None, role: str = "reference",
     ):  # fmt: skip
         """sampling_filter: the engine's filters, replayed as the policy replays them, so that the KL to the
-        reference compares two distributions over the same kind of support."""
+        reference compares two distributions over the same kind of support. role: its log file's name (a
+        distillation teacher is this worker too: a frozen model that scores given tokens)."""
         from transformers import AutoModelForCausalLM
 
-        capture_output(f"reference_pid{os.getpid()}")
+        capture_output(f"{role}_pid{os.getpid()}")
         use_host_threads()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(param_dtype, torch.float32)
         attn = varlen_attention.load_name(forward.attn_implementation, forward.packing_samples)
