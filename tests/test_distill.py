@@ -250,3 +250,78 @@ def test_teacher_larger_than_free_memory_is_refused(tmp_path, monkeypatch):
         t.check_teacher(student, student, "bf16")
     monkeypatch.setattr(t, "free_memory", lambda: (need, "in host memory"))
     t.check_teacher(student, student, "bf16")
+
+
+# ------------------------------------------------------------------------------------- the engine-served teacher
+
+
+def test_engine_teacher_maps_each_rows_scored_tokens_back_to_its_response_columns(monkeypatch):
+    """Rows left-padded before the prompt and right-padded after the response (and one with a masked hole) go to
+    the engines as the tokens the attention mask keeps, split over two engines; each log-prob lands in its
+    token's response column, padding columns stay 0."""
+    from reinforce_pro.rollout import teacher_engines as te
+
+    pad = 0
+    seq = torch.tensor([
+        [pad, pad, 5, 6, 7, 8, 9, pad],  # prompt 5 6, response 7 8 9, one pad
+        [3, 4, 5, 6, 7, 8, 9, 10],  # prompt 3 4 5 6, response 7 8 9 10
+        [pad, 11, 12, 13, pad, 15, pad, pad],  # a hole in the response (masked), then padding
+    ])  # fmt: skip
+    attn = (seq != pad).long()
+    t = 4  # the last 4 columns are the response
+
+    class FakeEngine:
+        def __init__(self):
+            self.calls = []
+
+        @property
+        def score(self):
+            engine = self
+
+            class Remote:
+                @staticmethod
+                def remote(sequences, starts):
+                    engine.calls.append(len(sequences))
+                    return [[-float(i) for i in ids[s:]] for ids, s in zip(sequences, starts, strict=True)]
+
+            return Remote
+
+    monkeypatch.setattr(te.ray, "get", lambda futures: futures)
+    engines = [FakeEngine(), FakeEngine()]
+    got = te.EngineTeacher(engines).log_probs(seq, attn, t)
+    want = torch.where(attn[:, -t:].bool(), -seq[:, -t:].float(), 0.0)
+    assert torch.equal(got, want)
+    assert [e.calls for e in engines] == [[2], [1]]
+    ids, start, columns = te.row_request(seq[2], attn[2], t)
+    assert ids == [11, 12, 13, 15] and start == 3 and columns == [1]
+
+
+def test_engine_teacher_needs_temperature_one():
+    _, problem = _parse("--teacher.model_name_or_path", "T", "--teacher.backend", "engine", "--opd.kd_temperature", "2")
+    assert problem is not None and "needs --teacher.backend actor" in problem
+    _, problem = _parse(
+        "--teacher.model_name_or_path", "T", "--teacher.backend", "engine", "--teacher.num_engines", "2"
+    )
+    assert problem is None
+
+
+def test_the_builtin_teacher_is_made_once_and_reused(tmp_path, monkeypatch):
+    """The built-in teacher is made under $REINFORCE_PRO_CACHE on first use (here a 2-step recipe), recorded in
+    teacher.json, and a second call returns it without training again; a half-made directory is never reused."""
+    from reinforce_pro.run import teacher as t
+    from reinforce_pro.trainer import sft_warmup
+
+    monkeypatch.setenv("REINFORCE_PRO_CACHE", str(tmp_path))
+    monkeypatch.setattr(t, "BUILTIN_TEACHER", {**t.BUILTIN_TEACHER, "hidden_size": 32, "intermediate_size": 64,
+                                               "steps": 2, "target": 0.0})  # fmt: skip
+    calls = []
+    real = sft_warmup.embedded_warm_start
+    monkeypatch.setattr(sft_warmup, "embedded_warm_start", lambda *a, **k: calls.append(a) or real(*a, **k))
+    name = f"arithmetic-h32-l4-v{t.BUILTIN_TEACHER['version']}"
+    (tmp_path / "teachers" / f".{name}.building").mkdir(parents=True)  # a crashed earlier attempt
+    first = t.builtin_teacher("arithmetic")
+    assert first.name == name and len(calls) == 1
+    assert json.loads((first / "teacher.json").read_text())["sft/steps"] == 2
+    assert not list((tmp_path / "teachers").glob(".*.building"))
+    assert t.builtin_teacher("arithmetic") == first and len(calls) == 1
+    t.check_teacher(str(first), str(first), "fp32")

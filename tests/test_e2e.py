@@ -324,16 +324,18 @@ def test_gae_with_critic_and_reference_one_step(tmp_path, engine, tiny_model, di
     assert len(history) == 1 and history[0]["rollout/num_samples"] == 32
 
 
-def test_pure_distillation_from_a_teacher_with_no_reward_function(tmp_path, engine, tiny_model):
+@pytest.mark.parametrize("backend", ["actor", "engine"])
+def test_pure_distillation_from_a_teacher_with_no_reward_function(tmp_path, engine, tiny_model, backend):
     """--prompt_data and a teacher, no reward function: the teacher's reverse KL is the only signal. A teacher of
-    the same tokenizer (another initialisation) is placed as an actor group of its own, every step logs opd/*, and
-    three steps of pure distillation bring the student closer to it."""
+    the same tokenizer (another initialisation), served by an actor group of its own or by a prefill-only vLLM
+    engine, every step logs opd/*, and three steps of pure distillation bring the student closer to it."""
     teacher = build_tiny_model(tmp_path / "teacher", seed=1)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"{i % 10}+{i // 10}="}) + "\n" for i in range(24)))
     _, plan, history = run(
         ["--prompt_data", str(prompts), "--teacher.model_name_or_path", str(teacher), "--opd.task_coef", "0",
-         "--init_kl_coef", "0", "--advantage_estimator", "reinforce", "--actor_learning_rate", "1e-2"],
+         "--init_kl_coef", "0", "--advantage_estimator", "reinforce", "--actor_learning_rate", "1e-2",
+         "--teacher.backend", backend],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     rows = read_metrics(plan.run_dir / "metrics.jsonl")

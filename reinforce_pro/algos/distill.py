@@ -31,6 +31,7 @@ from reinforce_pro.algos.masked import masked_mean
 from reinforce_pro.flagspec import flag
 
 STUDENT_LOGPROBS = ("trainer", "engine")
+TEACHER_BACKENDS = ("actor", "engine")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class DistillConfig:
         "[reinforce_pro] the student's log-probs in the reward: trainer (the policy's old log-probs, the default) or "
         "engine (those vLLM sampled with, which carry the rollout/training mismatch into the reward)",
         dotted="opd.student_logprobs", choices=STUDENT_LOGPROBS, group="distill")
+    teacher_backend: str = flag("actor",
+        "[reinforce_pro] what serves the teacher: actor (an HF model in an actor group placed like the reference, in "
+        "--param_dtype) or engine (vLLM engines that only prefill, in the same dtype; --opd.kd_temperature must be 1)",
+        dotted="teacher.backend", choices=TEACHER_BACKENDS, group="distill")
+    teacher_num_engines: int = flag(1, "[reinforce_pro] with --teacher.backend engine: how many teacher engines",
+        dotted="teacher.num_engines", at_least=1, group="distill")
     # fmt: on
 
 

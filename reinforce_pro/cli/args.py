@@ -807,6 +807,9 @@ RULES = [
     (lambda teacher_pretrain, absolute_zero: not (teacher_pretrain and absolute_zero),
      "--teacher.model_name_or_path with --absolute_zero: distilling self-play's roles is not built (a teacher would "
      "score the proposer's questions too)"),
+    (lambda teacher_backend, opd_kd_temperature: teacher_backend != "engine" or opd_kd_temperature == 1,
+     "--teacher.backend engine scores with vLLM's prompt log-probs, which are taken at temperature 1: "
+     "--opd.kd_temperature {opd_kd_temperature} needs --teacher.backend actor"),
     (lambda teacher_pretrain, pretrain: teacher_pretrain != "builtin" or not pretrain,
      "--teacher.model_name_or_path builtin is the embedded default's teacher: give it without --pretrain"),
     # multi-turn agents

@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 
 from reinforce_pro.procs import KEEP_FREED_MEMORY, LOG_DIR_ENV
-from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, VLLMEngine
+from reinforce_pro.rollout.vllm_engine import ENGINE_DEVICES_ENV, EngineConfig, VLLMEngine
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.start import attn_implementation
 from reinforce_pro.workers.critic import CriticWorker
@@ -41,8 +41,8 @@ def logical_cpus(cfg: RunConfig) -> int:
         n += where.ref.size
     if cfg.needs_critic:
         n += where.critic.size
-    if cfg.distill:
-        n += where.ref.size  # the teacher is placed as the reference is
+    if cfg.distill:  # the teacher's engines, or its ranks placed as the reference's are
+        n += cfg.distill.teacher_num_engines if cfg.distill.teacher_backend == "engine" else where.ref.size
     if cfg.selfplay and cfg.selfplay.judge_pretrain:
         n += 1
     return n + 2
@@ -154,7 +154,9 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
         )
-    if cfg.distill:  # a frozen scorer like the reference, on bundles of its own (the reference's shape)
+    if cfg.distill and cfg.distill.teacher_backend == "engine":  # prefill-only engines, never synced
+        run.teacher = teacher_engines(cfg, plan, use_gpu)
+    elif cfg.distill:  # a frozen scorer like the reference, on bundles of its own (the reference's shape)
         teacher_args = (
             plan.teacher_path, cfg.distill.opd_kd_temperature, cfg.actor_optim.param_dtype, unsplit, None, "teacher"
         )  # fmt: skip
@@ -180,6 +182,21 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         ).remote(engine_cfg, i)  # fmt: skip
     run.engines = engines or [run.new_engine(i) for i in range(cfg.engines.count)]
     return run
+
+
+def teacher_engines(cfg: RunConfig, plan: RunPlan, use_gpu: bool) -> list:
+    """--teacher.backend engine: the teacher's vLLM engines, in the dtype the actor teacher would use (the run's
+    --param_dtype), a whole GPU each; rollout/teacher_engines.py asks them for prompt log-probs."""
+    from reinforce_pro.run.config import VLLM_DTYPES
+
+    engine_cfg = EngineConfig(
+        model_path=plan.teacher_path, dtype=VLLM_DTYPES[cfg.actor_optim.param_dtype], seed=cfg.seed,
+        gpu_memory_utilization=cfg.engines.config.gpu_memory_utilization, max_model_len=cfg.data.max_len,
+        cpu_kv_cache_gib=cfg.engines.config.cpu_kv_cache_gib,
+    )  # fmt: skip
+    options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0, **env_options(with_log_dir(None, plan))}
+    engine = ray.remote(VLLMEngine).options(**options)
+    return [engine.remote(engine_cfg, i, "teacher") for i in range(cfg.distill.teacher_num_engines)]
 
 
 def policy_devices(policy) -> list[str | None]:

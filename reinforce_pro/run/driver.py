@@ -25,6 +25,7 @@ from reinforce_pro.algos.kl import build_kl_controller
 from reinforce_pro.models.lora import trainable_summary
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import Sampler
+from reinforce_pro.rollout.teacher_engines import EngineTeacher
 from reinforce_pro.run import actors, faults, resume, run_lock, sources, start
 from reinforce_pro.run.config import RunConfig, RunPlan
 from reinforce_pro.run.errors import UserInputError
@@ -134,8 +135,11 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
         # OpenAI-SDK agent may leave the scoring to it, as OpenRLHF's executor does)
         scored = plan.task or plan.reward_source.startswith("agent:")
         reward_fn = None if scored else sources.reward_function(cfg, plan, use_gpu, groups)
+        teacher = groups.teacher
+        if cfg.distill and cfg.distill.teacher_backend == "engine":
+            teacher = EngineTeacher(groups.teacher)
         builder = ExperienceBuilder(groups.policy, groups.reference, groups.critic, reward_fn, cfg.experience, kl_ctl,
-                                    groups.teacher, cfg.distill)  # fmt: skip
+                                    teacher, cfg.distill)  # fmt: skip
         sampler = Sampler(groups.engines, tokenizer, cfg.rollout)
         source = sources.rollout_source(cfg, plan, groups, sampler, use_gpu)
         resume_from = resume.resume_checkpoint(cfg, plan)  # before the logger opens the jsonl files it truncates

@@ -72,7 +72,8 @@ def resolve_teacher(cfg: RunConfig, student_path: str) -> str:
     check_teacher(path, student_path, cfg.actor_optim.param_dtype)
     d = cfg.distill
     params = weight_bytes(path, "fp32") // 4
-    print(f"[teacher] {path}: {params / 1e6:.2f}M parameters in {cfg.actor_optim.param_dtype}, logits / "
+    served = f"{d.teacher_num_engines} prefill-only vLLM engine(s)" if d.teacher_backend == "engine" else "an actor"
+    print(f"[teacher] {path}: {params / 1e6:.2f}M parameters in {cfg.actor_optim.param_dtype} on {served}, logits / "
           f"{d.opd_kd_temperature:g}; reward = {d.opd_kl_coef:g} x (teacher - student log-prob) of each sampled "
           f"token, student log-probs from the {d.opd_student_logprobs}; task advantage x {d.opd_task_coef:g}",
           flush=True)  # fmt: skip

@@ -25,6 +25,7 @@ from reinforce_pro.rewards.loader import (
     RewardOutput,
     normalize_reward_output,
 )
+from reinforce_pro.rollout.teacher_engines import EngineTeacher
 from reinforce_pro.workers.group import ActorGroup
 
 
@@ -142,7 +143,7 @@ class ExperienceBuilder:
         r3 = samples.routes if mode == "r3" else None
         ref_lp = _sharded_call(self.reference, "log_probs", seq, attn, t, r3) if self.reference else None
         values = _sharded_call(self.critic, "values", seq, attn, t) if self.critic else None
-        teacher_lp = _sharded_call(self.teacher, "log_probs", seq, attn, t) if self.teacher else None
+        teacher_lp = self.teacher_log_probs(seq, attn, t) if self.teacher is not None else None
         reward = self.rewards(samples)
         action_mask = samples.action_mask
         if self.cfg.reward_nan_policy == "drop" and NONFINITE_KEY in reward.extra_logs:
@@ -196,6 +197,13 @@ class ExperienceBuilder:
             metrics["routing/logprob_abs_diff_unreplayed_mean"] = gap_mean(unreplayed, samples.rollout_log_probs,
                                                                            action_mask)  # fmt: skip
         return exp, metrics
+
+    def teacher_log_probs(self, sequences, attention_mask, num_actions: int) -> torch.Tensor:
+        """(B, T) the teacher's log-probs of the sampled tokens: its engines' prompt log-probs (EngineTeacher), or
+        its actor group's forward, rows split over its ranks."""
+        if isinstance(self.teacher, EngineTeacher):
+            return self.teacher.log_probs(sequences, attention_mask, num_actions)
+        return _sharded_call(self.teacher, "log_probs", sequences, attention_mask, num_actions)
 
     def old_forward(self, samples: Samples) -> dict:
         """The policy's score() of the rollout (its log-probs, with the tokens the trainer's replay of the
