@@ -9,9 +9,9 @@ Takes:   ~3 minutes with the defaults.
 
 Both backends score the same batch of student rows, shaped as a step of the run whose teacher they serve (left-
 padded prompts, right-padded responses), in fp32, in this process (the engine's core in its own, as in a run):
-- actor: reinforce_pro's ReferenceWorker, which `--teacher.backend actor` runs (batched_log_probs, micro-batches
+- actor: reinforce_pro's ReferenceWorker, which `--teacher_backend actor` runs (batched_log_probs, micro-batches
   of --micro_rollout_batch_size rows), padded, and packed as --packing_samples packs;
-- engine: VLLMEngine.score through EngineTeacher (`--teacher.backend engine`): vLLM's prompt log-probs, the rows'
+- engine: VLLMEngine.score through EngineTeacher (`--teacher_backend engine`): vLLM's prompt log-probs, the rows'
   kept tokens sent as prompts, the log-probs mapped back to the response columns.
 Alternating, after one warm-up round each, median of `--reps`; also each one's start (load, and the engine's
 compile) and the largest |difference| of their log-probs on the batch's response tokens.

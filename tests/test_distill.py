@@ -1,5 +1,5 @@
 """On-policy distillation (algos/distill.py): the advantage's gradient against the analytic reverse KL by exact
-enumeration, the log-probs each --opd.student_logprobs puts in the reward, environment tokens left unscored, the
+enumeration, the log-probs each --opd_student_logprobs puts in the reward, environment tokens left unscored, the
 flags in both spellings and the bad inputs that stop a run in one line."""
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def _parse(*argv):
 @pytest.mark.parametrize(
     "argv",
     [
-        ("--teacher.model_name_or_path", "T", "--opd.kl_coef", "0.5", "--opd.task_coef", "0",
-         "--opd.kl_estimator", "k1", "--opd.kd_temperature", "2", "--opd.student_logprobs", "engine"),
+        ("--teacher.model_name_or_path", "T", "--opd_kl_coef", "0.5", "--opd_task_coef", "0",
+         "--opd.kl_estimator", "k1", "--opd.kd_temperature", "2", "--opd_student_logprobs", "engine"),
         ("--teacher_pretrain", "T", "--opd_kl_coef", "0.5", "--opd_task_coef", "0", "--opd_kl_estimator", "k1",
          "--opd_kd_temperature", "2", "--opd_student_logprobs", "engine"),
     ],
@@ -184,9 +184,9 @@ def test_no_teacher_no_distill_section():
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (("--opd.kl_coef", "0.5"), "--opd.kl_coef set without a teacher"),
+        (("--opd_kl_coef", "0.5"), "--opd_kl_coef set without a teacher"),
         (("--opd_student_logprobs", "engine", "--opd.kd_temperature", "2"),
-         "--opd.kd_temperature, --opd.student_logprobs set without a teacher"),
+         "--opd.kd_temperature, --opd_student_logprobs set without a teacher"),
         (("--teacher.model_name_or_path", "T", "--opd.topk", "8"), "--opd.topk 8: the top-K reverse KL is not built"),
         (("--teacher.model_name_or_path", "T", "--absolute_zero", "--n_samples_per_prompt", "4"),
          "distilling self-play's roles is not built"),
@@ -297,10 +297,10 @@ def test_engine_teacher_maps_each_rows_scored_tokens_back_to_its_response_column
 
 
 def test_engine_teacher_needs_temperature_one():
-    _, problem = _parse("--teacher.model_name_or_path", "T", "--teacher.backend", "engine", "--opd.kd_temperature", "2")
-    assert problem is not None and "needs --teacher.backend actor" in problem
+    _, problem = _parse("--teacher.model_name_or_path", "T", "--teacher_backend", "engine", "--opd.kd_temperature", "2")
+    assert problem is not None and "needs --teacher_backend actor" in problem
     _, problem = _parse(
-        "--teacher.model_name_or_path", "T", "--teacher.backend", "engine", "--teacher.num_engines", "2"
+        "--teacher.model_name_or_path", "T", "--teacher_backend", "engine", "--teacher_num_engines", "2"
     )
     assert problem is None
 

@@ -333,9 +333,9 @@ def test_pure_distillation_from_a_teacher_with_no_reward_function(tmp_path, engi
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"{i % 10}+{i // 10}="}) + "\n" for i in range(24)))
     _, plan, history = run(
-        ["--prompt_data", str(prompts), "--teacher.model_name_or_path", str(teacher), "--opd.task_coef", "0",
+        ["--prompt_data", str(prompts), "--teacher.model_name_or_path", str(teacher), "--opd_task_coef", "0",
          "--init_kl_coef", "0", "--advantage_estimator", "reinforce", "--actor_learning_rate", "1e-2",
-         "--teacher.backend", backend],
+         "--teacher_backend", backend],
         tmp_path, engine, tiny_model,
     )  # fmt: skip
     rows = read_metrics(plan.run_dir / "metrics.jsonl")

@@ -45,12 +45,11 @@ class DistillConfig:
         "tiny model trained to high accuracy on --builtin_task, made once and cached)",
         dotted="teacher.model_name_or_path", group="distill")
     opd_kl_coef: float = flag(1.0,
-        "weight of the distillation advantage, teacher log-prob - student log-prob of each sampled token (slime's "
-        "--opd-kl-coef, prime-rl's teacher_tau)", dotted="opd.kl_coef", at_least=0, finite=True, group="distill")
+        "[reinforce_pro] weight of the distillation advantage, teacher log-prob - student log-prob of each sampled "
+        "token (slime's --opd-kl-coef, prime-rl's teacher_tau)", at_least=0, finite=True, group="distill")
     opd_task_coef: float = flag(1.0,
         "[reinforce_pro] weight of the task reward's advantage beside it (prime-rl's adv_tau); 0: pure distillation. "
-        "With --prompt_data and no reward function the task reward is 0", dotted="opd.task_coef", at_least=0,
-        finite=True, group="distill")
+        "With --prompt_data and no reward function the task reward is 0", at_least=0, finite=True, group="distill")
     opd_kl_estimator: str = flag("k3",
         "which estimate of KL(student || teacher) opd/reverse_kl reports (OpenRLHF's meaning: all three are logged "
         "as opd/reverse_kl_k1/k2/k3; the gradient is always the sampled-token k1 score-function estimator)",
@@ -63,13 +62,13 @@ class DistillConfig:
     opd_student_logprobs: str = flag("trainer",
         "[reinforce_pro] the student's log-probs in the reward: trainer (the policy's old log-probs, the default) or "
         "engine (those vLLM sampled with, which carry the rollout/training mismatch into the reward)",
-        dotted="opd.student_logprobs", choices=STUDENT_LOGPROBS, group="distill")
+        choices=STUDENT_LOGPROBS, group="distill")
     teacher_backend: str = flag("actor",
         "[reinforce_pro] what serves the teacher: actor (an HF model in an actor group placed like the reference, in "
         "--param_dtype) or engine (vLLM engines that only prefill, in the same dtype; --opd.kd_temperature must be 1)",
-        dotted="teacher.backend", choices=TEACHER_BACKENDS, group="distill")
-    teacher_num_engines: int = flag(1, "[reinforce_pro] with --teacher.backend engine: how many teacher engines",
-        dotted="teacher.num_engines", at_least=1, group="distill")
+        choices=TEACHER_BACKENDS, group="distill")
+    teacher_num_engines: int = flag(1, "[reinforce_pro] with --teacher_backend engine: how many teacher engines",
+        at_least=1, group="distill")
     # fmt: on
 
 

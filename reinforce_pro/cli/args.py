@@ -690,11 +690,11 @@ def _distill_flags(**given) -> str | None:
     """A distillation setting changed without a teacher to distil from."""
     if given.pop("teacher_pretrain"):
         return None
-    defaults = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
-    changed = [name for name, value in given.items() if value != defaults[name]]
+    fields = {f.name: f for f in dataclasses.fields(DistillConfig)}
+    changed = [name for name, value in given.items() if value != fields[name].default]
     if not changed:
         return None
-    spelled = ", ".join(f"--{name.replace('_', '.', 1)}" for name in changed)
+    spelled = ", ".join(f"--{(fields[n].metadata['flag'].dotted or (n,))[0]}" for n in changed)
     return f"{spelled} set without a teacher: add --teacher.model_name_or_path DIR"
 
 
@@ -808,8 +808,8 @@ RULES = [
      "--teacher.model_name_or_path with --absolute_zero: distilling self-play's roles is not built (a teacher would "
      "score the proposer's questions too)"),
     (lambda teacher_backend, opd_kd_temperature: teacher_backend != "engine" or opd_kd_temperature == 1,
-     "--teacher.backend engine scores with vLLM's prompt log-probs, which are taken at temperature 1: "
-     "--opd.kd_temperature {opd_kd_temperature} needs --teacher.backend actor"),
+     "--teacher_backend engine scores with vLLM's prompt log-probs, which are taken at temperature 1: "
+     "--opd.kd_temperature {opd_kd_temperature} needs --teacher_backend actor"),
     (lambda teacher_pretrain, pretrain: teacher_pretrain != "builtin" or not pretrain,
      "--teacher.model_name_or_path builtin is the embedded default's teacher: give it without --pretrain"),
     # multi-turn agents

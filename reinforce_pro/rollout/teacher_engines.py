@@ -1,4 +1,4 @@
-"""A distillation teacher served by vLLM engines that only prefill (`--teacher.backend engine`): each row of the
+"""A distillation teacher served by vLLM engines that only prefill (`--teacher_backend engine`): each row of the
 student's batch goes to one engine as a prompt whose own tokens are scored (VLLMEngine.score, vLLM's prompt
 log-probs), and the log-probs come back in the (B, T) layout of the batch's response columns, as the actor
 teacher's forward gives them (algos/distill.py)."""

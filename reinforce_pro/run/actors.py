@@ -154,15 +154,7 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
         run.reference = create_group(
             ReferenceWorker, ref_spec, ref_pg, use_gpu, ref_share, lambda d: ref_args, trainer_env
         )
-    if cfg.distill and cfg.distill.teacher_backend == "engine":  # prefill-only engines, never synced
-        run.teacher = teacher_engines(cfg, plan, use_gpu)
-    elif cfg.distill:  # a frozen scorer like the reference, on bundles of its own (the reference's shape)
-        teacher_args = (
-            plan.teacher_path, cfg.distill.opd_kd_temperature, cfg.actor_optim.param_dtype, unsplit, None, "teacher"
-        )  # fmt: skip
-        run.teacher = create_group(
-            ReferenceWorker, where.ref, new_pg(where.ref), use_gpu, SHARES.alone, lambda d: teacher_args, trainer_env
-        )
+    run.teacher = teacher_group(cfg, plan, use_gpu, new_pg, unsplit, trainer_env) if cfg.distill else None
     if cfg.needs_critic:
         models = cfg.models
         start = models.critic_pretrain or plan.model_path  # the critic's backbone: the policy's unless given
@@ -184,8 +176,18 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
     return run
 
 
+def teacher_group(cfg: RunConfig, plan: RunPlan, use_gpu: bool, new_pg, forward, env) -> list:
+    """On-policy distillation's teacher: prefill-only engines (--teacher_backend engine), or a frozen scorer like
+    the reference, on bundles of its own shaped like the reference's; never synced."""
+    if cfg.distill.teacher_backend == "engine":
+        return teacher_engines(cfg, plan, use_gpu)
+    where = cfg.placement.ref
+    args = (plan.teacher_path, cfg.distill.opd_kd_temperature, cfg.actor_optim.param_dtype, forward, None, "teacher")
+    return create_group(ReferenceWorker, where, new_pg(where), use_gpu, SHARES.alone, lambda d: args, env)
+
+
 def teacher_engines(cfg: RunConfig, plan: RunPlan, use_gpu: bool) -> list:
-    """--teacher.backend engine: the teacher's vLLM engines, in the dtype the actor teacher would use (the run's
+    """--teacher_backend engine: the teacher's vLLM engines, in the dtype the actor teacher would use (the run's
     --param_dtype), a whole GPU each; rollout/teacher_engines.py asks them for prompt log-probs."""
     from reinforce_pro.run.config import VLLM_DTYPES
 

@@ -160,15 +160,7 @@ class ExperienceBuilder:
         if ref_lp is not None and old_lp is not None:
             kl = compute_approx_kl(self.cfg.kl_estimator, old_lp, ref_lp, samples.action_mask)
         advantages, returns = self.advantages(samples, rewards, kl, values)
-        opd_metrics = {}
-        if teacher_lp is not None:
-            student_lp = old_lp if self.distill.opd_student_logprobs == "trainer" else samples.rollout_log_probs
-            if student_lp is None:
-                raise ValueError("--opd.student_logprobs trainer needs the policy's old log-probs (old_log_probs=True)")
-            opd = distill_advantages(teacher_lp, student_lp, action_mask)
-            advantages = self.distill.opd_task_coef * advantages + self.distill.opd_kl_coef * opd
-            opd_metrics = distill_metrics(teacher_lp, student_lp, action_mask, self.distill.opd_kl_estimator)
-            opd_metrics["opd/advantage_mean"] = float(masked_mean(opd, action_mask))
+        advantages, opd_metrics = self.distilled(advantages, teacher_lp, old_lp, samples.rollout_log_probs, action_mask)
         exp = Experience(
             sequences=seq,
             attention_mask=attn,
@@ -197,6 +189,20 @@ class ExperienceBuilder:
             metrics["routing/logprob_abs_diff_unreplayed_mean"] = gap_mean(unreplayed, samples.rollout_log_probs,
                                                                            action_mask)  # fmt: skip
         return exp, metrics
+
+    def distilled(self, advantages, teacher_lp, old_lp, rollout_lp, action_mask) -> tuple[torch.Tensor, dict]:
+        """With a teacher: the task's advantages x --opd_task_coef plus --opd_kl_coef x the distillation advantage
+        (teacher - student log-prob per token, algos/distill.py; the student's the trainer's old log-probs or the
+        engine's, as --opd_student_logprobs says), and the opd/* metrics. Without one: `advantages` unchanged."""
+        if teacher_lp is None:
+            return advantages, {}
+        student_lp = old_lp if self.distill.opd_student_logprobs == "trainer" else rollout_lp
+        if student_lp is None:
+            raise ValueError("--opd_student_logprobs trainer needs the policy's old log-probs (old_log_probs=True)")
+        opd = distill_advantages(teacher_lp, student_lp, action_mask)
+        metrics = distill_metrics(teacher_lp, student_lp, action_mask, self.distill.opd_kl_estimator)
+        metrics["opd/advantage_mean"] = float(masked_mean(opd, action_mask))
+        return self.distill.opd_task_coef * advantages + self.distill.opd_kl_coef * opd, metrics
 
     def teacher_log_probs(self, sequences, attention_mask, num_actions: int) -> torch.Tensor:
         """(B, T) the teacher's log-probs of the sampled tokens: its engines' prompt log-probs (EngineTeacher), or
