@@ -55,7 +55,10 @@ def models(case: str, work: Path) -> tuple[str, str, list[list[int]], int]:
     path = str(prepare("smollm2-135m-instruct", PACKAGED_MODELS / "smollm2-135m-instruct"))
     tok = AutoTokenizer.from_pretrained(path)
     questions = [f"What is {a} + {b}? Answer briefly." for a, b in zip(range(11, 75), range(40, 104), strict=True)]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
+    prompts = []
+    for q in questions:  # token ids (transformers 5 hands back a mapping with them)
+        out = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        prompts.append(list(out["input_ids"] if hasattr(out, "keys") else out))
     return path, path, prompts, 24
 
 
