@@ -137,8 +137,8 @@ def render(payload: dict, out_dir: Path) -> str:
         ]
         for pair, e in r["pairs"].items():
             s, t = pair.split(" | ")
-            share = e["mean"] / r["signal_mean_abs"] if r["signal_mean_abs"] else float("nan")
-            lines.append(f"| {s} | {t} | {e['mean']:.1e} | {e['p99']:.1e} | {e['max']:.1e} | {share:.1%} |")
+            share = f"{e['mean'] / r['signal_mean_abs']:.1%}" if r["signal_mean_abs"] else "- (no signal)"
+            lines.append(f"| {s} | {t} | {e['mean']:.1e} | {e['p99']:.1e} | {e['max']:.1e} | {share} |")
     m = payload["machine"]
     lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
     text = "\n".join(lines)
