@@ -717,6 +717,9 @@ RULES = [
      "--ds.experts_implementation deepgemm needs DeepGEMM (CUDA), which is not installed here; eager, batched_mm "
      "and grouped_mm run anywhere"),
     _min_length,
+    (lambda fp32_lm_head, vllm_quantization: not (fp32_lm_head and vllm_quantization),
+     "--fp32_lm_head with --vllm_quantization {vllm_quantization}: vLLM computes an fp32 head only for an unquantized "
+     "one, so the engine's side would be left out; drop one of them"),
     (lambda overlong_buffer_len, max_new_tokens: overlong_buffer_len is None
      or 0 < overlong_buffer_len <= (max_new_tokens if max_new_tokens is not None else float("inf")),
      "--overlong_buffer_len must be in (0, --max_new_tokens {max_new_tokens}], got {overlong_buffer_len}"),

@@ -96,12 +96,13 @@ def placement(
 def engines(
     flags, vllm_num_engines, vllm_tensor_parallel_size, vllm_dtype, param_dtype, vllm_gpu_memory_utilization,
     max_len, vllm_cpu_kvcache_gib, vllm_sync_backend, vllm_sync_with_ray, vllm_sync_bucket_mb, vllm_enable_sleep,
-    deepspeed_enable_sleep, vllm_quantization,
+    deepspeed_enable_sleep, vllm_quantization, fp32_lm_head,
 ) -> sections.Engines:  # fmt: skip
     config = named(
         EngineConfig, flags, model_path="", dtype=engine_dtype(vllm_dtype, param_dtype),
         tensor_parallel_size=vllm_tensor_parallel_size, gpu_memory_utilization=vllm_gpu_memory_utilization,
         max_model_len=max_len, cpu_kv_cache_gib=vllm_cpu_kvcache_gib, quantization=vllm_quantization,
+        fp32_head=fp32_lm_head,
     )  # fmt: skip
     sleep = {"vllm_enable_sleep": vllm_enable_sleep, "deepspeed_enable_sleep": deepspeed_enable_sleep}
     return sections.Engines(

@@ -59,6 +59,7 @@ class EngineConfig:
     # replay (--routing_replay r3). Hooks run only in eager mode, and a prefix-cache hit skips the forward of
     # the cached tokens: the engine then runs eager, and refuses prefix caching.
     capture_routes: bool = False
+    fp32_head: bool = False  # --fp32_lm_head: vLLM's head_dtype float32 (models/fp32_head.py does the trainer's)
 
 
 @dataclass
@@ -183,6 +184,8 @@ def llm_kwargs(cfg: EngineConfig, engine_index: int, on_gpu: bool) -> dict:
         kwargs["max_num_batched_tokens"] = cfg.cpu_max_batched_tokens * cfg.tensor_parallel_size
     if cfg.quantization is not None:  # re-applied to the new weights at every in-place reload
         kwargs["quantization"] = cfg.quantization
+    if cfg.fp32_head:
+        kwargs["hf_overrides"] = {"head_dtype": "float32"}
     if cfg.capture_routes:
         if cfg.enable_prefix_caching:
             raise ValueError("route capture needs prefix caching off: a cached prefix is never fed again")

@@ -81,6 +81,11 @@ class ForwardConfig:
         "computes the old log-probs; none: the trainer routes itself. routing/* measures the disagreement either "
         "way. verl's values (actor_rollout_ref.actor.router_replay.mode) disabled / R2 / R3 are accepted",
         choices=ROUTING_REPLAY, convert=replay_mode, group="training")
+    fp32_lm_head: bool = flag(False,
+        "[reinforce_pro] the LM head's matmul in float32 on both sides: the trainer's models (policy, reference, "
+        "teacher) cast the last hidden states and the head's weight to fp32, the engines get vLLM's "
+        "hf_overrides head_dtype float32, which does the same (TRL's cast_lm_head_to_fp32 is accepted). Changes "
+        "nothing where both sides already run in fp32", also="--cast_lm_head_to_fp32", group="deepspeed")
     experts_implementation: str | None = flag(None,
         "MoE expert kernels of the trainer's models (transformers' experts_implementation; unset: its default): "
         "eager, batched_mm, grouped_mm (the last where torch has grouped_mm); deepgemm needs CUDA and DeepGEMM",

@@ -19,6 +19,7 @@ from reinforce_pro.algos.stats import Stat, loss_stat
 from reinforce_pro.experience import Experience, pad_actions
 from reinforce_pro.flagspec import flag
 from reinforce_pro.models import varlen_attention
+from reinforce_pro.models.fp32_head import install_fp32_head
 from reinforce_pro.models.logprobs import response_log_probs
 from reinforce_pro.models.lora import (
     LoraAdapterConfig,
@@ -98,6 +99,8 @@ class PolicyWorker:
         model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=torch.float32, attn_implementation=attn, **forward.model_kwargs()
         )
+        if forward.fp32_lm_head:  # before DeepSpeed casts the weights: the head computes in fp32 whatever they are
+            install_fp32_head(model)
         # MoE: every forward's routing is measured, replayed under --routing_replay, and feeds the balance loss
         self.replay = RouteReplay.install(model) if moe_shape(model) else None
         if self.replay is not None:
@@ -358,6 +361,8 @@ class ReferenceWorker:
         model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype, attn_implementation=attn, **forward.model_kwargs()
         )
+        if forward.fp32_lm_head:
+            install_fp32_head(model)
         self.model = model.to(device()).eval()
         self.forward, self.temperature = forward, temperature
         self.sampling_filter = with_engine_stop_ids(sampling_filter, model_path)
