@@ -226,6 +226,9 @@ class VLLMEngine:
 
         kwargs = llm_kwargs(cfg, engine_index, on_gpu)
         self.llm = LLM(**kwargs)
+        if cfg.fp32_head and self.llm.llm_engine.model_config.head_dtype != torch.float32:
+            raise RuntimeError("--fp32_lm_head: vLLM fell back to the model's dtype for the LM head on this platform, "
+                               "so only the trainer's side would be fp32")  # fmt: skip
         self.capture_routes = cfg.capture_routes
         if cfg.capture_routes:
             experts_per_token = self.llm.llm_engine.model_config.hf_text_config.num_experts_per_tok

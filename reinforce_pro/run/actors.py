@@ -188,13 +188,14 @@ def teacher_group(cfg: RunConfig, plan: RunPlan, use_gpu: bool, new_pg, forward,
 
 def teacher_engines(cfg: RunConfig, plan: RunPlan, use_gpu: bool) -> list:
     """--teacher_backend engine: the teacher's vLLM engines, in the dtype the actor teacher would use (the run's
-    --param_dtype), a whole GPU each; rollout/teacher_engines.py asks them for prompt log-probs."""
+    --param_dtype, and its --fp32_lm_head), a whole GPU each; rollout/teacher_engines.py asks them for prompt
+    log-probs."""
     from reinforce_pro.run.config import VLLM_DTYPES
 
     engine_cfg = EngineConfig(
         model_path=plan.teacher_path, dtype=VLLM_DTYPES[cfg.actor_optim.param_dtype], seed=cfg.seed,
         gpu_memory_utilization=cfg.engines.config.gpu_memory_utilization, max_model_len=cfg.data.max_len,
-        cpu_kv_cache_gib=cfg.engines.config.cpu_kv_cache_gib,
+        cpu_kv_cache_gib=cfg.engines.config.cpu_kv_cache_gib, fp32_head=cfg.forward.fp32_lm_head,
     )  # fmt: skip
     options = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0, **env_options(with_log_dir(None, plan))}
     engine = ray.remote(VLLMEngine).options(**options)
