@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.common import PACKAGED_MODELS, bench_main, scratch_dir
+from benchmarks.common import PACKAGED_MODELS, bench_main, scratch_dir, write_table
 
 NAME = "bench_opd_reward_error"
 STUDENT_CHOICES = ("trainer fp32", "trainer bf16", "engine bf16")
@@ -139,11 +139,7 @@ def render(payload: dict, out_dir: Path) -> str:
             s, t = pair.split(" | ")
             share = f"{e['mean'] / r['signal_mean_abs']:.1%}" if r["signal_mean_abs"] else "- (no signal)"
             lines.append(f"| {s} | {t} | {e['mean']:.1e} | {e['p99']:.1e} | {e['max']:.1e} | {share} |")
-    m = payload["machine"]
-    lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
-    text = "\n".join(lines)
-    (out_dir / f"{NAME}.md").write_text(text + "\n")
-    return text
+    return write_table(payload, lines, out_dir, NAME)
 
 
 def options(p: argparse.ArgumentParser) -> None:

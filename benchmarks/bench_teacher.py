@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_logprob_head import batch
-from benchmarks.common import PACKAGED_MODELS, bench_main
+from benchmarks.common import PACKAGED_MODELS, bench_main, write_table
 
 NAME = "bench_teacher"
 CASES = {
@@ -125,11 +125,7 @@ def render(payload: dict, out_dir: Path) -> str:
             f"{r['actor'] / r['engine']:.2f}x | {r['actor_start']:.1f}, {r['engine_start']:.1f} | "
             f"{r['max_abs_logprob_diff']:.1e}, {r['max_abs_logprob_diff_packed']:.1e} |"
         )
-    m = payload["machine"]
-    lines.append(f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._")
-    text = "\n".join(lines)
-    (out_dir / f"{NAME}.md").write_text(text + "\n")
-    return text
+    return write_table(payload, lines, out_dir, NAME)
 
 
 def options(p: argparse.ArgumentParser) -> None:

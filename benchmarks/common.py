@@ -196,6 +196,17 @@ def save_and_render(name: str, config: dict, results, output_dir: Path, render) 
     return 0
 
 
+def write_table(payload: dict, lines: list[str], out_dir: Path, name: str) -> str:
+    """A rendered table: `lines`, then the machine and commit the payload was measured on, written to
+    out_dir/<name>.md; returns the text."""
+    m = payload["machine"]
+    text = "\n".join(
+        [*lines, f"\n_{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, commit {payload['commit'][:12]}._"]
+    )
+    (out_dir / f"{name}.md").write_text(text + "\n")
+    return text
+
+
 def new_figure(figsize: tuple[float, float]):
     """(figure, axes) of matplotlib drawn off-screen (the Agg backend: no display needed)."""
     import matplotlib
