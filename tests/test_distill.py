@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -325,3 +326,14 @@ def test_the_builtin_teacher_is_made_once_and_reused(tmp_path, monkeypatch):
     assert not list((tmp_path / "teachers").glob(".*.building"))
     assert t.builtin_teacher("arithmetic") == first and len(calls) == 1
     t.check_teacher(str(first), str(first), "fp32")
+
+
+def test_the_reverse_kl_metrics_are_not_clamped():
+    """A teacher 30 nats away is reported as 30 (the KL penalty's estimators clamp at 10; the advantage never is)."""
+    student = torch.tensor([[-0.1, -0.2]])
+    teacher = torch.tensor([[-30.1, -0.2]])
+    m = distill_metrics(teacher, student, torch.ones(1, 2, dtype=torch.bool), "k3")
+    assert m["opd/reverse_kl_k1"] == pytest.approx(15.0)
+    assert m["opd/reverse_kl_k2"] == pytest.approx(30.0**2 / 2 / 2)
+    assert m["opd/reverse_kl_k3"] == pytest.approx((math.exp(-30.0) - 1 + 30.0) / 2)
+    assert m["opd/student_logprob_mean"] - m["opd/teacher_logprob_mean"] == pytest.approx(m["opd/reverse_kl_k1"])
