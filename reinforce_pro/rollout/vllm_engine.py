@@ -134,11 +134,14 @@ def sampled_log_probs(completion) -> list[float]:
     rollout/logprob_nonfinite_frac) instead of failing the step. A -inf (a token the engine's own filter had
     removed) passes through and is treated the same way."""
     steps = list(completion.logprobs or [])
-    out = []
-    for i, token in enumerate(completion.token_ids):
-        entry = steps[i].get(token) if i < len(steps) and steps[i] is not None else None
-        out.append(float("nan") if entry is None or entry.logprob is None else float(entry.logprob))
-    return out
+    return [logprob_at(steps, i, token) for i, token in enumerate(completion.token_ids)]
+
+
+def logprob_at(steps: list, i: int, token: int) -> float:
+    """`token`'s log-prob in vLLM's per-position entries `steps` at position `i`; NaN where vLLM gave none (fewer
+    positions, no entry, the token missing from it, or a None log-prob)."""
+    entry = steps[i].get(token) if i < len(steps) and steps[i] is not None else None
+    return float("nan") if entry is None or entry.logprob is None else float(entry.logprob)
 
 
 def top_log_probs(completion, k: int) -> list[list[tuple[int, float]]]:
@@ -273,11 +276,8 @@ class VLLMEngine:
         result = []
         for ids, start, out in zip(sequences, starts, outputs, strict=True):
             steps = list(out.prompt_logprobs or [])
-            row = []
-            for i in range(max(start, 1), len(ids)):  # position 0 has no log-prob: nothing comes before it
-                entry = steps[i].get(ids[i]) if i < len(steps) and steps[i] is not None else None
-                row.append(float("nan") if entry is None or entry.logprob is None else float(entry.logprob))
-            result.append(row)
+            # position 0 has no log-prob: nothing comes before it
+            result.append([logprob_at(steps, i, ids[i]) for i in range(max(start, 1), len(ids))])
         return result
 
     def update_weights(self, blob: bytes) -> int:
