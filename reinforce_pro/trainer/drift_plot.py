@@ -61,24 +61,15 @@ def draw_drift(rows: list[dict], title: str = ""):
     opd_steps, opd_names, opd_matrix = drift_table(rows, OPD_PREFIX)
     if opd_steps:
         fig, (heat, opd, side) = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [3, 3, 2]})
-        image = opd.imshow(opd_matrix, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
-                           extent=(opd_steps[0] - 0.5, opd_steps[-1] + 0.5, -0.5, len(opd_names) - 0.5))  # fmt: skip
-        opd.set_yticks(range(len(opd_names)), opd_names)
-        opd.set_xlabel("step")
-        opd.set_title("reverse KL to the teacher (k1)")
-        fig.colorbar(image, ax=opd)
+        _heat_map(fig, opd, opd_steps, opd_names, opd_matrix, "reverse KL to the teacher (k1)", cmap="viridis")
     else:
         fig, (heat, side) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     values = [[max(v, FLOOR) if not math.isnan(v) else math.nan for v in row] for row in matrix]
     finite = [v for row in values for v in row if not math.isnan(v)]
     norm = LogNorm(vmin=min(finite), vmax=max(max(finite), min(finite) * 10))
-    image = heat.imshow(values, aspect="auto", origin="lower", cmap="magma", norm=norm, interpolation="nearest",
-                        extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(names) - 0.5))  # fmt: skip
-    heat.set_yticks(range(len(names)), names)
-    heat.set_xlabel("step")
+    _heat_map(fig, heat, steps, names, values, "mean |trainer - engine log-prob| before the update", cmap="magma",
+              norm=norm)  # fmt: skip
     heat.set_ylabel("response positions")
-    heat.set_title("mean |trainer - engine log-prob| before the update")
-    fig.colorbar(image, ax=heat)
     drawn = False
     for key, label in (("is/token_masked_frac", "masked fraction"), ("async/staleness_mean", "staleness")):
         series = [(int(r["step"]), _number(r.get(key))) for r in rows if r.get(key) is not None]
@@ -93,6 +84,17 @@ def draw_drift(rows: list[dict], title: str = ""):
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _heat_map(fig, ax, steps: list[int], names: list[str], matrix, title: str, **colours) -> None:
+    """One panel of the picture: `matrix` [bucket][step] as a heat map, buckets up the side, steps along the bottom,
+    with its colour bar; `colours`: imshow's cmap (and norm)."""
+    image = ax.imshow(matrix, aspect="auto", origin="lower", interpolation="nearest",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(names) - 0.5), **colours)  # fmt: skip
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax)
 
 
 def write_drift(rows: list[dict], out: Path, title: str = "") -> Path | None:
