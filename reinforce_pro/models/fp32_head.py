@@ -28,5 +28,4 @@ def install_fp32_head(model) -> torch.nn.Module:
         return F.linear(hidden.float(), head.weight.float(), bias)
 
     head.forward = fp32_forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
-    head.fp32_head = True
     return head

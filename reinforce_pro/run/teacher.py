@@ -69,9 +69,8 @@ def resolve_teacher(cfg: RunConfig, student_path: str) -> str:
     a local causal LM, the student's tokenizer, and weights that fit in the memory this machine has free."""
     given = cfg.distill.teacher_pretrain
     path = str(builtin_teacher(cfg.data.builtin_task)) if given == BUILTIN else given
-    check_teacher(path, student_path, cfg.actor_optim.param_dtype)
+    params = check_teacher(path, student_path, cfg.actor_optim.param_dtype)
     d = cfg.distill
-    params = weight_bytes(path, "fp32") // 4
     served = f"{d.teacher_num_engines} prefill-only vLLM engine(s)" if d.teacher_backend == "engine" else "an actor"
     print(f"[teacher] {path}: {params / 1e6:.2f}M parameters in {cfg.actor_optim.param_dtype} on {served}, logits / "
           f"{d.opd_kd_temperature:g}; reward = {d.opd_kl_coef:g} x (teacher - student log-prob) of each sampled "
@@ -80,7 +79,8 @@ def resolve_teacher(cfg: RunConfig, student_path: str) -> str:
     return path
 
 
-def check_teacher(path: str, student_path: str, param_dtype: str) -> None:
+def check_teacher(path: str, student_path: str, param_dtype: str) -> int:
+    """The checks of resolve_teacher, in one line each; returns the teacher's parameter count."""
     from transformers import AutoConfig, AutoTokenizer
 
     config_file = Path(path) / "config.json"
@@ -110,15 +110,16 @@ def check_teacher(path: str, student_path: str, param_dtype: str) -> None:
     if vocab_size is not None and vocab_size < len(student_vocab):
         raise UserInputError(f"{FLAG} {path}: its head has {vocab_size} outputs, fewer than the {len(student_vocab)} "
                              "tokens of the policy's vocabulary")  # fmt: skip
-    need, free, where = weight_bytes(path, param_dtype), *free_memory()
+    params = parameter_count(path)
+    need, (free, where) = params * {"fp32": 4}.get(param_dtype, 2), free_memory()
     if need > free:
         raise UserInputError(f"{FLAG} {path}: its weights take {need / 2**30:.1f} GiB in {param_dtype}, more than the "
                              f"{free / 2**30:.1f} GiB free {where}")  # fmt: skip
+    return params
 
 
-def weight_bytes(path: str, param_dtype: str) -> int:
-    """The teacher's weights in the run's dtype: the parameter count of its safetensors headers (or, without
-    them, its weight files' bytes over 4) times the dtype's size."""
+def parameter_count(path: str) -> int:
+    """The model's parameters, from its safetensors headers (without them, its weight files' bytes over 4)."""
     count = 0
     files = sorted(Path(path).glob("*.safetensors"))
     for f in files:
@@ -132,7 +133,7 @@ def weight_bytes(path: str, param_dtype: str) -> int:
                 count += n
     if not files:
         count = sum(f.stat().st_size for f in Path(path).glob("*.bin")) // 4
-    return count * {"fp32": 4}.get(param_dtype, 2)
+    return count
 
 
 def free_memory() -> tuple[int, str]:
