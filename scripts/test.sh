@@ -45,7 +45,9 @@ tier() {  # tier NAME PYTEST_ARGS...: one pytest call under what is left of the 
         return
     fi
     echo "[test] $name (tests slower than 60 s are named as they end; no test starts after ${left} s more)"
+    local start=$SECONDS
     "$PY" -m pytest -q -o session_timeout="$left" "$@" || rc=$?
+    echo "[test] $name took $((SECONDS - start)) s"
     if ((rc == 5)); then
         echo "[test] $name: no test selected"
     elif ((rc != 0)); then

@@ -7,7 +7,9 @@ the same resources, placement group and bundle as the real one but imports no mo
 and reports its node and CUDA_VISIBLE_DEVICES (an engine told several devices for its tensor-parallel workers
 reports those). Policy ranks must own one device each, colocated models must sit on their rank's device,
 separate groups on devices of their own, each TP engine on tp devices of one node, and no device idle that
-the layout meant to use. Each case runs in its own process, with its own Ray cluster.
+the layout meant to use. The cases of one cluster shape (nodes x GPUs per node) run one after the other in one
+process with one Ray cluster, each releasing its actors and placement groups before the next is placed (as a run
+does on a cluster that outlives it); a cluster of 8 simulated GPUs costs more to start than a case to place.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ PROBE = textwrap.dedent(
     from reinforce_pro.cli.flags_to_config import run_config
     from reinforce_pro.cli.train_ppo_ray import parse_args
 
-    nodes, per_node, argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    nodes, per_node, argvs = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     if nodes == 1:
         ray.init(address="local", num_cpus=4 * per_node, num_gpus=per_node, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
@@ -61,22 +63,31 @@ PROBE = textwrap.dedent(
         for module in (actors, sources):  # the groups' workers, and the reward model's
             if hasattr(module, worker):
                 setattr(module, worker, Probe)
-    cfg = run_config(parse_args(["--pretrain", "m", "--advantage_estimator", "reinforce", *argv]))
-    plan = SimpleNamespace(model_path="m", log_dir=None, reward_source="model:rm")
-    run = actors.build_groups(cfg, plan, use_gpu=True)
-    if cfg.needs_critic:
-        sources.reward_function(cfg, plan, True, run)
-    print("PLACED " + json.dumps({k: ray.get([a.where.remote() for a in v]) for k, v in run.roles().items()}))
+    for case, argv in enumerate(argvs):
+        cfg = run_config(parse_args(["--pretrain", "m", "--advantage_estimator", "reinforce", *argv]))
+        plan = SimpleNamespace(model_path="m", log_dir=None, reward_source="model:rm")
+        run = actors.build_groups(cfg, plan, use_gpu=True)
+        if cfg.needs_critic:
+            sources.reward_function(cfg, plan, True, run)
+        where = {k: ray.get([a.where.remote() for a in v]) for k, v in run.roles().items()}
+        print(f"PLACED {case} " + json.dumps(where), flush=True)
+        run.release()  # the next case is placed on the whole cluster again
     """
 )
 
 
-def placed(nodes: int, per_node: int, argv: list[str]) -> dict[str, list[tuple[str, str]]]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(per_node), json.dumps(argv)],
+def place_all(nodes: int, per_node: int, argvs: list[list[str]]) -> list[dict[str, list[tuple[str, str]]]]:
+    """Where every role's actors run, for each command line of `argvs` in turn, on one cluster of `nodes` nodes of
+    `per_node` simulated GPUs."""
+    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(per_node), json.dumps(argvs)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    line = next((x for x in done.stdout.splitlines() if x.startswith("PLACED ")), None)
-    assert line is not None, (done.stdout + done.stderr)[-4000:]
-    return {role: [tuple(w) for w in where] for role, where in json.loads(line[len("PLACED ") :]).items()}
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("PLACED "):
+            case, where = line[len("PLACED ") :].split(" ", 1)
+            found[int(case)] = {role: [tuple(w) for w in ws] for role, ws in json.loads(where).items()}
+    assert len(found) == len(argvs), (done.stdout + done.stderr)[-4000:]
+    return [found[case] for case in range(len(argvs))]
 
 
 def devices(where: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -93,30 +104,46 @@ KL = ["--init_kl_coef", "0.01"]  # a reference model
 GAE = ["--advantage_estimator", "gae", "--critic_pretrain", "m", "--reward_pretrain", "rm"]
 
 
-@pytest.mark.parametrize(
-    "nodes, per_node, argv",
-    [
-        pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "8"],
-                     id="1x8-hybrid-engine"),
-        pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
-                            "--vllm_tensor_parallel_size", "2"], id="1x8-hybrid-engine-tp2"),
-        pytest.param(2, 4, [*group("actor", 2, 4), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
-                            "--vllm_tensor_parallel_size", "2"], id="2x4-hybrid-engine-tp2"),
-        pytest.param(1, 4, [*group("actor", 1, 2), *KL, "--colocate_actor_ref", "--vllm_num_engines", "2"],
-                     id="1x4-actor-ref"),
-        pytest.param(1, 8, [*group("actor", 1, 4), *group("ref", 1, 2), *KL, "--vllm_num_engines", "1",
-                            "--vllm_tensor_parallel_size", "2"], id="1x8-separate-tp2"),
-        pytest.param(2, 4, [*group("actor", 2, 2), *group("ref", 1, 2), *KL, "--vllm_num_engines", "2"],
-                     id="2x4-separate"),
-        pytest.param(1, 8, [*group("actor", 1, 2), *group("ref", 1, 2), *group("critic", 1, 2), *KL, *GAE,
-                            "--colocate_critic_reward", "--vllm_num_engines", "2"], id="1x8-critic-reward"),
-        pytest.param(2, 4, [*group("actor", 2, 2), *group("critic", 1, 2), *KL, *GAE, "--colocate_actor_ref",
-                            "--colocate_critic_reward", "--vllm_num_engines", "1", "--vllm_tensor_parallel_size",
-                            "2"], id="2x4-actor-ref-critic-reward-tp2"),
-    ],
-)  # fmt: skip
-def test_every_rank_owns_a_device_and_colocated_actors_share_it(nodes, per_node, argv):
-    where = placed(nodes, per_node, argv)
+CASES = [
+    pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "8"],
+                 id="1x8-hybrid-engine"),
+    pytest.param(1, 8, [*group("actor", 1, 8), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
+                        "--vllm_tensor_parallel_size", "2"], id="1x8-hybrid-engine-tp2"),
+    pytest.param(2, 4, [*group("actor", 2, 4), *KL, "--colocate_all_models", "--vllm_num_engines", "4",
+                        "--vllm_tensor_parallel_size", "2"], id="2x4-hybrid-engine-tp2"),
+    pytest.param(1, 4, [*group("actor", 1, 2), *KL, "--colocate_actor_ref", "--vllm_num_engines", "2"],
+                 id="1x4-actor-ref"),
+    pytest.param(1, 8, [*group("actor", 1, 4), *group("ref", 1, 2), *KL, "--vllm_num_engines", "1",
+                        "--vllm_tensor_parallel_size", "2"], id="1x8-separate-tp2"),
+    pytest.param(2, 4, [*group("actor", 2, 2), *group("ref", 1, 2), *KL, "--vllm_num_engines", "2"],
+                 id="2x4-separate"),
+    pytest.param(1, 8, [*group("actor", 1, 2), *group("ref", 1, 2), *group("critic", 1, 2), *KL, *GAE,
+                        "--colocate_critic_reward", "--vllm_num_engines", "2"], id="1x8-critic-reward"),
+    pytest.param(2, 4, [*group("actor", 2, 2), *group("critic", 1, 2), *KL, *GAE, "--colocate_actor_ref",
+                        "--colocate_critic_reward", "--vllm_num_engines", "1", "--vllm_tensor_parallel_size",
+                        "2"], id="2x4-actor-ref-critic-reward-tp2"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def placements():
+    """`placements(nodes, per_node, argv)`: where the case's actors run. The first case of a cluster shape places
+    every case of that shape (place_all); the others read what it found."""
+    found: dict[tuple, dict] = {}
+
+    def where(nodes: int, per_node: int, argv: list[str]) -> dict[str, list[tuple[str, str]]]:
+        if (nodes, per_node, tuple(argv)) not in found:
+            argvs = [c.values[2] for c in CASES if c.values[:2] == (nodes, per_node)]
+            for each, placed in zip(argvs, place_all(nodes, per_node, argvs), strict=True):
+                found[nodes, per_node, tuple(each)] = placed
+        return found[nodes, per_node, tuple(argv)]
+
+    return where
+
+
+@pytest.mark.parametrize("nodes, per_node, argv", CASES)
+def test_every_rank_owns_a_device_and_colocated_actors_share_it(placements, nodes, per_node, argv):
+    where = placements(nodes, per_node, argv)
     policy = where["policy"]
     colocate_all, colocate_ref = "--colocate_all_models" in argv, "--colocate_actor_ref" in argv
     tp = int(argv[argv.index("--vllm_tensor_parallel_size") + 1]) if "--vllm_tensor_parallel_size" in argv else 1
