@@ -909,6 +909,9 @@ def test_eval_filtering_wandb_samples_and_checkpoints(tmp_path, engine, tiny_mod
     assert best == {"step": -minus_step, "key": "eval/held_out/score_mean", "value": value}
     assert (plan.run_dir / "best_model" / "model.safetensors").is_file()
     assert state["best"] == best
+    # ...and keeps the model itself, which a resume from it puts back (trainer/best_model.py, test_best_model.py)
+    kept = ckpt / f"global_step{last}" / "best_model"
+    assert json.loads((kept / "best.json").read_text()) == best and (kept / "model.safetensors").is_file()
 
 
 RESUME_ARGS = ["--advantage_estimator", "reinforce_baseline", "--save_steps", "1", "--max_samples", "40",

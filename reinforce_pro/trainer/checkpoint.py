@@ -4,6 +4,8 @@ Layout of one checkpoint, `<ckpt_path>/global_step<N>/`:
   policy/        DeepSpeed states of the policy (weights, optimizer, scheduler; one shard file per rank)
   critic/        the same for the critic, when there is one
   policy_hf/     with --save_hf_ckpt: the policy as an HF model directory
+  best_model/    with --best_metric_key: the run's best_model/ as it was at this step (hard links where the
+                 file system allows), so that a resume puts back the best model of the history it continues
   trainer_state.json   step, prompt-stream position, KL controller, reward statistics, RNG states
 
 It is written as `global_step<N>.tmp/` and renamed when every part is on disk, then `latest` (a text file
@@ -150,6 +152,21 @@ def rotate(root: Path, max_num: int, max_mem_gb: float, run_id: str | None = Non
 
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """`dst` a copy of directory `src`, by hard links where the file system allows (a copy otherwise). Safe for
+    model directories that are only ever replaced whole (written beside, then renamed), never written in place."""
+    for path in sorted(src.rglob("*")):
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:  # another file system, or one without hard links
+            shutil.copy2(path, target)
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:

@@ -27,6 +27,7 @@ from reinforce_pro.flagspec import flag
 from reinforce_pro.rewards.loader import RewardFileError
 from reinforce_pro.rollout.sampler import PartialRollout, RolloutSource
 from reinforce_pro.serving import service_restarts
+from reinforce_pro.trainer import best_model
 from reinforce_pro.trainer.checkpoint import CheckpointClash, load_state, rotate, save_checkpoint
 from reinforce_pro.trainer.dynamic_filter import generate_filtered
 from reinforce_pro.trainer.engine_recovery import EngineRecovery, Restart
@@ -370,7 +371,7 @@ class PPOTrainer:
         out = self.cfg.best_model_dir
         ray.get([p.save_hf.remote(str(out)) for p in self.policy])
         self.best = {"step": step, "key": key, "value": value}
-        (out / "best.json").write_text(json.dumps(self.best) + "\n")
+        (out / best_model.RECORD).write_text(json.dumps(self.best) + "\n")
         tqdm.write(f"[best] {key} = {value:.4f} at step {step}: saved {out}")
 
     def record(self, step: int, metrics: dict[str, float], samples, rewards: torch.Tensor) -> None:
@@ -419,6 +420,7 @@ class PPOTrainer:
         if ckpt.save_hf_ckpt:
             refs += [p.save_hf.remote(str(tmp / "policy_hf")) for p in self.policy]
         ray.get(refs)
+        best_model.keep_in_checkpoint(self.cfg.best_model_dir, self.best, tmp)
 
     def source_state(self) -> dict:
         """Where the rollout side stands: the prompt stream and the source's own state (self-play's question
@@ -457,7 +459,9 @@ class PPOTrainer:
         self.loader.load_state_dict(state["loader"])
         self.builder.load_state_dict(state)
         self.source.load_state_dict(state.get("source") or _older_source_state(state))
-        self.best = state.get("best")
+        self.best, said = best_model.put_back(self.cfg.best_model_dir, state.get("best"), ckpt)
+        if said:
+            tqdm.write(said)
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
