@@ -610,3 +610,55 @@ def test_the_documented_comparison_script_starts_the_second_correction_afresh_an
     again = start("icepop")
     assert resume.latest(again) == out / "ckpt" / "global_step20" and again.loop.checkpoints.resume
     assert again.loop.checkpoints.run_id == icepop.loop.checkpoints.run_id
+
+
+def test_groups_that_cannot_all_be_placed_leave_nothing_of_the_run_on_the_cluster(tmp_path, monkeypatch):
+    """build_groups after a node was lost: the policy's placement group and actors are created, the reference's
+    placement cannot be satisfied; what was created is released (not leaked to the next try or to the cluster)
+    and the placement error goes on to the driver."""
+    from reinforce_pro.run import actors
+    from reinforce_pro.workers.launcher import PlacementFailed
+
+    made, killed, removed = [], [], []
+
+    def placement(spec, use_gpu):
+        if spec.name != "actor":
+            raise PlacementFailed(f"{spec.name}: 1 bundle(s) of {{'CPU': 1}} (PACK) could not be placed in 300 s")
+        made.append(f"pg-{spec.name}")
+        return made[-1]
+
+    monkeypatch.setattr(actors, "make_placement_group", placement)
+    monkeypatch.setattr(actors, "create_group", lambda cls, spec, pg, *a, **k: [f"{cls.__name__}@{pg}"])
+    monkeypatch.setattr(ray, "kill", killed.append)
+    monkeypatch.setattr(ray.util, "remove_placement_group", removed.append)
+    cfg = _cfg(tmp_path, "--init_kl_coef", "0.01", "--ref_num_gpus_per_node", "1")  # a reference of its own
+    with pytest.raises(PlacementFailed, match="^ref: 1 bundle"):
+        actors.build_groups(cfg, SimpleNamespace(model_path="m", log_dir=None), use_gpu=False)
+    assert made == ["pg-actor"] and removed == made and killed == ["PolicyWorker@pg-actor"]
+
+
+def test_a_run_whose_actors_cannot_be_placed_again_stops_in_one_line_with_its_checkpoint(tmp_path, monkeypatch):
+    """The driver's recovery starts the run's actors again after a lost node; a placement the smaller cluster
+    cannot satisfy ends the run as a lost one (exit 1, one line): the placement error, what is saved and the
+    command that resumes."""
+    from reinforce_pro.workers.launcher import PlacementFailed
+
+    plan = SimpleNamespace(run_dir=tmp_path / "run", log_dir=None, model_path="m")
+    plan.run_dir.mkdir()
+    saved = tmp_path / "run" / "checkpoints" / "global_step4"
+    error = PlacementFailed("policy: 2 bundle(s) of {'CPU': 1} (STRICT_SPREAD) could not be placed in 300 s")
+    monkeypatch.setattr("sys.argv", ["train_ppo_ray", "--seed", "3"])
+    monkeypatch.setattr(driver, "start_ray", lambda *a, **k: None)
+    monkeypatch.setattr(driver, "gpus_available", lambda: False)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(resume, "latest", lambda cfg: saved)
+    monkeypatch.setattr(driver, "fit_once", lambda *a: (_ for _ in ()).throw(error))
+    monkeypatch.setattr(driver.start, "start_config", lambda cfg, plan, use_gpu: cfg)
+    with pytest.raises(faults.RunLost) as lost:
+        driver.build_and_fit(_cfg(tmp_path, "--save_steps", "2"), plan)
+    said = str(lost.value)
+    assert said.startswith(f"{error} (its actors cannot be placed); saved: {saved}; resume with: ") and "\n" not in said
+    assert said.endswith(f"--seed 3 --load_checkpoint --ckpt_path {saved.parent} --save_path {plan.run_dir}")
+    monkeypatch.setattr(resume, "latest", lambda cfg: None)  # on a first start: the placement error alone
+    with pytest.raises(faults.RunLost, match=r"^policy: 2 bundle\(s\) .* placed in 300 s$"):
+        driver.build_and_fit(_cfg(tmp_path, "--save_steps", "2"), plan)

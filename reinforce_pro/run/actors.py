@@ -115,8 +115,20 @@ class RunActors:
 
 
 def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> RunActors:
-    """Placement groups and actors for every role the config asks for; `engines` reuses existing engines."""
+    """Placement groups and actors for every role the config asks for; `engines` reuses existing engines. When
+    one cannot be created (a placement the cluster cannot satisfy after a node was lost), those created before it
+    are released: nothing of the run stays on the cluster."""
     run = RunActors(owned_engines=engines is None)
+    try:
+        _create_all(run, cfg, plan, use_gpu, engines)
+    except BaseException:
+        run.release()
+        raise
+    return run
+
+
+def _create_all(run: RunActors, cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines) -> None:
+    """build_groups' work: each role's placement group and actors into `run`, in order."""
 
     def new_pg(spec: GroupSpec):
         pg = make_placement_group(spec, use_gpu)
@@ -173,7 +185,6 @@ def build_groups(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines=None) -> 
             **engine_options(cfg, use_gpu, actor_pg, i, engine_env, devices)
         ).remote(engine_cfg, i)  # fmt: skip
     run.engines = engines or [run.new_engine(i) for i in range(cfg.engines.count)]
-    return run
 
 
 def teacher_group(cfg: RunConfig, plan: RunPlan, use_gpu: bool, new_pg, forward, env) -> list:

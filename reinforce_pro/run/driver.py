@@ -36,7 +36,7 @@ from reinforce_pro.trainer.drift_plot import draw_drift
 from reinforce_pro.trainer.experience_builder import ExperienceBuilder
 from reinforce_pro.trainer.logger import MetricsLogger
 from reinforce_pro.trainer.ppo_trainer import PPOTrainer
-from reinforce_pro.workers.launcher import gpus_available, start_ray
+from reinforce_pro.workers.launcher import PlacementFailed, gpus_available, start_ray
 
 
 def train(cfg: RunConfig) -> int:
@@ -106,6 +106,10 @@ def build_and_fit(cfg: RunConfig, plan: RunPlan, engines=None) -> list[dict]:
         try:
             fit_once(cfg, plan, use_gpu, engines, tokenizer, budget)
             return logged_history(plan.run_dir)  # every step, across resumes and restarts
+        except PlacementFailed as e:  # the cluster cannot hold the run's groups (after a node was lost, say)
+            saved = resume.latest(cfg)
+            note = lost_run_note(plan, saved, "its actors cannot be placed") if saved else ""
+            raise faults.RunLost(f"{e}{note}") from None
         except ActorLost as lost:
             saved = resume.latest(cfg)
             if engines is not None or not budget.spend():

@@ -86,6 +86,11 @@ SHARES = Shares()
 PLACEMENT_TIMEOUT_S = 300  # a request the cluster can never satisfy fails with a message instead of hanging
 
 
+class PlacementFailed(RuntimeError):
+    """A group's placement group was not placed in PLACEMENT_TIMEOUT_S (too few nodes or slots: a node lost, a
+    layout larger than the cluster)."""
+
+
 def make_placement_group(spec: GroupSpec, use_gpu: bool) -> PlacementGroup:
     """One bundle per rank with GPUs (PACK), one per node without (see the module docstring)."""
     if use_gpu:
@@ -98,7 +103,7 @@ def make_placement_group(spec: GroupSpec, use_gpu: bool) -> PlacementGroup:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
-        raise RuntimeError(
+        raise PlacementFailed(
             f"{spec.name}: {len(bundles)} bundle(s) of {bundles[0]} ({strategy}) could not be placed in "
             f"{PLACEMENT_TIMEOUT_S} s; the cluster has {ray.cluster_resources()} on {len(ray.nodes())} node(s)"
         ) from None
