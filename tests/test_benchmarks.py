@@ -497,3 +497,27 @@ def test_bench_routing_replay_splits_replays_cost_by_phase(tmp_path):
     # 0.76 - 0.65 = 0.11 s a step, 16.9% of it: +0.02 capture, +0.08 the second old forward, +0.01 replayed train
     assert "per step: +0.110 s (+16.9% of a step): generate +0.020 s, make_experience +0.080 s, train +0.010 s" in text
     assert (tmp_path / "bench_routing_replay.md").read_text().strip() == text
+
+
+def test_bench_gap_sources_batched_trainer_layout_matches_one_row_at_a_time_and_renders(tmp_path):
+    """The batched forward lays rows out as the trainer does (prompts left-, responses right-padded): in fp32 it
+    gives each row's log-probs of one-row forwards to float noise, and the table has a row per source."""
+    import torch
+
+    from benchmarks import bench_gap_sources as bench
+    from reinforce_pro.models.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "tiny", seed=0))
+    rows = [([1, 21, 15], [5, 8, 2, 9]), ([1, 30, 31, 32, 22], [7]), ([1, 4], [6, 6, 3])]
+    one, batched = bench.hf_rows(model, rows, torch.float32), bench.hf_batched(model, rows, micro=2)
+    assert [len(x) for x in batched] == [4, 1, 3]
+    assert max((a - b).abs().max().item() for a, b in zip(one, batched, strict=True)) < 1e-5
+    rounded = bench.hf_rows(model, rows, torch.float32, round_bf16=True)
+    assert any((a - b).abs().max().item() > 0 for a, b in zip(one, rounded, strict=True))  # the rounding changes them
+    stats = {"tokens": 8, "mean": 1e-3, "p99": 2e-3, "max": 3e-3, "bias": -1e-4}
+    result = {"tokens": 8, "responses": 3, "rows": {name: {"a": a, "b": b, **stats} for name, a, b in bench.ROWS}}
+    payload = {"results": {"embedded": {"0": result, "1": result}}, "machine": {"cpu": "x", "cpu_count": 2,
+               "torch": "t"}, "commit": "abc", "created": "now", "config": {}}  # fmt: skip
+    text = bench.render(payload, tmp_path)
+    assert text.count("| 1.0e-03, 1.0e-03 | 2.0e-03 | 3.0e-03 | -1.0e-04 |") == len(bench.ROWS)
+    assert "seeds 0, 1" in text and (tmp_path / "bench_gap_sources.md").is_file()
