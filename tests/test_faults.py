@@ -662,3 +662,76 @@ def test_a_run_whose_actors_cannot_be_placed_again_stops_in_one_line_with_its_ch
     monkeypatch.setattr(resume, "latest", lambda cfg: None)  # on a first start: the placement error alone
     with pytest.raises(faults.RunLost, match=r"^policy: 2 bundle\(s\) .* placed in 300 s$"):
         driver.build_and_fit(_cfg(tmp_path, "--save_steps", "2"), plan)
+
+
+class _Ready:
+    """An actor handle's __ray_ready__ as dead_actor calls it; its answer is `answer` (an error to raise, or a
+    value)."""
+
+    def __init__(self, name: str, answer):
+        self.name, self.answer = name, answer
+        self._actor_id = SimpleNamespace(hex=lambda: name)
+        self.__ray_ready__ = SimpleNamespace(remote=lambda: self)
+
+
+def _fake_ray(monkeypatch):
+    def get(ref, timeout=None):
+        if isinstance(ref.answer, BaseException):
+            raise ref.answer
+        return ref.answer
+
+    monkeypatch.setattr(faults.ray, "wait", lambda refs, num_returns, timeout: (refs, []))
+    monkeypatch.setattr(faults.ray, "get", get)
+
+
+def _died(actor_id: str) -> BaseException:
+    error = rex.ActorDiedError()
+    error.actor_id = actor_id
+    return error
+
+
+def test_the_dead_actor_behind_a_call_that_failed_on_its_own_is_found_and_a_busy_one_is_not_dead(monkeypatch):
+    _fake_ray(monkeypatch)
+    dead = _died("p1")
+    roles = {"policy": [_Ready("p0", True), _Ready("p1", dead)], "engines": [_Ready("e0", rex.GetTimeoutError())]}
+    assert faults.dead_actor(roles) is dead
+    assert faults.dead_actor({"policy": roles["policy"][:1], "engines": roles["engines"]}) is None  # busy != dead
+    assert faults.describe(dead, roles, 6) == (
+        "policy rank 1 was lost at step 7: its process died (a signal, the kernel's OOM killer or a crash)"
+    )
+
+
+def test_a_collective_that_lost_its_peer_is_the_peers_loss_and_any_other_actor_error_goes_on_unchanged(
+    tmp_path, monkeypatch
+):
+    """Multi-rank ZeRO: a rank killed mid-step leaves rank 0's all-reduce with "connection closed by peer", which
+    reaches the driver as rank 0's own error (RayTaskError) before, or instead of, the dead rank's ActorDiedError:
+    fit_once finds the dead rank and reports it lost (the driver then recovers from the checkpoint); an actor's
+    error with every actor alive is raised as it was."""
+    from reinforce_pro.rewards.loader import RewardFileError
+
+    _fake_ray(monkeypatch)
+    dead = _died("p1")
+    groups = SimpleNamespace(policy=[_Ready("p0", True), _Ready("p1", dead)], release=lambda: None)
+    groups.roles = lambda: {"policy": groups.policy}
+    peer = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123\nsecond line")
+    collective = rex.RayTaskError("PolicyWorker.train_batch", "Traceback (most recent call last): ...", peer)
+    failing = {"error": collective.as_instanceof_cause()}
+
+    def reward_function(*a):
+        raise failing["error"]
+
+    monkeypatch.setattr(driver.actors, "build_groups", lambda *a: groups)
+    monkeypatch.setattr(driver.sources, "reward_function", reward_function)
+    cfg, plan = _cfg(tmp_path), SimpleNamespace(task=None, reward_source="file:r.py", run_dir=tmp_path)
+    with pytest.raises(driver.ActorLost) as lost:
+        driver.fit_once(cfg, plan, False, None, None, faults.FailureBudget(3))
+    assert str(lost.value) == (
+        "policy rank 1 was lost at step 1: its process died (a signal, the kernel's OOM killer or a crash) (another "
+        "rank's call failed with it: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123)"
+    )
+    groups.policy[1] = _Ready("p1", True)  # every rank alive: the actor's own error, untouched
+    failing["error"] = rex.RayTaskError("f", "tb", RewardFileError("r.py: reward_func raised")).as_instanceof_cause()
+    with pytest.raises(RewardFileError) as own:
+        driver.fit_once(cfg, plan, False, None, None, faults.FailureBudget(3))
+    assert own.value is failing["error"]

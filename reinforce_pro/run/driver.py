@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import ray
+from ray import exceptions as rex
 
 from reinforce_pro.agents.contract import AgentFileError
 from reinforce_pro.algos.kl import build_kl_controller
@@ -173,6 +174,12 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
         return history
     except faults.LOST as e:
         raise ActorLost(faults.describe(e, groups.roles(), trainer.step if trainer else 0)) from e
+    except rex.RayTaskError as e:  # an actor's own error, which a dead peer of its collective may have caused
+        dead = faults.dead_actor(groups.roles())
+        if dead is None:
+            raise
+        said = faults.describe(dead, groups.roles(), trainer.step if trainer else 0)
+        raise ActorLost(f"{said} (another rank's call failed with it: {faults.first_line(e)})") from dead
     finally:
         if logger is not None:
             logger.close()

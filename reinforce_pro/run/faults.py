@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import ray
 from ray import exceptions as rex
 
 from reinforce_pro.rollout.engine_wait import ACTOR_LOST, KILL_REPORT, EngineHung, actor_hex_id, lost_actor_ids
@@ -97,6 +98,29 @@ def _top_users(text: str, count: int = 3) -> str:
         if len(rows) == count:
             break
     return ", ".join(rows)
+
+
+def dead_actor(roles: dict[str, list], timeout_s: float = 10.0) -> BaseException | None:
+    """The error of the first of the run's actors whose process is gone (the error a call on it raises), None when
+    every actor answers or is only busy (no answer within `timeout_s` is not death). For a call that failed with
+    an error of its own: the survivors of a collective whose peer died report the broken connection ("connection
+    closed by peer") as their error, possibly before Ray reports the death itself."""
+    probes = [actor.__ray_ready__.remote() for actors in roles.values() for actor in actors]
+    ray.wait(probes, num_returns=len(probes), timeout=timeout_s)
+    for probe in probes:
+        try:
+            ray.get(probe, timeout=0)
+        except LOST as e:
+            return e
+        except rex.GetTimeoutError:
+            continue
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of what an actor's own error says (a RayTaskError's cause, not Ray's traceback of it)."""
+    text = str(getattr(error, "cause", None) or error).strip()
+    return (text.splitlines() or [type(error).__name__])[0][:200]
 
 
 def describe(error: BaseException, roles: dict[str, list], step: int) -> str:
