@@ -684,7 +684,7 @@ def _fake_ray(monkeypatch):
     monkeypatch.setattr(faults.ray, "get", get)
 
 
-def _died(actor_id: str) -> BaseException:
+def _dead_actor_error(actor_id: str) -> BaseException:
     error = rex.ActorDiedError()
     error.actor_id = actor_id
     return error
@@ -692,7 +692,7 @@ def _died(actor_id: str) -> BaseException:
 
 def test_the_dead_actor_behind_a_call_that_failed_on_its_own_is_found_and_a_busy_one_is_not_dead(monkeypatch):
     _fake_ray(monkeypatch)
-    dead = _died("p1")
+    dead = _dead_actor_error("p1")
     roles = {"policy": [_Ready("p0", True), _Ready("p1", dead)], "engines": [_Ready("e0", rex.GetTimeoutError())]}
     assert faults.dead_actor(roles) is dead
     assert faults.dead_actor({"policy": roles["policy"][:1], "engines": roles["engines"]}) is None  # busy != dead
@@ -711,7 +711,7 @@ def test_a_collective_that_lost_its_peer_is_the_peers_loss_and_any_other_actor_e
     from reinforce_pro.rewards.loader import RewardFileError
 
     _fake_ray(monkeypatch)
-    dead = _died("p1")
+    dead = _dead_actor_error("p1")
     groups = SimpleNamespace(policy=[_Ready("p0", True), _Ready("p1", dead)], release=lambda: None)
     groups.roles = lambda: {"policy": groups.policy}
     peer = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123\nsecond line")

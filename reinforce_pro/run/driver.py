@@ -172,14 +172,8 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
         if cfg.models.save_value_network and groups.critic:
             ray.get([c.save.remote(str(plan.run_dir / "final_critic")) for c in groups.critic])
         return history
-    except faults.LOST as e:
-        raise ActorLost(faults.describe(e, groups.roles(), trainer.step if trainer else 0)) from e
-    except rex.RayTaskError as e:  # an actor's own error, which a dead peer of its collective may have caused
-        dead = faults.dead_actor(groups.roles())
-        if dead is None:
-            raise
-        said = faults.describe(dead, groups.roles(), trainer.step if trainer else 0)
-        raise ActorLost(f"{said} (another rank's call failed with it: {faults.first_line(e)})") from dead
+    except (*faults.LOST, rex.RayTaskError) as e:  # a lost actor, or an actor's error a dead peer may have caused
+        raise actor_lost(e, groups.roles(), trainer.step if trainer else 0) from e
     finally:
         if logger is not None:
             logger.close()
@@ -187,6 +181,19 @@ def fit_once(cfg: RunConfig, plan: RunPlan, use_gpu: bool, engines, tokenizer, b
             getattr(plan.task, "close", lambda: None)()  # a service the task started (search self-play)
         getattr(source, "close", lambda: None)()  # the endpoint an OpenAI-SDK agent's episodes call
         groups.release()
+
+
+def actor_lost(error: BaseException, roles: dict[str, list], step: int) -> ActorLost:
+    """fit_once's report of `error`: a lost actor named, or an actor's own error (RayTaskError) that a dead actor
+    of the run caused (the survivors of a collective whose peer died: "connection closed by peer") reported as
+    that actor's loss with the survivor's error as a note; with every actor alive, `error` itself is raised."""
+    if isinstance(error, faults.LOST):
+        return ActorLost(faults.describe(error, roles, step))
+    dead = faults.dead_actor(roles)
+    if dead is None:
+        raise error
+    return ActorLost(f"{faults.describe(dead, roles, step)} (another rank's call failed with it: "
+                     f"{faults.first_line(error)})")  # fmt: skip
 
 
 def engine_restarter(groups: actors.RunActors, plan: RunPlan, budget, memory: MemoryWatch):
