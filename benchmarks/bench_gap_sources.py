@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.bench_opd_reward_error import models
+from benchmarks.bench_opd_reward_error import engine_prefill, models, prefill, row_log_probs, sample
 from benchmarks.common import bench_main, scratch_dir, write_table
 
 NAME = "bench_gap_sources"
@@ -61,12 +61,7 @@ def hf_rows(path: str, rows: list[tuple[list[int], list[int]]], dtype, fp32_head
                 p.copy_(p.to(torch.bfloat16).to(p.dtype))
     if fp32_head:
         install_fp32_head(model)
-    out = []
-    with torch.no_grad():
-        for prompt, response in rows:
-            logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
-            out.append(logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0])
-    return out
+    return row_log_probs(model, rows)
 
 
 def hf_batched(path: str, rows: list[tuple[list[int], list[int]]], micro: int = 16) -> list:
@@ -93,40 +88,21 @@ def hf_batched(path: str, rows: list[tuple[list[int], list[int]]], micro: int = 
     return out
 
 
-def engine_prefill(path: str, rows, dtype: str, fp32_head: bool, max_len: int, seed: int) -> list:
-    import torch
-
-    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
-
-    engine = VLLMEngine(EngineConfig(model_path=path, dtype=dtype, max_model_len=max_len, seed=seed,
-                                     fp32_head=fp32_head), 0, "scorer")  # fmt: skip
-    scored = engine.score([p + r for p, r in rows], [len(p) for p, _ in rows])
-    del engine
-    return [torch.tensor(s, dtype=torch.float32) for s in scored]
-
-
 def gaps(case: str, seed: int) -> dict:
     import torch
 
-    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
-
     with scratch_dir("gap_sources_") as work:
         student, _, prompts, new_tokens = models(case, Path(work))
-        max_len = max(map(len, prompts)) + new_tokens + 8
-        sampler = VLLMEngine(EngineConfig(model_path=student, dtype="float32", max_model_len=max_len, seed=seed))
-        generations = sampler.generate(prompts, {"temperature": 1.0, "max_tokens": new_tokens})
-        kept = [(p, g) for p, g in zip(prompts, generations, strict=True) if g.token_ids]
-        rows = [(p, list(g.token_ids)) for p, g in kept]
+        sampler, kept, rows, max_len = sample(student, prompts, new_tokens, "float32", seed)
         computed = {
             "engine fp32 decode": [torch.tensor(g.log_probs, dtype=torch.float32) for _, g in kept],
-            "engine fp32 prefill": [
-                torch.tensor(s, dtype=torch.float32)
-                for s in sampler.score([p + r for p, r in rows], [len(p) for p, _ in rows])
-            ],
+            "engine fp32 prefill": prefill(sampler, rows),
         }
         del sampler
-        computed["engine bf16 prefill"] = engine_prefill(student, rows, "bfloat16", False, max_len, seed)
-        computed["engine bf16 fp32 head prefill"] = engine_prefill(student, rows, "bfloat16", True, max_len, seed)
+        computed["engine bf16 prefill"] = engine_prefill(student, rows, "bfloat16", max_len, seed, "scorer")
+        computed["engine bf16 fp32 head prefill"] = engine_prefill(
+            student, rows, "bfloat16", max_len, seed, "scorer", fp32_head=True
+        )
         computed["reference"] = hf_rows(student, rows, torch.float32)
         computed["trainer fp32 batched"] = hf_batched(student, rows)
         computed["bf16 weights fp32 compute"] = hf_rows(student, rows, torch.float32, round_bf16=True)

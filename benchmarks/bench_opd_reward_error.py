@@ -65,10 +65,16 @@ def models(case: str, work: Path) -> tuple[str, str, list[list[int]], int]:
 def hf_log_probs(path: str, rows: list[tuple[list[int], list[int]]], dtype) -> list:
     """Each row's response-token log-probs under an HF forward of prompt + response in `dtype`, one row at a time
     (no padding)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return row_log_probs(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), rows)
+
+
+def row_log_probs(model, rows: list[tuple[list[int], list[int]]]) -> list:
+    """hf_log_probs' forwards with a model already loaded (and changed: bench_gap_sources rounds its weights or
+    gives it an fp32 head)."""
+    import torch
+
     out = []
     with torch.no_grad():
         for prompt, response in rows:
@@ -78,23 +84,45 @@ def hf_log_probs(path: str, rows: list[tuple[list[int], list[int]]], dtype) -> l
     return out
 
 
+def sample(path: str, prompts: list[list[int]], new_tokens: int, dtype: str, seed: int):
+    """(engine, [(prompt, generation)], [(prompt, response ids)], max_model_len): a `dtype` vLLM engine of `path`
+    samples each prompt once at temperature 1; empty responses are left out. The engine is returned for more work."""
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+
+    max_len = max(map(len, prompts)) + new_tokens + 8
+    engine = VLLMEngine(EngineConfig(model_path=path, dtype=dtype, max_model_len=max_len, seed=seed))
+    generations = engine.generate(prompts, {"temperature": 1.0, "max_tokens": new_tokens})
+    kept = [(p, g) for p, g in zip(prompts, generations, strict=True) if g.token_ids]
+    return engine, kept, [(p, list(g.token_ids)) for p, g in kept], max_len
+
+
+def prefill(engine, rows: list[tuple[list[int], list[int]]]) -> list:
+    """Each row's response-token log-probs from `engine`'s prefill of prompt + response (VLLMEngine.score)."""
+    import torch
+
+    scored = engine.score([p + r for p, r in rows], [len(p) for p, _ in rows])
+    return [torch.tensor(s, dtype=torch.float32) for s in scored]
+
+
+def engine_prefill(path: str, rows, dtype: str, max_len: int, seed: int, name: str, fp32_head: bool = False) -> list:
+    """prefill() by an engine of its own, stopped after."""
+    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
+
+    config = EngineConfig(model_path=path, dtype=dtype, max_model_len=max_len, seed=seed, fp32_head=fp32_head)
+    engine = VLLMEngine(config, 0, name)
+    scored = prefill(engine, rows)
+    del engine
+    return scored
+
+
 def errors(case: str, seed: int) -> dict:
     import torch
 
-    from reinforce_pro.rollout.vllm_engine import EngineConfig, VLLMEngine
-
     with scratch_dir("opd_reward_error_") as work:
         student, teacher, prompts, new_tokens = models(case, Path(work))
-        max_len = max(map(len, prompts)) + new_tokens + 8
-        sampler = VLLMEngine(EngineConfig(model_path=student, dtype="bfloat16", max_model_len=max_len, seed=seed))
-        generations = sampler.generate(prompts, {"temperature": 1.0, "max_tokens": new_tokens})
-        kept = [(p, g) for p, g in zip(prompts, generations, strict=True) if g.token_ids]
-        rows = [(p, g.token_ids) for p, g in kept]
+        sampler, kept, rows, max_len = sample(student, prompts, new_tokens, "bfloat16", seed)
         del sampler
-        scorer = VLLMEngine(EngineConfig(model_path=teacher, dtype="bfloat16", max_model_len=max_len, seed=seed),
-                            0, "teacher")  # fmt: skip
-        scored = scorer.score([p + r for p, r in rows], [len(p) for p, _ in rows])
-        del scorer
+        scored = engine_prefill(teacher, rows, "bfloat16", max_len, seed, "teacher")
         students = {
             "trainer fp32": hf_log_probs(student, rows, torch.float32),
             "trainer bf16": hf_log_probs(student, rows, torch.bfloat16),
@@ -103,7 +131,7 @@ def errors(case: str, seed: int) -> dict:
         teachers = {
             "actor fp32": hf_log_probs(teacher, rows, torch.float32),
             "actor bf16": hf_log_probs(teacher, rows, torch.bfloat16),
-            "engine bf16": [torch.tensor(s, dtype=torch.float32) for s in scored],
+            "engine bf16": scored,
         }
     cat = {k: torch.cat(v) for k, v in {**{f"S {k}": v for k, v in students.items()},
                                          **{f"T {k}": v for k, v in teachers.items()}}.items()}  # fmt: skip
