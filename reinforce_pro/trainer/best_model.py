@@ -36,10 +36,10 @@ def keep_in_checkpoint(best_dir: Path | None, best: dict | None, ckpt_tmp: Path)
 def put_back(best_dir: Path | None, best: dict | None, ckpt: Path) -> tuple[dict | None, str | None]:
     """Make best_model/ the best model of the history that resumes from `ckpt`, whose state recorded `best`.
     Returns the record to go on with and a line to print, None when nothing had to change."""
-    if best_dir is None or recorded(best_dir) == best:
+    found = None if best_dir is None else recorded(best_dir)
+    if best_dir is None or found == best:
         return best, None
     said = []
-    found = recorded(best_dir)
     if best_dir.exists():
         aside = _free_name(best_dir.with_name(f"{best_dir.name}.discarded-step{found['step'] if found else 'unknown'}"))
         best_dir.rename(aside)
